@@ -1,0 +1,355 @@
+"""The pipeline of one target: plan, search (compile -> verify -> measure), artifacts, build record."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import keys, lessons
+from .artifacts import write_artifacts
+from .compiler import CompileError, compile_kernel
+from .graph import Target, build_order, dependencies
+from .oploader import load_op, source_files
+from .outcome import Outcome
+from .problem import Binary, Kernel, Params, Problem
+from .search import run_search
+
+REGISTERS_PER_SM = 65536
+
+
+@dataclass
+class Context:
+    """What a build run needs: the kernelfile, the cache, the compile stage and (maybe) a GPU."""
+
+    kf: Any
+    cache: Any
+    toolchain: Any                    # compiler.Toolchain (or a fake in tests)
+    compile_fn: Callable[[Kernel, str], Binary] = compile_kernel
+    gpu: Any = None                   # gpu.GpuSession or a fake with the same methods
+    gpu_match: Callable[[Any, Any], str | None] | None = None
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    report: Callable[..., None] = lambda *a, **k: None
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    force: bool = False
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    status: str                       # built | up_to_date | failed
+    reason: str
+    measured: bool = False
+    manifest: Path | None = None
+
+
+def problems_of(spec) -> list[Problem]:
+    """Every (dtype, mode, shape) the op declares, ordered so neighbours follow each other."""
+    out = []
+    for dtype in spec.dtypes:
+        for mode in spec.modes:
+            opts = {**dict(spec.options), **dict(mode)}
+            for shape in sorted(spec.shapes, key=lambda s: (s[-1], s)):
+                out.append(Problem.make(spec.name, dtype, shape, opts))
+    return out
+
+
+def _file_digests(op) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}
+
+
+def hardware_for(ctx: Context, gpu) -> dict | None:
+    """The fingerprint of the GPU present if it is this target's GPU (or its model), else None."""
+    if ctx.gpu is None or ctx.gpu_match is None:
+        return None
+    level = ctx.gpu_match(ctx.gpu.fingerprint, gpu)
+    return ctx.gpu.fingerprint.key() if level in ("exact", "model") else None
+
+
+def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
+    spec = ctx.kf.ops[t.op]
+    op = load_op(spec.template, ctx.kf.root)
+    gpu = ctx.kf.gpus[t.gpu]
+    deps = [done.get(d) or target_key(ctx, d, done) for d in dependencies(ctx.kf, t)]
+    return keys.build_key(_file_digests(op), spec.config(), gpu.as_dict(), ctx.toolchain.key(), deps,
+                          hardware_for(ctx, gpu))
+
+
+def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
+    """(up to date?, why) for a target whose current build key is `key`."""
+    last = ctx.cache.last_build(str(t))
+    if last is None:
+        return False, "never built"
+    if last["status"] != "ok":
+        return False, f"last build {last['status']}"
+    if last["key"] != key:
+        old = json.loads(last["summary"]).get("inputs", {})
+        new = _inputs(ctx, t)
+        changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return False, "changed: " + (", ".join(changed) if changed else "build inputs")
+    manifest = Path(last["manifest"])
+    if not manifest.is_file():
+        return False, f"artifact missing: {manifest}"
+    return True, "up to date"
+
+
+def _inputs(ctx: Context, t: Target) -> dict[str, str]:
+    """Named digests of each input of a target's build key (for --explain)."""
+    spec = ctx.kf.ops[t.op]
+    op = load_op(spec.template, ctx.kf.root)
+    gpu = ctx.kf.gpus[t.gpu]
+    d = lambda v: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    out = {f"op file {name}": h[:12] for name, h in _file_digests(op).items()}
+    out.update({"ops." + t.op: d(spec.config()), "gpus." + t.gpu: d(gpu.as_dict()),
+                "toolchain": d(ctx.toolchain.key()), "hardware": d(hardware_for(ctx, gpu))})
+    return out
+
+
+def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool, str]]:
+    done: dict[Target, str] = {}
+    out = []
+    for t in build_order(ctx.kf, targets):
+        key = target_key(ctx, t, done)
+        done[t] = key
+        fresh, why = explain(ctx, t, key)
+        stale_dep = [d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)]
+        if fresh and stale_dep:
+            fresh, why = False, f"dependency {stale_dep[0]} is stale"
+        out.append((t, fresh, why))
+    return out
+
+
+def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResult]:
+    results = []
+    failed: set[Target] = set()
+    done: dict[Target, str] = {}
+    for t in build_order(ctx.kf, targets):
+        key = target_key(ctx, t, done)
+        done[t] = key
+        bad_deps = [d for d in dependencies(ctx.kf, t) if d in failed]
+        if bad_deps:
+            failed.add(t)
+            results.append(TargetResult(t, "failed", f"dependency {bad_deps[0]} failed"))
+            ctx.report("target_skip", target=t, reason=f"dependency {bad_deps[0]} failed")
+            continue
+        fresh, why = explain(ctx, t, key)
+        if fresh and not ctx.force:
+            results.append(TargetResult(t, "up_to_date", why))
+            ctx.report("target_fresh", target=t, reason=why)
+            continue
+        ctx.report("target_start", target=t, reason=why)
+        res = _build_target(ctx, t, key, why)
+        if res.status == "failed":
+            failed.add(t)
+        results.append(res)
+    return results
+
+
+class _Evaluator:
+    """Turns configs into scores for one problem, recording every outcome as an attempt row."""
+
+    def __init__(self, ctx: Context, t: Target, op, problem: Problem, hardware: dict | None, pool):
+        self.ctx, self.t, self.op, self.problem, self.hw, self.pool = ctx, t, op, problem, hardware, pool
+        self.gpu = ctx.kf.gpus[t.gpu]
+        self.binaries: dict[str, Binary] = {}
+        self.results: dict[tuple, dict] = {}
+        self.incumbent: tuple[dict, Binary, float] | None = None
+
+    def __call__(self, group: list[dict]) -> list[float]:
+        rendered, compiled = {}, {}
+        for cfg in group:
+            reason = self.op.check(cfg, self.problem)
+            if reason:
+                rendered[id(cfg)] = (None, reason)
+                continue
+            kernel = self.op.render(cfg, self.problem, self.gpu.arch)
+            rendered[id(cfg)] = (kernel, keys.compile_key(kernel, self.gpu.arch, self.ctx.toolchain.key()))
+        todo = {k: kern for kern, k in rendered.values() if kern is not None and self.ctx.cache.get_compile(k) is None}
+        futures = {k: self._submit(kern) for k, kern in todo.items()}
+        for k, fut in futures.items():
+            binary, error, secs = fut() if callable(fut) else fut.result()
+            self.ctx.cache.put_compile(k, self.gpu.arch, todo[k].entry, binary, error, str(self.ctx.toolchain), secs)
+            compiled[k] = secs
+        return [self._finish(cfg, *rendered[id(cfg)], compiled) for cfg in group]
+
+    def _submit(self, kernel: Kernel):
+        if self.pool is None:
+            res = _compile_one(self.ctx.compile_fn, kernel, self.gpu.arch)
+            return lambda: res
+        return self.pool.submit(_compile_one, self.ctx.compile_fn, kernel, self.gpu.arch)
+
+    def _record(self, cfg: dict, outcome: Outcome, detail: str = "", **extra) -> float:
+        row = {"run": self.ctx.run, "target": str(self.t), "op": self.t.op, "gpu": self.t.gpu,
+               "arch": self.gpu.arch, "problem": self.problem.key(), "params": cfg, "outcome": outcome.value,
+               "detail": detail[:2000], **extra}
+        self.ctx.cache.add_attempt(**row)
+        score = extra.get("p50_ms") if outcome is Outcome.OK else math.inf
+        if outcome is Outcome.OK and score is None:
+            score = 0.0  # compile-only: every config that passes scores the same; seeds come first
+        self.results[tuple(sorted(cfg.items()))] = {**row, "score": score}
+        self.ctx.report("attempt", target=self.t, problem=self.problem, params=cfg, outcome=outcome, score=score)
+        return score
+
+    def _finish(self, cfg, kernel, key_or_reason, compiled) -> float:
+        if kernel is None:
+            return self._record(cfg, Outcome.INVALID, key_or_reason)
+        row = self.ctx.cache.get_compile(key_or_reason)
+        compile_s = compiled.get(key_or_reason, 0.0)
+        if row["outcome"] != "ok":
+            return self._record(cfg, Outcome.COMPILE_ERROR, row["error"] or "", compile_s=compile_s)
+        binary = Binary(arch=row["arch"], entry=row["entry"], ptx=row["ptx"], cubin=row["cubin"],
+                        registers=row["registers"], spill_bytes=row["spill_bytes"],
+                        smem_static_bytes=row["smem_static_bytes"], local_bytes=row["local_bytes"], log=row["log"],
+                        compiler=row["toolchain"])
+        self.binaries[binary.digest] = binary
+        res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes,
+                   compile_s=compile_s)
+        if binary.spill_bytes > self.op.SPILL_BUDGET_BYTES:
+            return self._record(cfg, Outcome.SPILL, f"{binary.spill_bytes} bytes spilled "
+                                f"(budget {self.op.SPILL_BUDGET_BYTES})", **res)
+        launch = self.op.launch(cfg, self.problem, self.gpu.sm_count)
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        smem = launch.smem_bytes + binary.smem_static_bytes
+        if threads > 1024 or binary.registers * threads > REGISTERS_PER_SM or smem > self.gpu.smem_per_block_bytes:
+            return self._record(cfg, Outcome.RESOURCE, f"{threads} threads x {binary.registers} registers, "
+                                f"{smem} bytes shared memory exceed {self.gpu.name}'s limits", **res)
+        if self.hw is None:
+            return self._record(cfg, Outcome.OK, "compiled; not measured on hardware", **res)
+        return self._on_gpu(cfg, binary, res)
+
+    def _on_gpu(self, cfg, binary, res) -> float:
+        cache, op, problem, gpu = self.ctx.cache, self.op, self.problem, self.ctx.gpu
+        vkey = keys.verify_key(binary.digest, op.VERSION, problem, cfg)
+        verdict = cache.get("verdicts", vkey)
+        if verdict is None:
+            v = gpu.verify(str(op.FOLDER), cfg, problem, binary)
+            verdict = {"key": vkey, "binary": binary.digest, "suite": op.VERSION, "problem": json.dumps(problem.key()),
+                       "outcome": v.outcome.value, "detail": v.detail, "max_abs_err": v.max_abs_err,
+                       "max_rel_err": v.max_rel_err, "cases": v.cases, "seconds": v.seconds}
+            cache.put("verdicts", verdict)
+        res["verify_s"] = verdict["seconds"]
+        if verdict["outcome"] != "ok":
+            return self._record(cfg, Outcome(verdict["outcome"]), verdict["detail"], **res)
+        mkey = keys.measure_key(binary.digest, self.hw, problem, cfg)
+        m = cache.get("measurements", mkey)
+        if m is None:
+            inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
+            r = gpu.measure(str(op.FOLDER), cfg, problem, binary, incumbent=inc)
+            m = {"key": mkey, "binary": binary.digest, "fingerprint": json.dumps(self.hw, sort_keys=True),
+                 "problem": json.dumps(problem.key()), "outcome": r.outcome.value, "p50_ms": r.p50_ms,
+                 "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "samples": r.samples, "floor_ms": r.floor_ms,
+                 "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": 0.0}
+            cache.put("measurements", m)
+        res.update(measure_s=m["seconds"], p50_ms=m["p50_ms"], measured_on=self.hw.get("name", ""))
+        if m["outcome"] != "ok":
+            return self._record(cfg, Outcome(m["outcome"]), m["detail"], **res)
+        score = self._record(cfg, Outcome.OK, "", **res)
+        if self.incumbent is None or score < self.incumbent[2]:
+            self.incumbent = (cfg, binary, score)
+        return score
+
+
+def _compile_one(compile_fn, kernel: Kernel, arch: str):
+    t0 = time.perf_counter()
+    try:
+        return compile_fn(kernel, arch), "", time.perf_counter() - t0
+    except CompileError as exc:
+        return None, str(exc)[:4000], time.perf_counter() - t0
+
+
+def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
+    spec = ctx.kf.ops[t.op]
+    op = load_op(spec.template, ctx.kf.root)
+    gpu = ctx.kf.gpus[t.gpu]
+    hw = hardware_for(ctx, gpu)
+    search = spec.search
+    chosen: list[dict] = []
+    used_lessons: list[dict] = []
+    probs = problems_of(spec)
+    pool = ProcessPoolExecutor(ctx.jobs) if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None
+    try:
+        for i, problem in enumerate(probs):
+            ctx.report("problem_start", target=t, problem=problem, index=i, total=len(probs))
+            seeds, used = lessons.seeds(ctx.cache, op, problem, gpu, run=ctx.run)
+            used_lessons += used
+            seeds.append(op.default_params(problem))
+            ev = _Evaluator(ctx, t, op, problem, hw, pool)
+            valid = lambda c, p=problem: op.check(c, p)
+            if hw is None:
+                strategy, budget = "exhaustive", min(search["budget"], 16)
+                # compile-only: the first config that compiles within the limits, lessons and default first
+                hist = []
+                for cfg in _dedupe(seeds):
+                    hist.append((cfg, ev([cfg])[0]))
+                    if math.isfinite(hist[-1][1]):
+                        break
+                if not any(math.isfinite(s) for _, s in hist):
+                    hist += run_search(op.SPACE, ev, strategy=strategy, budget=budget, seconds=search["seconds"],
+                                       valid=valid, seeds=(), rng_seed=search["seed"], batch=ctx.jobs)
+            else:
+                hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
+                                  seconds=search["seconds"], valid=valid, seeds=seeds, rng_seed=search["seed"],
+                                  batch=max(2, ctx.jobs))
+            winner = next(((c, s) for c, s in hist if math.isfinite(s) and s == min(
+                (x for _, x in hist if math.isfinite(x)), default=math.inf)), None)
+            if winner is None:
+                ctx.report("problem_fail", target=t, problem=problem)
+                chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
+                continue
+            cfg = winner[0]
+            row = ev.results[tuple(sorted(cfg.items()))]
+            binary = ev.binaries[row["binary"]]
+            entry = {"problem": problem.key(), "label": problem.label(), "params": cfg, "binary": binary.digest,
+                     "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
+                     "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
+                     "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
+                     "source": "measured" if hw else ("lesson" if cfg in [u["params"] for u in used] else "default"),
+                     "_binary": binary}
+            if hw:
+                entry["baselines"] = _baselines(ctx, op, problem)
+            chosen.append(entry)
+            ctx.report("problem_done", target=t, problem=problem, entry=entry)
+    finally:
+        if pool:
+            pool.shutdown()
+    ok = all(c["params"] is not None for c in chosen)
+    summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
+               "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
+               "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
+               "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons}
+    manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
+    produced = lessons.derive(ctx.cache, op, t, ctx.run)
+    summary["lessons_produced"] = produced
+    status = "ok" if ok else "failed"
+    ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary)
+    from .report import write_report
+    write_report(ctx.kf, ctx.cache, t)
+    reason = "" if ok else f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
+    return TargetResult(t, "built" if ok else "failed", reason or why, bool(hw), manifest)
+
+
+def _baselines(ctx: Context, op, problem: Problem) -> dict:
+    if not hasattr(op, "baselines"):
+        return {}
+    out = {}
+    for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
+        out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
+                     "samples": r.samples, "detail": r.detail}
+    return out
+
+
+def _dedupe(cfgs: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for c in cfgs:
+        k = json.dumps(c, sort_keys=True)
+        if k not in seen:
+            seen.add(k)
+            out.append(c)
+    return out

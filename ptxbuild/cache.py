@@ -1,0 +1,126 @@
+"""The SQLite cache: per-step content-keyed results, append-only attempts, builds, lessons."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .problem import Binary
+
+SCHEMA_VERSION = 2
+
+
+def _v1(db: sqlite_utils.Database) -> None:
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+    db["compiles"].create({"key": str, "arch": str, "entry": str, "outcome": str, "error": str, "ptx": str,
+                           "cubin": bytes, "digest": str, "registers": int, "spill_bytes": int,
+                           "smem_static_bytes": int, "local_bytes": int, "log": str, "toolchain": str,
+                           "seconds": float, "created": float}, pk="key", if_not_exists=True)
+    db["verdicts"].create({"key": str, "binary": str, "suite": str, "problem": str, "outcome": str, "detail": str,
+                           "max_abs_err": float, "max_rel_err": float, "cases": int, "seconds": float,
+                           "created": float}, pk="key", if_not_exists=True)
+    db["measurements"].create({"key": str, "binary": str, "fingerprint": str, "problem": str, "outcome": str,
+                               "p50_ms": float, "p20_ms": float, "p80_ms": float, "samples": int,
+                               "floor_ms": float, "copy_tbps": float, "detail": str, "seconds": float,
+                               "created": float}, pk="key", if_not_exists=True)
+    db["attempts"].create({"id": int, "run": str, "target": str, "op": str, "gpu": str, "arch": str,
+                           "problem": str, "params": str, "outcome": str, "detail": str, "binary": str,
+                           "registers": int, "spill_bytes": int, "compile_s": float, "verify_s": float,
+                           "measure_s": float, "p50_ms": float, "measured_on": str, "created": float},
+                          pk="id", if_not_exists=True)
+    db["builds"].create({"id": int, "target": str, "key": str, "kernelfile": str, "status": str, "measured": int,
+                         "manifest": str, "summary": str, "created": float}, pk="id", if_not_exists=True)
+    db["lessons"].create({"id": str, "op": str, "kind": str, "scope": str, "rule": str, "evidence": str,
+                          "confidence": float, "source": str, "retired": int, "created": float},
+                         pk="id", if_not_exists=True)
+
+
+def _v2(db: sqlite_utils.Database) -> None:
+    db["attempts"].create_index(["target", "problem"], if_not_exists=True)
+    db["builds"].create_index(["target", "key"], if_not_exists=True)
+
+
+MIGRATIONS = {1: _v1, 2: _v2}
+
+
+class Cache:
+    """One SQLite file (WAL). Every write commits at once, so a kill loses only work in flight."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if str(path) != ":memory:":
+            path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.migrate()
+
+    def version(self) -> int:
+        if "meta" not in self.db.table_names():
+            return 0
+        rows = list(self.db.query("select value from meta where key = 'schema_version'"))
+        return int(rows[0]["value"]) if rows else 0
+
+    def migrate(self) -> None:
+        current = self.version()
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(f"cache schema v{current} is newer than this ptxbuild (v{SCHEMA_VERSION}); upgrade ptxbuild")
+        for v in range(current + 1, SCHEMA_VERSION + 1):
+            with self.db.conn:
+                MIGRATIONS[v](self.db)
+                self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
+
+    # -- compile step ---------------------------------------------------------------------------
+    def get_compile(self, key: str) -> dict | None:
+        rows = list(self.db.query("select * from compiles where key = ?", [key]))
+        return rows[0] if rows else None
+
+    def put_compile(self, key: str, arch: str, entry: str, binary: Binary | None, error: str, toolchain: str,
+                    seconds: float) -> None:
+        row = {"key": key, "arch": arch, "entry": entry, "outcome": "ok" if binary else "compile_error",
+               "error": error, "toolchain": toolchain, "seconds": seconds, "created": time.time()}
+        if binary:
+            row.update(ptx=binary.ptx, cubin=binary.cubin, digest=binary.digest, registers=binary.registers,
+                       spill_bytes=binary.spill_bytes, smem_static_bytes=binary.smem_static_bytes,
+                       local_bytes=binary.local_bytes, log=binary.log)
+        self.db["compiles"].upsert(row, pk="key")
+
+    # -- verify / measure steps -----------------------------------------------------------------
+    def get(self, table: str, key: str) -> dict | None:
+        rows = list(self.db.query(f"select * from {table} where key = ?", [key]))
+        return rows[0] if rows else None
+
+    def put(self, table: str, row: dict) -> None:
+        self.db[table].upsert({**row, "created": time.time()}, pk="key")
+
+    # -- attempts and builds --------------------------------------------------------------------
+    def add_attempt(self, **row: Any) -> int:
+        row = {k: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
+        return self.db["attempts"].insert({**row, "created": time.time()}).last_pk
+
+    def attempts(self, target: str | None = None, run: str | None = None) -> list[dict]:
+        where, args = [], []
+        if target:
+            where.append("target = ?"), args.append(target)
+        if run:
+            where.append("run = ?"), args.append(run)
+        sql = "select * from attempts" + (" where " + " and ".join(where) if where else "") + " order by id"
+        return list(self.db.query(sql, args))
+
+    def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
+                  summary: dict) -> None:
+        self.db["builds"].insert({"target": target, "key": key, "kernelfile": kernelfile, "status": status,
+                                  "measured": int(measured), "manifest": manifest,
+                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time()})
+
+    def last_build(self, target: str) -> dict | None:
+        rows = list(self.db.query("select * from builds where target = ? order by id desc limit 1", [target]))
+        return rows[0] if rows else None
+
+    def integrity(self) -> str:
+        return list(self.db.query("PRAGMA integrity_check"))[0]["integrity_check"]

@@ -1,0 +1,229 @@
+"""The ptxbuild command line: parse arguments, call the library, print. Nothing else lives here."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import click
+
+EXIT_BUILD_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_TOOL = 3
+
+
+class ConfigError(click.ClickException):
+    exit_code = EXIT_CONFIG
+
+    def show(self, file=None):
+        click.echo(f"error: {self.message}", err=True)
+
+
+def _kernelfile(path: str):
+    from .graph import TargetError
+    from .kernelfile import KernelfileError, load
+    from .oploader import OpError
+    try:
+        return load(path)
+    except (KernelfileError, TargetError, OpError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _targets(kf, names):
+    from .graph import TargetError, parse_target
+    try:
+        return [t for n in names for t in parse_target(n, kf)] if names else None
+    except TargetError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _context(kf, jobs: int | None, use_gpu: bool, progress):
+    from .build import Context
+    from .cache import Cache
+    from .compiler import ToolchainMissing, toolchain
+    try:
+        tc = toolchain()
+    except ToolchainMissing as exc:
+        raise click.ClickException(str(exc))
+    ctx = Context(kf=kf, cache=Cache(kf.cache_path), toolchain=tc, report=progress,
+                  command="ptxbuild " + " ".join(sys.argv[1:]))
+    if jobs:
+        ctx.jobs = jobs
+    if use_gpu:
+        try:
+            from .gpu import GpuSession, gpu_available, match_gpu
+        except ImportError:
+            return ctx
+        if gpu_available():
+            ctx.gpu = GpuSession()
+            ctx.gpu_match = lambda fp, gpu: match_gpu(fp, gpu.name, gpu.as_dict())
+    return ctx
+
+
+class Progress:
+    """Prints one line per problem with candidates tried / failed / best so far."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.tried = self.failed = 0
+        self.best = math.inf
+        self.t0 = time.monotonic()
+
+    def __call__(self, kind: str, **ev):
+        if self.quiet:
+            return
+        if kind == "target_start":
+            click.echo(f"{ev['target']}: building ({ev['reason']})", err=True)
+        elif kind == "target_fresh":
+            click.echo(f"{ev['target']}: up to date", err=True)
+        elif kind == "target_skip":
+            click.echo(f"{ev['target']}: skipped, {ev['reason']}", err=True)
+        elif kind == "problem_start":
+            self.tried = self.failed = 0
+            self.best = math.inf
+            self.t0 = time.monotonic()
+            self.label = f"  [{ev['index'] + 1}/{ev['total']}] {ev['problem'].label()}"
+        elif kind == "attempt":
+            self.tried += 1
+            self.failed += ev["outcome"].failed
+            if ev["score"] is not None and math.isfinite(ev["score"]):
+                self.best = min(self.best, ev["score"])
+            if sys.stderr.isatty():
+                click.echo(f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}   ",
+                           err=True, nl=False)
+        elif kind in ("problem_done", "problem_fail"):
+            end = "\r" if sys.stderr.isatty() else ""
+            status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"
+            click.echo(f"{end}{self.label}: tried {self.tried}, failed {self.failed}, {status} "
+                       f"({time.monotonic() - self.t0:.1f}s)", err=True)
+
+    def _best(self) -> str:
+        if not math.isfinite(self.best):
+            return "-"
+        return "compiled" if self.best == 0 else f"{self.best * 1000:.1f} us"
+
+
+@click.group()
+@click.option("--kernelfile", "-f", default="kernelfile.toml", show_default=True, help="Path to the kernelfile.")
+@click.pass_context
+def main(ctx, kernelfile):
+    """ptxbuild: build GPU kernels from kernelfile.toml by a cached, verified search.
+
+    Example: ptxbuild build rmsnorm@h100
+    """
+    ctx.obj = kernelfile
+
+
+@main.command()
+@click.pass_obj
+def check(kernelfile):
+    """Validate the kernelfile and list its targets.
+
+    Example: ptxbuild check
+    """
+    from .graph import all_targets
+    kf = _kernelfile(kernelfile)
+    targets = all_targets(kf)
+    click.echo(f"{kf.path.name}: ok, {len(kf.ops)} op(s), {len(targets)} target(s): " + " ".join(map(str, targets)))
+
+
+@main.command()
+@click.argument("targets", nargs=-1)
+@click.option("--no-gpu", is_flag=True, help="Plan as if no GPU were present.")
+@click.pass_obj
+def plan(kernelfile, targets, no_gpu):
+    """Show what a build would do and why each target is stale or up to date.
+
+    Example: ptxbuild plan rmsnorm@b200
+    """
+    from .build import plan as do_plan
+    kf = _kernelfile(kernelfile)
+    ctx = _context(kf, None, not no_gpu, lambda *a, **k: None)
+    for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
+        click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
+
+
+@main.command()
+@click.argument("targets", nargs=-1)
+@click.option("--explain", is_flag=True, help="Say why each target is built or skipped.")
+@click.option("--force", is_flag=True, help="Rebuild even up-to-date targets (cached steps are still reused).")
+@click.option("--jobs", "-j", type=int, default=None, help="Parallel compiles (default: all cores).")
+@click.option("--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present.")
+@click.option("--quiet", "-q", is_flag=True)
+@click.pass_obj
+def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet):
+    """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
+
+    Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
+    """
+    from .build import build as do_build
+    from .build import plan as do_plan
+    kf = _kernelfile(kernelfile)
+    chosen = _targets(kf, targets)
+    ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
+    ctx.force = force
+    if explain:
+        for t, fresh, why in do_plan(ctx, chosen):
+            click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
+    try:
+        results = do_build(ctx, chosen)
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
+        sys.exit(130)
+    finally:
+        if ctx.gpu is not None:
+            ctx.gpu.close()
+    for r in results:
+        extra = "" if r.status == "up_to_date" else (" (measured on hardware)" if r.measured else
+                                                     " (not measured on hardware)")
+        line = f"{r.target}: {r.status.replace('_', ' ')}{extra}"
+        if r.status == "failed":
+            line += f": {r.reason}"
+        elif r.manifest:
+            line += f" -> {r.manifest.parent.relative_to(kf.root)}"
+        click.echo(line)
+    if any(r.status == "failed" for r in results):
+        sys.exit(EXIT_BUILD_FAILED)
+
+
+@main.command()
+@click.argument("targets", nargs=-1)
+@click.pass_obj
+def report(kernelfile, targets):
+    """Print and (re)write the report of each target's last build under reports/.
+
+    Example: ptxbuild report rmsnorm@h200
+    """
+    from .cache import Cache
+    from .graph import all_targets
+    from .report import HEAD, collect, table_rows, write_report
+    kf = _kernelfile(kernelfile)
+    cache = Cache(kf.cache_path)
+    for t in _targets(kf, targets) or all_targets(kf):
+        data = collect(kf, cache, t)
+        if data is None:
+            click.echo(f"{t}: never built; run: ptxbuild build {t}")
+            continue
+        path = write_report(kf, cache, t)
+        measured = "measured on hardware" if data["summary"]["measured"] else "not measured on hardware"
+        click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
+        rows = [HEAD] + table_rows(data)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
+        for r in rows:
+            click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+@main.command()
+def doctor():
+    """Show the GPU, driver, compiler and packages ptxbuild sees, and what is missing.
+
+    Example: ptxbuild doctor
+    """
+    from .gpu.doctor import doctor as run_doctor
+    for name, status in run_doctor():
+        click.echo(f"{name:12} {status}")
+
+
+if __name__ == "__main__":
+    main()

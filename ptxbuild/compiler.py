@@ -1,0 +1,135 @@
+"""Compile stage: CUDA C++ -> PTX (NVRTC) -> cubin (nvJitLink), with the resources ptxas reports."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .problem import Binary, Kernel
+
+
+class CompileError(Exception):
+    """The candidate did not compile; the message is the compiler log."""
+
+
+class ToolchainMissing(RuntimeError):
+    """The CUDA compiler wheels are not installed."""
+
+
+INSTALL_HINT = "pip install 'cuda-bindings>=13.0,<13.1' 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-nvjitlink==13.0.*'"
+
+
+def _bindings():
+    try:
+        from cuda.bindings import nvjitlink, nvrtc
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise ToolchainMissing(f"the CUDA compiler is not installed ({exc}); run: {INSTALL_HINT}") from exc
+    return nvrtc, nvjitlink
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Identity of the compiler: hashed into every compile key."""
+
+    nvrtc: str
+    nvjitlink: str
+    bindings: str
+
+    def key(self) -> dict[str, str]:
+        return {"nvrtc": self.nvrtc, "nvjitlink": self.nvjitlink, "bindings": self.bindings}
+
+    def __str__(self) -> str:
+        return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
+
+
+def toolchain() -> Toolchain:
+    nvrtc, nvjitlink = _bindings()
+    import cuda.bindings
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    try:
+        jl = nvjitlink.version()
+        jl_ver = f"{jl[0]}.{jl[1]}"
+    except Exception:  # older bindings have no version()
+        jl_ver = "unknown"
+    return Toolchain(nvrtc=f"{major}.{minor}", nvjitlink=jl_ver, bindings=cuda.bindings.__version__)
+
+
+def _check(result, what: str, log: str = "") -> None:
+    code = result[0] if isinstance(result, tuple) else result
+    if int(code) != 0:
+        raise CompileError(f"{what} failed ({code}){': ' + log if log else ''}")
+
+
+_RES = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_store": re.compile(r"(\d+) bytes spill stores"),
+    "spill_load": re.compile(r"(\d+) bytes spill loads"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+    "smem": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def parse_resources(log: str) -> dict[str, int]:
+    """Registers, spills, stack and static shared memory from a ptxas verbose log."""
+    out = {}
+    for name, rx in _RES.items():
+        m = rx.search(log)
+        out[name] = int(m.group(1)) if m else 0
+    return out
+
+
+def compile_kernel(kernel: Kernel, arch: str) -> Binary:
+    """Render to PTX with NVRTC, then to cubin with nvJitLink for `arch` (e.g. sm_90a)."""
+    nvrtc, nvjitlink = _bindings()
+    compute = arch.replace("sm_", "compute_")
+    err, prog = nvrtc.nvrtcCreateProgram(kernel.source.encode(), b"candidate.cu", 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={compute}", "-std=c++17", "-default-device", "--use_fast_math=false",
+                *kernel.flags]
+        opts = [o.encode() for o in opts if o != "--use_fast_math=false"]
+        res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log_buf = b" " * log_size
+        nvrtc.nvrtcGetProgramLog(prog, log_buf)
+        nvrtc_log = log_buf.decode(errors="replace").rstrip("\x00 \n")
+        if int(res[0]) != 0:
+            raise CompileError(nvrtc_log or "nvrtc failed without a log")
+        _, ptx_size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx_buf = b" " * ptx_size
+        nvrtc.nvrtcGetPTX(prog, ptx_buf)
+        ptx = ptx_buf.rstrip(b"\x00").decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    if f".entry {kernel.entry}(" not in ptx and f".entry {kernel.entry} (" not in ptx:
+        raise CompileError(f"entry point {kernel.entry!r} not found in the PTX (is it extern \"C\" __global__?)")
+    cubin, link_log = ptx_to_cubin(ptx, arch)
+    res = parse_resources(link_log)
+    return Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
+                  spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
+                  local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip())
+
+
+def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:
+    """Assemble PTX to cubin with nvJitLink; returns (cubin, info log with the resource report)."""
+    _, nvjitlink = _bindings()
+    handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
+    try:
+        data = ptx.encode()
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "candidate.ptx")
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            size = nvjitlink.get_error_log_size(handle)
+            buf = bytearray(size)
+            nvjitlink.get_error_log(handle, buf)
+            raise CompileError(f"ptxas: {bytes(buf).decode(errors='replace').strip() or exc}") from None
+        size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        size = nvjitlink.get_info_log_size(handle)
+        info = bytearray(size)
+        nvjitlink.get_info_log(handle, info)
+        return bytes(cubin), bytes(info).decode(errors="replace").rstrip("\x00").strip()
+    finally:
+        nvjitlink.destroy(handle)

@@ -1,0 +1,230 @@
+"""Parse and validate kernelfile.toml (pydantic at this boundary only) into plain values."""
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .catalog import ARCHES, CATALOG, Gpu, did_you_mean
+from .dtypes import ALIASES, DTYPES
+
+
+class KernelfileError(Exception):
+    """A mistake in kernelfile.toml: one line naming the key path and what to write instead."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProjectModel(_Strict):
+    name: str = Field(min_length=1)
+    cache: str = "cache/ptxbuild.sqlite"
+    build_dir: str = "build"
+    reports_dir: str = "reports"
+
+
+class GpuModel(_Strict):
+    arch: str | None = None
+    model: str | None = None
+    sm_count: int | None = Field(default=None, gt=0)
+    dram_tbps: float | None = Field(default=None, gt=0)
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, v):
+        if v is not None and v not in ARCHES:
+            raise ValueError(f"unknown architecture {v!r}{did_you_mean(v, ARCHES)}; one of {', '.join(ARCHES)}")
+        return v
+
+
+class SearchModel(_Strict):
+    strategy: Literal["auto", "exhaustive", "random", "evolutionary"] = "auto"
+    budget: int = Field(default=64, gt=0, le=100_000)
+    seconds: float = Field(default=600.0, gt=0)
+    seed: int = 0
+
+
+class GatesModel(_Strict):
+    min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5)
+    max_time_ms: float | None = Field(default=None, gt=0)
+
+
+class OpModel(_Strict):
+    template: str | None = None
+    dtypes: list[str] = Field(min_length=1)
+    shapes: list[list[int]] = Field(min_length=1)
+    options: dict[str, Any] = {}
+    modes: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
+    gpus: list[str] | None = None
+    metric: Literal["geomean_time", "max_time", "sum_time"] = "geomean_time"
+    gates: GatesModel = GatesModel()
+    search: SearchModel = SearchModel()
+    depends: list[str] = []
+
+    @field_validator("dtypes")
+    @classmethod
+    def _dtypes(cls, v):
+        out = []
+        for d in v:
+            d = ALIASES.get(d, d)
+            if d not in DTYPES:
+                raise ValueError(f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}")
+            out.append(d)
+        return out
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, v):
+        for s in v:
+            if not s or any(d <= 0 for d in s):
+                raise ValueError(f"shape {s} must be a non-empty list of positive integers, e.g. [32768, 4096]")
+        return v
+
+
+class KernelfileModel(_Strict):
+    project: ProjectModel
+    gpus: dict[str, GpuModel] = {}
+    ops: dict[str, OpModel] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    template: str
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    options: tuple[tuple[str, Any], ...]
+    modes: tuple[tuple[tuple[str, Any], ...], ...]
+    gpus: tuple[str, ...]
+    metric: str
+    gates: dict
+    search: dict
+    depends: tuple[str, ...]
+
+    def config(self) -> dict:
+        """Everything of this op's declaration that can change what gets built."""
+        return {"template": self.template, "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes],
+                "options": dict(self.options), "modes": [dict(m) for m in self.modes], "metric": self.metric,
+                "gates": self.gates, "search": self.search, "depends": list(self.depends)}
+
+
+@dataclass(frozen=True)
+class Kernelfile:
+    path: Path
+    root: Path
+    digest: str
+    project: str
+    cache_path: Path
+    build_dir: Path
+    reports_dir: Path
+    gpus: dict[str, Gpu]
+    ops: dict[str, OpSpec]
+
+
+def _key_path(loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _allowed_keys(loc) -> list[str]:
+    """Field names valid at the parent of `loc` (for did-you-mean on unknown keys)."""
+    model: Any = KernelfileModel
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            model = {"gpus": GpuModel, "ops": OpModel}.get(part) if model is KernelfileModel else model
+            continue
+        ann = field.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else {"gpus": None, "ops": None}.get(part)
+    return list(model.model_fields) if model is not None and hasattr(model, "model_fields") else []
+
+
+def _explain(err: dict) -> str:
+    loc = err["loc"]
+    where = _key_path(loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc)
+        hint = did_you_mean(str(loc[-1]), allowed)
+        return f"{where}: unknown key{hint}; allowed here: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{where}: required key is missing; add it"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    return f"{where}: {msg}{got_txt}"
+
+
+def parse(text: str, path: Path) -> Kernelfile:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KernelfileError(f"{path.name}: not valid TOML: {exc}") from None
+    try:
+        model = KernelfileModel.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise KernelfileError(f"{path.name}: {_explain(first)}") from None
+    root = path.parent.resolve()
+    gpus = _resolve_gpus(model)
+    ops = {}
+    for name, op in model.ops.items():
+        targets = tuple(op.gpus) if op.gpus is not None else tuple(gpus)
+        for i, g in enumerate(targets):
+            if g not in gpus:
+                raise KernelfileError(f"{path.name}: ops.{name}.gpus[{i}]: unknown GPU {g!r}"
+                                      f"{did_you_mean(g, gpus)}; declare [gpus.{g}] or use one of {', '.join(gpus)}")
+        for i, dep in enumerate(op.depends):
+            if dep not in model.ops:
+                raise KernelfileError(f"{path.name}: ops.{name}.depends[{i}]: unknown op {dep!r}"
+                                      f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]")
+        template = op.template or name
+        from .oploader import op_dir
+        if not (op_dir(template, root) / "op.py").is_file():
+            known = sorted(p.parent.name for p in (root / "ops").glob("*/op.py"))
+            raise KernelfileError(f"{path.name}: ops.{name}.template: no op {template!r} in ops/"
+                                  f"{did_you_mean(template, known)}; available: {', '.join(known) or 'none'}")
+        ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
+                           shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
+                           modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
+                           gates=op.gates.model_dump(), search=op.search.model_dump(), depends=tuple(op.depends))
+    from .graph import find_cycle
+    cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
+    if cycle:
+        raise KernelfileError(f"{path.name}: ops.{cycle[0]}.depends: dependency cycle {' -> '.join(cycle)}; "
+                              f"remove one of these dependencies")
+    return Kernelfile(path=path, root=root, digest=hashlib.sha256(text.encode()).hexdigest(), project=model.project.name,
+                      cache_path=root / model.project.cache, build_dir=root / model.project.build_dir,
+                      reports_dir=root / model.project.reports_dir, gpus=gpus, ops=ops)
+
+
+def _resolve_gpus(model: KernelfileModel) -> dict[str, Gpu]:
+    if not model.gpus:
+        return dict(CATALOG)
+    out = {}
+    for name, g in model.gpus.items():
+        base = CATALOG.get(name)
+        if base is None and g.arch is None:
+            raise KernelfileError(f"kernelfile.toml: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
+                                  f"use a catalog name ({', '.join(CATALOG)}) or give arch = \"sm_90a\"")
+        if base is None:
+            base = Gpu(name, g.model or name, g.arch, "custom", g.sm_count or 1, g.dram_tbps or 1.0, 48 * 1024, 1)
+        over = {k: v for k, v in g.model_dump().items() if v is not None}
+        out[name] = Gpu(**{**base.as_dict(), **over, "name": name})
+    return out
+
+
+def load(path: str | Path = "kernelfile.toml") -> Kernelfile:
+    p = Path(path)
+    if not p.is_file():
+        raise KernelfileError(f"{p}: no kernelfile here; create one (see README.md) or pass --kernelfile PATH")
+    return parse(p.read_text(), p)

@@ -1,0 +1,25 @@
+"""Content keys of the four cached steps: compile, verify, measure, build."""
+from __future__ import annotations
+
+from .problem import Kernel, Problem, digest
+
+PIPELINE_VERSION = "1"          # bump when the build pipeline changes what it produces
+PROTOCOL_VERSION = "1"          # bump when the timing protocol changes
+
+
+def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:
+    return digest("compile", kernel.source, kernel.entry, list(kernel.flags), arch, toolchain)
+
+
+def verify_key(binary_digest: str, suite_version: str, problem: Problem, params: dict) -> str:
+    # params change the launch geometry, so they are part of what was verified
+    return digest("verify", binary_digest, suite_version, problem.key(), params)
+
+
+def measure_key(binary_digest: str, fingerprint: dict, problem: Problem, params: dict) -> str:
+    return digest("measure", binary_digest, fingerprint, problem.key(), params, PROTOCOL_VERSION)
+
+
+def build_key(op_files: dict[str, str], config: dict, gpu: dict, toolchain: dict, deps: list[str],
+              hardware: dict | None) -> str:
+    return digest("build", PIPELINE_VERSION, op_files, config, gpu, toolchain, deps, hardware)

@@ -1,0 +1,107 @@
+"""Values that describe one kernel problem and one compiled candidate, shared by every stage."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the form every content key hashes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(*parts: Any) -> str:
+    """sha256 over the canonical JSON of the parts (bytes are hashed as they are)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else canonical_json(part).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One shape of one op in one dtype, with the op's options (residual, rstd, ...)."""
+
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def opts(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def key(self) -> dict[str, Any]:
+        return {"op": self.op, "dtype": self.dtype, "shape": list(self.shape), "options": dict(self.options)}
+
+    def label(self) -> str:
+        shape = "x".join(str(s) for s in self.shape)
+        opts = ",".join(f"{k}={v}" for k, v in self.options if v not in (False, None, ""))
+        return f"{self.dtype}[{shape}]" + (f"{{{opts}}}" if opts else "")
+
+    def with_shape(self, shape: tuple[int, ...]) -> "Problem":
+        return Problem(self.op, self.dtype, tuple(shape), self.options)
+
+    @staticmethod
+    def make(op: str, dtype: str, shape, options: dict[str, Any] | None = None) -> "Problem":
+        return Problem(op, dtype, tuple(int(s) for s in shape), tuple(sorted((options or {}).items())))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Rendered CUDA C++ for one candidate: source text, entry point, compile flags."""
+
+    source: str
+    entry: str
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Launch geometry of one candidate on one problem."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int = 0
+    cluster: tuple[int, int, int] = (1, 1, 1)
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A compiled candidate: PTX text, cubin bytes and the resources ptxas reported."""
+
+    arch: str
+    entry: str
+    ptx: str
+    cubin: bytes
+    registers: int
+    spill_bytes: int
+    smem_static_bytes: int
+    local_bytes: int
+    log: str = ""
+    compiler: str = ""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.cubin).hexdigest()
+
+
+@dataclass(frozen=True)
+class Params:
+    """An immutable parameter assignment (a candidate config)."""
+
+    items: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+
+    @staticmethod
+    def of(d: dict[str, Any]) -> "Params":
+        return Params(tuple(sorted(d.items())))
+
+    def dict(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.items)

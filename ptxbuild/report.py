@@ -1,0 +1,121 @@
+"""Reproducibility reports of a target's last build: Markdown + JSON under reports/<op>@<gpu>/."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from collections import Counter
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
+            "torch", "pydantic", "sqlite-utils", "click")
+
+
+def environment(root: Path) -> dict:
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                                    timeout=5).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        rev, dirty = "", False
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "packages": versions,
+            "git_revision": rev + ("-dirty" if dirty else "")}
+
+
+def collect(kf, cache, target) -> dict | None:
+    build = cache.last_build(str(target))
+    if build is None:
+        return None
+    summary = json.loads(build["summary"])
+    manifest = json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {}
+    attempts = cache.attempts(str(target), summary["run"])
+    by_outcome = Counter(a["outcome"] for a in attempts)
+    rejected = Counter((a["outcome"], (a["detail"] or "").split("\n")[0][:100]) for a in attempts if a["outcome"] != "ok")
+    return {"target": str(target), "status": build["status"], "built_at": build["created"], "summary": summary,
+            "environment": environment(kf.root), "dispatch": manifest.get("dispatch", []),
+            "variants": manifest.get("variants", {}), "candidates_by_outcome": dict(sorted(by_outcome.items())),
+            "attempts": len(attempts),
+            "rejected": [{"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)]}
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def table_rows(data: dict) -> list[list[str]]:
+    rows = []
+    for d in data["dispatch"]:
+        if d.get("params") is None:
+            rows.append([d["label"], "NO VALID CANDIDATE", "-", "-", "-", ""])
+            continue
+        base = d.get("baselines") or {}
+        best_base = min((b["p50_ms"] for b in base.values() if b.get("outcome") == "ok" and b.get("p50_ms")), default=None)
+        frac = f"{d['floor_ms'] / d['p50_ms'] * 100:.0f}%" if d.get("p50_ms") else "-"
+        speed = f"{best_base / d['p50_ms']:.2f}x" if best_base and d.get("p50_ms") else "-"
+        params = " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
+        rows.append([d["label"], _ms(d.get("p50_ms")), frac, _ms(best_base), speed, params])
+    return rows
+
+
+HEAD = ["problem", "p50 (us)", "% of floor", "best baseline (us)", "speed-up", "config"]
+
+
+def markdown(data: dict) -> str:
+    s = data["summary"]
+    env = data["environment"]
+    hw = s.get("hardware")
+    lines = [f"# {data['target']}", "",
+             f"- status: **{data['status']}**; " + ("measured on hardware" if s["measured"] else
+                                                   "**not measured on hardware** (compiled and resource-checked only)"),
+             f"- reproduce: `{s['command']}`",
+             f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
+             f"- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+             f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`",
+             "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items())]
+    if hw:
+        lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
+        lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
+    lines += ["", "## Results", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(data)]
+    base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
+    if base_rows:
+        lines += ["", "## Baselines (same run, same protocol)", "", "| problem | baseline | outcome | p50 (us) | p20-p80 (us) | samples |",
+                  "|---|---|---|---:|---:|---:|"]
+        lines += [f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
+                  for lbl, n, b in base_rows]
+    losses = [r for r in table_rows(data) if r[4] != "-" and float(r[4][:-1]) < 1.0]
+    if losses:
+        lines += ["", "## Rows where it loses to a baseline", ""] + [f"- {r[0]}: {r[4]}" for r in losses]
+    lines += ["", "## Candidates", "", f"{data['attempts']} attempts this run: " +
+              ", ".join(f"{k} {v}" for k, v in data["candidates_by_outcome"].items())]
+    if data["rejected"]:
+        lines += ["", "| outcome | count | first line of evidence |", "|---|---:|---|"]
+        lines += [f"| {r['outcome']} | {r['count']} | {r['detail'].replace('|', '/')} |" for r in data["rejected"]]
+    lines += ["", "## Variants", "", "| entry | registers | spills | PTX ISA | files |", "|---|---:|---:|---|---|"]
+    lines += [f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
+              for v in data["variants"].values()]
+    lines += ["", "## Lessons", "", f"- used: {len(s.get('lessons_used', []))}; produced: {len(s.get('lessons_produced', []))}"]
+    for u in s.get("lessons_used", [])[:10]:
+        lines.append(f"  - used `{u['lesson']}` (distance {u['distance']}, from {u['scope'].get('gpu')} "
+                     f"{u['scope'].get('dtype')} {u['scope'].get('shape')}): {u['params']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(kf, cache, target) -> Path | None:
+    data = collect(kf, cache, target)
+    if data is None:
+        return None
+    out = kf.reports_dir / str(target)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    (out / "report.md").write_text(markdown(data))
+    return out / "report.md"
