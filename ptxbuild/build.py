@@ -336,8 +336,6 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
 
 
 def _baselines(ctx: Context, op, problem: Problem) -> dict:
-    if not hasattr(op, "baselines"):
-        return {}
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,

@@ -136,16 +136,20 @@ def _key_path(loc) -> str:
 def _allowed_keys(loc) -> list[str]:
     """Field names valid at the parent of `loc` (for did-you-mean on unknown keys)."""
     model: Any = KernelfileModel
-    for part in loc[:-1]:
-        if isinstance(part, int) or model is None:
+    named = {"gpus": GpuModel, "ops": OpModel}     # tables whose keys are user-chosen names
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
+        if model is KernelfileModel and part in named:
+            model = named[part]
+            parts = parts[1:]                       # skip the user's name (e.g. "rmsnorm")
             continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None:
-            model = {"gpus": GpuModel, "ops": OpModel}.get(part) if model is KernelfileModel else model
-            continue
-        ann = field.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else {"gpus": None, "ops": None}.get(part)
-    return list(model.model_fields) if model is not None and hasattr(model, "model_fields") else []
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = field.annotation if field else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if model is None:
+            return []
+    return list(model.model_fields)
 
 
 def _explain(err: dict) -> str:

@@ -1,0 +1,116 @@
+"""The pipeline with fake compile/GPU stages: incremental rebuilds, outcomes as data, GPU path, explain."""
+import json
+
+from ptxbuild.build import build, plan
+from ptxbuild.graph import Target
+
+from .conftest import make_ctx
+from .fakes import FakeCompiler, FakeGpu, fake_match
+
+
+def _status(results):
+    return {str(r.target): r.status for r in results}
+
+
+def test_first_build_writes_artifacts_and_second_does_nothing(proj):
+    comp = FakeCompiler()
+    ctx = make_ctx(proj, comp)
+    res = build(ctx)
+    assert _status(res) == {"scale@h100": "built", "scale@b200": "built"}
+    manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())
+    assert manifest["arch"] == "sm_100a" and manifest["measured_on_hardware"] is False
+    assert len(manifest["dispatch"]) == 4  # 2 dtypes x 2 shapes
+    assert all(d["params"] == {"threads": 128, "vec": 1} and d["source"] == "default" for d in manifest["dispatch"])
+    for v in manifest["variants"].values():
+        assert (proj / "build/scale@b200" / v["cubin"]).is_file() and v["ptx_isa"] == "9.0"
+    assert (proj / "reports/scale@b200/report.md").read_text().count("not measured on hardware") == 1
+    first = len(comp.calls)
+    assert first == 4  # 2 dtypes x 2 arches; the two shapes share one binary
+    comp2 = FakeCompiler()
+    res = build(make_ctx(proj, comp2))
+    assert _status(res) == {"scale@h100": "up_to_date", "scale@b200": "up_to_date"}
+    assert comp2.calls == []
+
+
+def test_editing_the_template_rebuilds_only_its_targets(proj):
+    (proj / "kernelfile.toml").write_text((proj / "kernelfile.toml").read_text() +
+                                          '\n[ops.other]\ntemplate = "scale"\ndtypes = ["float32"]\nshapes = [[8, 8]]\n'
+                                          'gpus = ["h100"]\n')
+    build(make_ctx(proj))
+    kf_text = (proj / "kernelfile.toml").read_text()
+    (proj / "kernelfile.toml").write_text(kf_text.replace("shapes = [[8, 8]]", "shapes = [[8, 16]]"))
+    res = build(make_ctx(proj))
+    assert _status(res) == {"scale@h100": "up_to_date", "scale@b200": "up_to_date", "other@h100": "built"}
+    src = proj / "ops/scale/scale.cu"
+    src.write_text(src.read_text() + "\n// edited\n")
+    ctx = make_ctx(proj)
+    why = {str(t): w for t, fresh, w in plan(ctx, None)}
+    assert why["scale@h100"] == "changed: op file scale.cu"
+    assert _status(build(ctx)) == {"scale@h100": "built", "scale@b200": "built", "other@h100": "built"}
+
+
+def test_adding_a_gpu_builds_only_that_gpu(proj):
+    build(make_ctx(proj))
+    text = (proj / "kernelfile.toml").read_text().replace("[gpus.b200]", "[gpus.b200]\n[gpus.h200]")
+    (proj / "kernelfile.toml").write_text(text)
+    comp = FakeCompiler()
+    res = build(make_ctx(proj, comp))
+    assert _status(res) == {"scale@h100": "up_to_date", "scale@b200": "up_to_date", "scale@h200": "built"}
+    assert comp.calls == []  # h200 is sm_90a like h100: every compile is a cache hit
+
+
+def test_compile_errors_and_spills_are_outcomes(proj):
+    ctx = make_ctx(proj, FakeCompiler(spill_on="#define VEC 2", error_on="#define VEC 1"))
+    res = build(ctx, [Target("scale", "h100")])
+    assert _status(res) == {"scale@h100": "built"}
+    outcomes = {(a["outcome"], json.loads(a["params"])["vec"]) for a in ctx.cache.attempts("scale@h100")}
+    assert ("compile_error", 1) in outcomes and ("spill", 2) in outcomes and ("ok", 4) in outcomes
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert {d["params"]["vec"] for d in manifest["dispatch"]} == {4}
+
+
+def test_invalid_everywhere_fails_the_target_not_the_tool(proj):
+    ctx = make_ctx(proj, FakeCompiler(error_on=""))
+    res = build(ctx, [Target("scale", "b200")])
+    assert res[0].status == "failed" and "no valid candidate for 4 problem(s)" in res[0].reason
+    assert {a["outcome"] for a in ctx.cache.attempts("scale@b200")} == {"compile_error"}
+
+
+def test_gpu_present_searches_verifies_measures_and_caches(proj):
+    gpu = FakeGpu()
+    ctx = make_ctx(proj, gpu=gpu, gpu_match=fake_match)
+    res = build(ctx, [Target("scale", "h100")])
+    assert res[0].measured and res[0].status == "built"
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    for d in manifest["dispatch"]:
+        if d["problem"]["shape"][1] % 4 == 0:
+            assert d["params"] == {"threads": 256, "vec": 4} and d["p50_ms"] == 0.01
+        assert d["baselines"]["eager"]["p50_ms"] == 0.05
+    assert gpu.verified == gpu.measured > 0
+    lessons = list(ctx.cache.db.query("select * from lessons"))
+    assert len(lessons) == 4
+    # the same build forced again reuses every verdict and timing of a config it tried before
+    first = {(a["problem"], a["params"]) for a in ctx.cache.attempts("scale@h100")}
+    gpu2 = FakeGpu()
+    ctx2 = make_ctx(proj, gpu=gpu2, gpu_match=fake_match, force=True)
+    build(ctx2, [Target("scale", "h100")])
+    second = [(a["problem"], a["params"]) for a in ctx2.cache.attempts("scale@h100", ctx2.run)
+              if a["outcome"] == "ok"]
+    assert len(second) > 0
+    assert gpu2.measured == len([k for k in second if k not in first])
+
+
+def test_hardware_appearing_makes_the_target_stale(proj):
+    build(make_ctx(proj))
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    why = {str(t): (fresh, w) for t, fresh, w in plan(ctx, None)}
+    assert why["scale@h100"] == (False, "changed: hardware")
+    assert why["scale@b200"] == (True, "up to date")
+
+
+def test_lessons_from_h100_seed_the_b200_compile_only_build(proj):
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    build(make_ctx(proj), [Target("scale", "b200")])
+    manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())
+    d = [d for d in manifest["dispatch"] if d["label"] == "float32[64x1024]"][0]
+    assert d["params"] == {"threads": 256, "vec": 4} and d["source"] == "lesson"

@@ -1,0 +1,82 @@
+"""Kernelfile mistakes: one line naming the key path, exit code 2, and no file changed."""
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from ptxbuild.cli import EXIT_CONFIG, main
+
+GOOD = """
+[project]
+name = "t"
+[gpus.h100]
+[gpus.b200]
+[ops.scale]
+dtypes = ["float32"]
+shapes = [[64, 1024]]
+"""
+
+CASES = [
+    ("unknown key", GOOD.replace('dtypes = ["float32"]', 'dtypes = ["float32"]\nshape = [[1, 2]]'),
+     "error: kernelfile.toml: ops.scale.shape: unknown key (did you mean 'shapes'?); allowed here: template, dtypes, "
+     "shapes, options, modes, gpus, metric, gates, search, depends"),
+    ("wrong type", GOOD.replace("[[64, 1024]]", '"64x1024"'),
+     "error: kernelfile.toml: ops.scale.shapes: Input should be a valid list (got '64x1024')"),
+    ("unknown gpu", GOOD.replace('shapes = [[64, 1024]]', 'shapes = [[64, 1024]]\ngpus = ["h10"]'),
+     "error: kernelfile.toml: ops.scale.gpus[0]: unknown GPU 'h10' (did you mean 'h100'?); declare [gpus.h10] or use "
+     "one of h100, b200"),
+    ("unknown catalog gpu", GOOD.replace("[gpus.b200]", "[gpus.b2000]"),
+     "error: kernelfile.toml: gpus.b2000: unknown GPU (did you mean 'b200'?); use a catalog name (a100, l40s, h100, "
+     "h200, gh200, b200) or give arch = \"sm_90a\""),
+    ("unknown op template", GOOD.replace("[ops.scale]", "[ops.scael]"),
+     "error: kernelfile.toml: ops.scael.template: no op 'scael' in ops/ (did you mean 'scale'?); available: scale"),
+    ("empty shapes", GOOD.replace("[[64, 1024]]", "[]"),
+     "error: kernelfile.toml: ops.scale.shapes: List should have at least 1 item after validation, not 0"),
+    ("bad dtype", GOOD.replace('"float32"]', '"bfloat61"]'),
+     "error: kernelfile.toml: ops.scale.dtypes: unknown dtype 'bfloat61' (did you mean 'bfloat16'?); one of "
+     "bfloat16, float16, float32"),
+    ("cycle", GOOD + '\ndepends = ["scale2"]\n[ops.scale2]\ntemplate = "scale"\ndtypes = ["float32"]\n'
+              'shapes = [[1, 1]]\ndepends = ["scale"]\n',
+     "error: kernelfile.toml: ops.scale.depends: dependency cycle scale -> scale2 -> scale; remove one of these "
+     "dependencies"),
+    ("unknown dependency", GOOD + 'depends = ["norm"]\n',
+     "error: kernelfile.toml: ops.scale.depends[0]: unknown op 'norm'; declare [ops.norm]"),
+    ("missing project", GOOD.replace('[project]\nname = "t"', ""),
+     "error: kernelfile.toml: project: required key is missing; add it"),
+    ("bad toml", GOOD + "[[[", None),
+]
+
+
+def _snapshot(root):
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("name,text,message", CASES, ids=[c[0] for c in CASES])
+def test_kernelfile_mistake(proj, name, text, message):
+    (proj / "kernelfile.toml").write_text(text)
+    before = _snapshot(proj)
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        res = CliRunner().invoke(main, ["build"])
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == EXIT_CONFIG
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1, res.output
+    if message:
+        assert lines[0] == message
+    else:
+        assert lines[0].startswith("error: kernelfile.toml: not valid TOML")
+    assert _snapshot(proj) == before
+
+
+def test_unknown_target_did_you_mean(proj):
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        res = CliRunner().invoke(main, ["build", "scale@h10"])
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == EXIT_CONFIG
+    assert res.output == "error: scale@h10: no GPU 'h10' (did you mean 'h100'?); known: h100, b200\n"
