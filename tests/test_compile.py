@@ -1,0 +1,60 @@
+"""The real compile stage (NVRTC + nvJitLink wheels): PTX and cubin for sm_90a and sm_100a."""
+import json
+import os
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from ptxbuild.cli import main
+from ptxbuild.compiler import CompileError, compile_kernel, parse_resources
+from ptxbuild.problem import Kernel
+
+pytestmark = pytest.mark.compile
+
+SRC = 'extern "C" __global__ void k(float* y, const float* x) { y[threadIdx.x] = 2.f * x[threadIdx.x]; }'
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_compiles_to_ptx_and_cubin(arch):
+    b = compile_kernel(Kernel(SRC, "k"), arch)
+    assert f".target {arch}" in b.ptx and ".entry k(" in b.ptx
+    assert b.cubin[:4] == b"\x7fELF"
+    assert 0 < b.registers <= 16 and b.spill_bytes == 0
+
+
+def test_compile_error_carries_the_log():
+    with pytest.raises(CompileError, match='identifier "oops" is undefined'):
+        compile_kernel(Kernel('extern "C" __global__ void k() { oops; }', "k"), "sm_90a")
+
+
+def test_missing_entry_point_is_a_compile_error():
+    with pytest.raises(CompileError, match="entry point 'nope' not found"):
+        compile_kernel(Kernel(SRC, "nope"), "sm_90a")
+
+
+def test_parse_resources():
+    log = ("ptxas info    : Function properties for k\nptxas         .     24 bytes stack frame, 8 bytes spill stores, "
+           "12 bytes spill loads\nptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem")
+    assert parse_resources(log) == {"registers": 40, "spill_store": 8, "spill_load": 12, "stack": 24, "smem": 2048}
+
+
+def test_cli_build_twice_second_compiles_nothing(proj):
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        first = CliRunner().invoke(main, ["build", "scale@b200", "scale@h100", "-j", "2"])
+        second = CliRunner().invoke(main, ["build", "scale@b200", "scale@h100"])
+    finally:
+        os.chdir(cwd)
+    assert first.exit_code == 0, first.output
+    assert "scale@b200: built (not measured on hardware) -> build/scale@b200\n" in first.output
+    assert second.exit_code == 0
+    assert second.stdout == "scale@b200: up to date\nscale@h100: up to date\n"
+    for t, arch in (("scale@b200", "sm_100a"), ("scale@h100", "sm_90a")):
+        m = json.loads((proj / "build" / t / "manifest.json").read_text())
+        assert m["arch"] == arch
+        for v in m["variants"].values():
+            ptx = (proj / "build" / t / v["ptx"]).read_text()
+            assert f".target {arch}" in ptx
+            assert (proj / "build" / t / v["cubin"]).read_bytes()[:4] == b"\x7fELF"
