@@ -1,6 +1,10 @@
 """Correctness checks on output arrays (xp is numpy or cupy): poison, writes, inputs, determinism, tolerance."""
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
+
 from ..dtypes import to_float
 from ..outcome import Outcome
 
@@ -14,20 +18,20 @@ def bits(arr, xp):
 
 def poison(arr, xp) -> None:
     """Fill with all-ones bytes: a NaN in every float type (f16, bf16, f32, f64), -1 in ints."""
-    arr.view(getattr(xp, _UINT[arr.dtype.itemsize])).fill(xp.iinfo(_UINT[arr.dtype.itemsize]).max)
+    arr.view(getattr(xp, _UINT[arr.dtype.itemsize])).fill(np.iinfo(_UINT[arr.dtype.itemsize]).max)
 
 
 def _where(mask, xp) -> tuple[int, tuple[int, ...] | None]:
     n = int(mask.sum())
     if not n:
         return 0, None
-    return n, tuple(int(i) for i in xp.unravel_index(int(xp.argmax(mask.reshape(-1))), mask.shape))
+    return n, tuple(int(i) for i in np.unravel_index(int(xp.argmax(mask.reshape(-1))), mask.shape))
 
 
 def unwritten(arr, xp) -> tuple[int, tuple[int, ...] | None]:
     """(how many elements still hold the poison, the first one)."""
     b = bits(arr, xp)
-    return _where(b == xp.iinfo(b.dtype).max, xp)
+    return _where(b == np.iinfo(b.dtype).max, xp)
 
 
 def differs(a, b, xp) -> tuple[int, tuple[int, ...] | None]:
@@ -43,6 +47,11 @@ def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
     if tuple(out.shape) != tuple(ref.shape):
         return {"bad": max(out.size, 1), "worst": None, "shape": (tuple(out.shape), tuple(ref.shape)),
                 "max_abs": float("inf"), "max_rel": float("inf")}
+    with getattr(xp, "errstate", contextlib.nullcontext)(invalid="ignore", over="ignore", divide="ignore"):
+        return _compare(out, ref, dtype, atol, rtol, xp)
+
+
+def _compare(out, ref, dtype, atol, rtol, xp) -> dict:
     r = ref.astype(xp.float64 if ref.dtype == xp.float64 else xp.float32)
     bf16 = out.dtype.kind == "u" and out.dtype.itemsize == 2 and dtype == "bfloat16"
     o = (to_float(out, dtype, xp) if bf16 else out).astype(r.dtype)
@@ -59,7 +68,7 @@ def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
     if n:
         score = xp.where(broken, xp.inf, xp.where(xp.isnan(excess), -xp.inf, excess))
         flat = int(xp.argmax(score.reshape(-1)))
-        res["worst"] = tuple(int(i) for i in xp.unravel_index(flat, bad.shape))
+        res["worst"] = tuple(int(i) for i in np.unravel_index(flat, bad.shape))
         res["got"], res["want"] = float(o.reshape(-1)[flat]), float(r.reshape(-1)[flat])
     return res
 

@@ -1,0 +1,164 @@
+"""Run every rmsnorm regime / mode on small and odd shapes on this machine's GPU.
+
+    python3 ops/rmsnorm/selftest_gpu.py [-k substring]
+
+Needs cupy and cuda-bindings. Compiles with ptxbuild.compiler for this GPU's arch, launches with
+cuLaunchKernelEx (cluster dims as a launch attribute), compares with op.reference(), prints one
+line per case; the exit code is the number of failures (capped at 1).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from ptxbuild.compiler import compile_kernel  # noqa: E402
+from ptxbuild.dtypes import to_float  # noqa: E402
+from ptxbuild.oploader import load_op  # noqa: E402
+from ptxbuild.problem import Problem  # noqa: E402
+
+op = load_op("rmsnorm", ROOT)
+
+W = {"regime": "warp", "threads": 128}
+B = {"regime": "block"}
+C = {"regime": "cluster"}
+CASES = [
+    # (dtype, (M, N), options, params)
+    ("bfloat16", (199, 256), {}, {**W, "row_threads": 32, "rows_per_group": 2, "load_hint": "nc"}),
+    ("float16", (1, 512), {"rstd": True}, {**W, "threads": 96, "row_threads": 16, "rows_per_group": 4}),
+    ("float32", (199, 760), {"bias": True, "weight": "fp32"}, {**W, "row_threads": 8}),
+    ("bfloat16", (199, 1128), {"residual": True, "rstd": True}, {**W, "row_threads": 32, "store_cs": True}),
+    ("bfloat16", (199, 2048), {"residual": True, "residual_out_fp32": True, "weight": "fp32"},
+     {**W, "weight_load": "early", "rsqrt": "precise"}),
+    ("float16", (199, 4095), {"residual": True}, {**W, "threads": 256, "exact": False, "unroll": 2}),
+    ("float32", (37, 13), {"weight": "none", "bias": True}, {**W, "threads": 64, "row_threads": 4, "exact": False}),
+    ("bfloat16", (199, 1000), {"rstd": True}, {**W, "exact": False, "unroll": 4, "load_hint": "nc_na"}),
+    ("bfloat16", (199, 4096), {}, {**B, "threads": 128, "load_hint": "nc"}),
+    ("float16", (199, 4000), {"residual": True, "bias": True}, {**B, "threads": 96, "weight_load": "early"}),
+    ("float32", (1, 32768), {"rstd": True}, {**B, "threads": 1024}),
+    ("bfloat16", (199, 8192), {"residual": True, "residual_out_fp32": True}, {**B, "threads": 448}),
+    ("bfloat16", (64, 16384), {"residual": True, "rstd": True},
+     {**B, "threads": 256, "stage": "smem", "unroll": 4}),
+    ("float32", (199, 4097), {"rstd": True}, {**B, "threads": 256, "exact": False, "unroll": 2}),
+    ("bfloat16", (33, 20000), {"weight": "fp32"}, {**B, "threads": 512, "exact": False, "unroll": 4}),
+    ("bfloat16", (64, 65536), {"rstd": True}, {**C, "threads": 512, "cluster": 2, "load_hint": "nc"}),
+    ("float16", (16, 131072), {"residual": True}, {**C, "threads": 512, "cluster": 4}),
+    ("float32", (8, 262144), {"rstd": True, "bias": True}, {**C, "threads": 512, "cluster": 8}),
+    ("float32", (8, 262144), {"residual": True, "rstd": True},
+     {**C, "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4}),
+    ("bfloat16", (5, 100003), {"residual": True, "rstd": True},
+     {**C, "threads": 256, "cluster": 4, "exact": False, "unroll": 2}),
+    ("bfloat16", (7, 131072), {"residual": True, "residual_out_fp32": True},
+     {**C, "threads": 1024, "cluster": 8, "exact": False, "unroll": 1}),
+]
+
+
+def arch_of(cp) -> str:
+    cc = cp.cuda.Device().compute_capability            # "90", "100", ...
+    return f"sm_{cc}" + ("a" if cc in ("90", "100") else "")
+
+
+def launch(cp, driver, kern, L, args):
+    types, values = [], []
+    for a in args:
+        if isinstance(a, cp.ndarray):
+            types.append(ctypes.c_void_p); values.append(a.data.ptr)
+        elif isinstance(a, np.int64):
+            types.append(ctypes.c_int64); values.append(int(a))
+        elif isinstance(a, np.float32):
+            types.append(ctypes.c_float); values.append(float(a))
+        else:
+            types.append(ctypes.c_void_p); values.append(int(a))
+    if L.smem_bytes > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = L.smem_bytes
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = L.grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = L.block
+    cfg.sharedMemBytes = L.smem_bytes
+    cfg.hStream = driver.CUstream(cp.cuda.get_current_stream().ptr)
+    attrs = []
+    if L.cluster != (1, 1, 1):
+        at = driver.CUlaunchAttribute()
+        at.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        at.value.clusterDim.x, at.value.clusterDim.y, at.value.clusterDim.z = L.cluster
+        attrs.append(at)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    err, = driver.cuLaunchKernelEx(cfg, driver.CUfunction(kern.kernel.ptr), (tuple(values), tuple(types)), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cuLaunchKernelEx: {err}")
+    cp.cuda.get_current_stream().synchronize()
+
+
+def run_case(cp, driver, arch, dtype, shape, opts, params) -> tuple[bool, str]:
+    problem = Problem.make("rmsnorm", dtype, shape, opts)
+    params = op._full(params)
+    why = op.check(params, problem)
+    if why:
+        return False, f"check: {why}"
+    binary = compile_kernel(op.render(params, problem, arch), arch)
+    if binary.spill_bytes:
+        return False, f"spills {binary.spill_bytes} bytes"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(binary.cubin)
+    try:
+        kern = cp.RawModule(path=f.name).get_function(binary.entry)
+    finally:
+        os.unlink(f.name)
+    worst, ok = [], True
+    for seed in (0, 1, 2):
+        inputs = op.make_inputs(problem, seed, cp)
+        saved = {k: v.copy() for k, v in inputs.items()}
+        outputs = op.make_outputs(problem, cp)
+        for v in outputs.values():
+            v.view(cp.uint8).fill(0xFF)               # NaN poison
+        launch(cp, driver, kern, op.launch(params, problem, 0), op.kernel_args(params, problem, inputs, outputs))
+        ref = op.reference(problem, saved, cp)
+        for name, expect in ref.items():
+            kind = "float32" if (name == "rstd" or (name == "residual_out" and opts.get("residual_out_fp32"))) \
+                else dtype
+            got = to_float(outputs[name], kind, cp).astype(cp.float64)
+            atol, rtol = op.tolerance(problem, name)
+            err = cp.abs(got - expect)
+            bad = ~(err <= atol + rtol * cp.abs(expect))      # NaN counts as bad
+            worst.append(f"{name}:{float(cp.nan_to_num(err, nan=np.inf).max()):.2e}")
+            if bool(bad.any()):
+                ok = False
+                idx = int(cp.argmax(bad.ravel()))
+                worst.append(f"FIRST-BAD {name}[{idx}] got {float(got.ravel()[idx])} want {float(expect.ravel()[idx])}")
+        if any(not bool((inputs[k] == saved[k]).all()) for k in inputs):
+            ok = False
+            worst.append("INPUT MODIFIED")
+    return ok, " ".join(dict.fromkeys(worst))
+
+
+def main() -> int:
+    import cupy as cp
+    from cuda.bindings import driver
+
+    pick = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
+    arch = arch_of(cp)
+    fails = 0
+    for dtype, shape, opts, params in CASES:
+        label = f"{params['regime']:7s} {dtype:8s} {shape[0]}x{shape[1]} {opts} {params}"
+        if pick not in label:
+            continue
+        try:
+            ok, msg = run_case(cp, driver, arch, dtype, shape, opts, params)
+        except Exception as exc:  # a launch error or compile error is a FAIL, keep going
+            ok, msg = False, f"{type(exc).__name__}: {exc}"[:400]
+        fails += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {label} {msg}", flush=True)
+    print(f"{fails} failed")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

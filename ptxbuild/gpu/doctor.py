@@ -1,0 +1,45 @@
+"""What this machine has for the GPU stages, and what is missing with how to install it; never raises."""
+from __future__ import annotations
+
+import platform
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = __import__(module)
+        return getattr(mod, "__version__", "installed")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def doctor() -> list[tuple[str, str]]:
+    """(check, status) lines: python, numpy, cupy, torch, GPU + fingerprint, nvidia-smi, compiler."""
+    from ..compiler import INSTALL_HINT
+    from .fingerprint import smi_line
+
+    lines = [("python", f"{platform.python_version()} ({platform.machine()})")]
+    np_v = _version("numpy")
+    lines.append(("numpy", np_v or "missing: pip install numpy"))
+    cupy_v = _version("cupy")
+    lines.append(("cupy", cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x"))
+    torch_v = _version("torch")
+    lines.append(("torch", torch_v or "missing (optional: baselines): pip install torch"))
+    smi = smi_line()
+    lines.append(("nvidia-smi", smi or "not found (clocks and driver version come from the CUDA runtime instead)"))
+    if cupy_v:
+        try:
+            from .fingerprint import read
+
+            lines.append(("gpu", str(read(0))))
+        except Exception as exc:  # noqa: BLE001
+            lines.append(("gpu", f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
+                                 "PTX marked 'not measured on hardware'"))
+    else:
+        lines.append(("gpu", "unknown (cupy missing)"))
+    try:
+        from ..compiler import toolchain
+
+        lines.append(("compiler", str(toolchain())))
+    except Exception as exc:  # noqa: BLE001
+        lines.append(("compiler", f"missing ({exc}); run: {INSTALL_HINT}"))
+    return lines

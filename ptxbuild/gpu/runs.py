@@ -1,0 +1,243 @@
+"""Inside the worker: verify, time and baseline candidates on one GPU with cupy (via check and stats)."""
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+import sys
+from pathlib import Path
+
+from ..dtypes import storage_dtype
+from ..oploader import load_op
+from ..outcome import Outcome
+from . import check, device, stats
+from . import fingerprint as fingerprint_mod
+
+ONE_SEED_ABOVE_BYTES = 4 << 30     # problems with more input bytes than this are verified on one seed
+FLUSH_MIN_BYTES = 256 << 20
+POOL_MAX_SETS = 64
+
+
+def nbytes(arrays: dict) -> int:
+    return sum(int(a.nbytes) for a in arrays.values())
+
+
+def _torch_stream(stream):
+    """Make torch launch on our stream while a baseline runs (so our events time its work)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr))
+
+
+def _as_cupy(value, cp):
+    if type(value).__module__.startswith("torch") and str(value.dtype) == "torch.bfloat16":
+        import torch
+        return cp.asarray(value.contiguous().view(torch.int16)).view(cp.uint16)
+    return cp.asarray(value)
+
+
+class Gpu:
+    """The worker's GPU: its own stream, an L2 flush buffer, loaded kernels and a rotating input pool."""
+
+    def __init__(self, index: int = 0):
+        import cupy as cp
+
+        self.cp, self.index = cp, index
+        cp.cuda.Device(index).use()
+        self.fingerprint = fingerprint_mod.read(index)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.l2_bytes = self.fingerprint.l2_bytes or (50 << 20)
+        self.flush_buf = cp.empty(max(FLUSH_MIN_BYTES, 4 * self.l2_bytes), dtype=cp.uint8)
+        self.kernels: dict = {}
+        self.flushes = 0
+        self.rotation = 0
+        self._pool_key = None
+        self._pool: list = []
+        self._warm_cupy()
+
+    def _warm_cupy(self) -> None:
+        """Compile cupy's kernels for the checks now, not inside the first candidate's deadline."""
+        cp = self.cp
+        cp.random.RandomState(0).standard_normal((2, 3)).astype(cp.float32)
+        for name in ("float32", "float16", "bfloat16"):
+            a = cp.zeros((2, 3), dtype=storage_dtype(name, cp))
+            for ref in (cp.zeros((2, 3), cp.float32), cp.zeros((2, 3), cp.float64)):
+                check.judge(name, {"x": a}, {"x": a.copy()}, {"y": a}, {"y": ref}, lambda _: (1e-3, 1e-3), cp, {"y": a.copy()})
+            check.poison(a, cp)
+            check.unwritten(a, cp)
+        self.sync()
+
+    # plumbing
+    def sync(self) -> None:
+        self.stream.synchronize()
+        self.cp.cuda.Device(self.index).synchronize()
+
+    def flush(self) -> None:
+        self.flushes += 1
+        self.cp.cuda.runtime.memsetAsync(self.flush_buf.data.ptr, self.flushes & 0xFF, self.flush_buf.nbytes, self.stream.ptr)
+
+    def kernel(self, binary: dict):
+        key = (binary["entry"], binary["digest"])
+        if key not in self.kernels:
+            if len(self.kernels) >= 32:
+                self.kernels.pop(next(iter(self.kernels)))
+            self.kernels[key] = device.load(binary["entry"], binary["cubin"], binary.get("ptx", ""))
+        return self.kernels[key]
+
+    def release(self) -> None:
+        self.cp.get_default_memory_pool().free_all_blocks()
+
+    # stages
+    def copy_bandwidth(self, max_bytes: int = 1 << 30, reps: int = 20) -> float:
+        """Device-to-device copy bandwidth in TB/s, read + write bytes counted, median of `reps` copies."""
+        cp = self.cp
+        free, _ = cp.cuda.runtime.memGetInfo()
+        size = int(min(max_bytes, free // 4)) // 256 * 256
+        src, dst = cp.ones(size, dtype=cp.uint8), cp.empty(size, dtype=cp.uint8)
+
+        def timer(_name, n):
+            evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
+            self.sync()
+            for a, b in evs:
+                a.record(self.stream)
+                cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, size, 3, self.stream.ptr)
+                b.record(self.stream)
+            self.sync()
+            return [cp.cuda.get_elapsed_time(a, b) for a, b in evs]
+
+        stats.warm_up(timer, "copy", 20.0)
+        ms = stats.quantile(timer("copy", reps), 0.5)
+        del src, dst
+        self.release()
+        return 2 * size / (ms * 1e-3) / 1e12
+
+    def run_once(self, op, kern, params: dict, problem, inputs: dict) -> dict:
+        """Fresh poisoned outputs, one launch on our stream, synchronize (errors surface here)."""
+        outputs = op.make_outputs(problem, self.cp)
+        for out in outputs.values():
+            check.poison(out, self.cp)
+        geom = op.launch(params, problem, self.fingerprint.sm_count)
+        args = op.kernel_args(params, problem, inputs, outputs)
+        self.sync()
+        device.launch(kern, geom, args, self.stream)
+        self.sync()
+        return outputs
+
+    def verify(self, op_folder: str, root: str, params: dict, problem, binary: dict, seeds: list | None = None) -> dict:
+        cp, op, kern = self.cp, load_op(op_folder, Path(root)), self.kernel(binary)
+        det = getattr(op, "DETERMINISTIC", True)
+        det = det(params) if callable(det) else bool(det)
+        seeds = list(seeds or [secrets.randbelow(2**31) for _ in range(3)])
+        cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
+        plan = [(problem, seeds)] + [(p, [secrets.randbelow(2**31)]) for p in op.verify_problems(problem)]
+        with self.stream:
+            for prob, prob_seeds in plan:
+                for seed in prob_seeds:
+                    inputs = op.make_inputs(prob, seed, cp)
+                    before = {k: v.copy() for k, v in inputs.items()}
+                    ref = op.reference(prob, {k: v.copy() for k, v in inputs.items()}, cp)
+                    first = self.run_once(op, kern, params, prob, inputs)
+                    again = self.run_once(op, kern, params, prob, inputs) if det else None
+                    outcome, detail, a, r = check.judge(prob.dtype, inputs, before, first, ref,
+                                                        lambda name, p=prob: op.tolerance(p, name), cp, again)
+                    cases, max_abs, max_rel = cases + 1, max(max_abs, a), max(max_rel, r)
+                    tols = tols or {name: list(op.tolerance(problem, name)) for name in ref}
+                    big = nbytes(inputs) > ONE_SEED_ABOVE_BYTES
+                    del inputs, before, ref, first, again
+                    self.release()
+                    if outcome is not Outcome.OK:
+                        return {"outcome": outcome.value, "detail": f"{detail} [{prob.label()}, seed {seed}]",
+                                "max_abs_err": max_abs, "max_rel_err": max_rel, "cases": cases, "seeds": seeds}
+                    if big:
+                        break
+        return {"outcome": Outcome.OK.value, "detail": "", "max_abs_err": max_abs, "max_rel_err": max_rel,
+                "cases": cases, "seeds": seeds, "tolerances": tols}
+
+    def pool(self, op, problem) -> list:
+        """Input/output sets to rotate through: more bytes than 2x L2, at most half the free memory."""
+        key = (str(op.FOLDER), problem)
+        if self._pool_key != key:
+            self._pool, self._pool_key = [], None
+            self.release()
+            cp = self.cp
+            first = (op.make_inputs(problem, 1_000_003, cp), op.make_outputs(problem, cp))
+            size = max(1, nbytes(first[0]) + nbytes(first[1]))
+            free, _ = cp.cuda.runtime.memGetInfo()
+            n = max(1, min(POOL_MAX_SETS, math.ceil(2 * self.l2_bytes / size) + 1, int(free // 2 // size)))
+            self._pool = [first] + [(op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
+                                    for i in range(1, n)]
+            self._pool_key = key
+        return self._pool
+
+    def _timer(self, runners: dict):
+        """timer(name, n): n calls of runners[name](pool_index), each after an L2 flush, timed with events."""
+        cp = self.cp
+
+        def timer(name, n):
+            run, sets = runners[name]
+            evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
+            self.sync()
+            for a, b in evs:
+                i, self.rotation = self.rotation % sets, self.rotation + 1
+                self.flush()
+                a.record(self.stream)
+                run(i)
+                b.record(self.stream)
+            self.sync()
+            return [cp.cuda.get_elapsed_time(a, b) for a, b in evs]
+        return timer
+
+    def _runner(self, op, params, problem, binary, pool):
+        kern = self.kernel(binary)
+        geom = op.launch(params, problem, self.fingerprint.sm_count)
+        args = [op.kernel_args(params, problem, ins, outs) for ins, outs in pool]
+        return (lambda i: device.launch(kern, geom, args[i], self.stream)), len(pool)
+
+    def measure(self, op_folder: str, root: str, params: dict, problem, binary: dict, incumbent=None,
+                copy_tbps: float = 0.0, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict:
+        op = load_op(op_folder, Path(root))
+        pool = self.pool(op, problem)
+        runners = {"candidate": self._runner(op, params, problem, binary, pool)}
+        if incumbent:
+            runners["incumbent"] = self._runner(op, incumbent[0], problem, incumbent[1], pool)
+        with self.stream:
+            res = stats.run(self._timer(runners), incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms)
+        out = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"])
+        if res["remeasured"]:
+            out["detail"] = "; ".join(filter(None, [out["detail"], "beat the incumbent by >10%: re-timed alone, slower kept"]))
+        return out
+
+    def baselines(self, op_folder: str, root: str, problem, copy_tbps: float = 0.0,
+                  warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict:
+        cp, op = self.cp, load_op(op_folder, Path(root))
+        fns = op.baselines(problem) if hasattr(op, "baselines") else {}
+        results = {}
+        for name, fn in fns.items():
+            try:
+                with self.stream, _torch_stream(self.stream):
+                    inputs = op.make_inputs(problem, secrets.randbelow(2**31), cp)
+                    before = {k: v.copy() for k, v in inputs.items()}
+                    ref = op.reference(problem, {k: v.copy() for k, v in inputs.items()}, cp)
+                    got = {k: _as_cupy(v, cp) for k, v in fn(inputs).items()}
+                    self.sync()
+                    missing = [k for k in ref if k not in got]
+                    outcome, detail, _, _ = ((Outcome.WRONG_RESULT, f"baseline returned no {missing}", 0, 0) if missing else
+                                             check.judge(problem.dtype, inputs, before, got, ref,
+                                                         lambda o: op.tolerance(problem, o), cp))
+                    del inputs, before, ref, got
+                    if outcome is not Outcome.OK:
+                        results[name] = {"outcome": outcome.value, "detail": detail}
+                        continue
+                pool = self.pool(op, problem)
+                timer = self._timer({"candidate": ((lambda i, f=fn: f(pool[i][0])), len(pool))})
+                with self.stream, _torch_stream(self.stream):   # torch may have been imported by the check
+                    res = stats.run(timer, warmup_ms=warmup_ms, budget_ms=budget_ms)
+                results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps))
+            except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised
+                from .errors import classify, is_cuda_error
+                if is_cuda_error(exc) and classify(str(exc))[1]:
+                    raise
+                results[name] = {"outcome": Outcome.LAUNCH_ERROR.value, "detail": f"{type(exc).__name__}: {exc}"}
+        self.release()
+        return results

@@ -1,0 +1,142 @@
+"""GpuSession: the build's handle on one GPU worker; crashes and hangs come back as outcomes."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..outcome import Outcome
+from ..problem import Binary, Problem
+from .fingerprint import Fingerprint
+from .process import Child, WorkerDied
+from .worker import encode_binary, encode_problem
+
+
+class GpuError(RuntimeError):
+    """The tool failed on the GPU side (worker cannot start, an op's own code raised): not a candidate outcome."""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    outcome: Outcome
+    detail: str = ""
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    cases: int = 0
+    seconds: float = 0.0
+    seeds: tuple = ()
+    tolerances: dict = field(default_factory=dict)   # output -> [atol, rtol]: part of the verdict's cache key
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    outcome: Outcome
+    p50_ms: float = float("nan")
+    p20_ms: float = float("nan")
+    p80_ms: float = float("nan")
+    samples: int = 0
+    floor_ms: float = 0.0
+    fraction_of_floor: float = 0.0        # floor_ms / p50_ms: 1.0 is copy bandwidth
+    incumbent_p50_ms: float | None = None
+    detail: str = ""
+    fingerprint: Fingerprint | None = None
+
+
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class GpuSession:
+    """Owns one worker process bound to one GPU. Every call returns a result; a crash or hang is recorded
+    (ILLEGAL_ADDRESS / TIMEOUT / WORKER_CRASH), the worker is killed and the next call starts a fresh one."""
+
+    def __init__(self, device: int = 0, timeout_s: float = 60.0, *, root: str | Path | None = None,
+                 argv: list[str] | None = None, startup_timeout_s: float = 180.0, measure_copy: bool = True):
+        self.device, self.timeout_s, self.startup_timeout_s = device, timeout_s, startup_timeout_s
+        self.root = str(Path(root or os.getcwd()).resolve())
+        self.child = Child(argv or [sys.executable, "-m", "ptxbuild.gpu.worker", "--device", str(device)], env=_worker_env())
+        self.restarts = 0
+        try:
+            hello = self._call("hello", {}, startup_timeout_s)
+            copy = self._call("copy_bandwidth", {}, startup_timeout_s) if measure_copy else {"tbps": 0.0}
+            for r in (hello, copy):
+                if "cuda_error" in r:
+                    raise GpuError(r["cuda_error"]["detail"])
+            self.fingerprint, self.copy_tbps = Fingerprint(**hello["fingerprint"]), float(copy["tbps"])
+        except (WorkerDied, GpuError) as exc:
+            self.child.close()
+            raise GpuError(f"the GPU worker did not start ({exc}); run `ptxbuild doctor`") from None
+
+    def _call(self, cmd: str, args: dict, timeout_s: float) -> dict:
+        """One request. Raises WorkerDied (crash/timeout) or GpuError; a CUDA error comes back as {"cuda_error"}."""
+        if not self.child.alive and self.child.starts:
+            self.restarts += 1
+            try:   # start the replacement outside the candidate's deadline
+                self.child.request({"cmd": "hello", "args": {}}, self.startup_timeout_s)
+            except WorkerDied as exc:
+                raise GpuError(f"the GPU worker does not restart: {exc}") from None
+        reply = self.child.request({"cmd": cmd, "args": args}, timeout_s)
+        if reply.get("fatal"):
+            self.child.kill()
+        if reply.get("ok"):
+            return reply["result"]
+        if "cuda_error" in reply:
+            return {"cuda_error": reply["cuda_error"]}
+        raise GpuError(f"{cmd} failed in the GPU worker:\n{reply.get('error', reply)}")
+
+    def _run(self, cmd: str, args: dict) -> tuple[dict, float]:
+        """(reply or {"outcome", "detail"} for a crash/hang/CUDA error, seconds)."""
+        t0 = time.perf_counter()
+        try:
+            r = self._call(cmd, args, self.timeout_s)
+            r = r.get("cuda_error", r)
+        except WorkerDied as exc:
+            if exc.kind == "timeout":
+                r = {"outcome": Outcome.TIMEOUT.value, "detail": exc.detail}
+            else:
+                illegal = "illegal memory access" in exc.detail or "ILLEGAL_ADDRESS" in exc.detail
+                r = {"outcome": (Outcome.ILLEGAL_ADDRESS if illegal else Outcome.WORKER_CRASH).value, "detail": exc.detail}
+        return r, time.perf_counter() - t0
+
+    def _folder(self, op_folder: str) -> str:
+        p = Path(op_folder)
+        return str(p.resolve()) if p.is_dir() else op_folder
+
+    def verify(self, op_folder: str, params: dict, problem: Problem, binary: Binary, seeds: list | None = None) -> VerifyResult:
+        r, s = self._run("verify", {"op_folder": self._folder(op_folder), "root": self.root, "params": params,
+                                    "problem": encode_problem(problem), "binary": encode_binary(binary), "seeds": seeds})
+        return VerifyResult(outcome=Outcome(r["outcome"]), detail=r.get("detail", ""), max_abs_err=r.get("max_abs_err", 0.0),
+                            max_rel_err=r.get("max_rel_err", 0.0), cases=r.get("cases", 0), seconds=s,
+                            seeds=tuple(r.get("seeds", ())), tolerances=r.get("tolerances", {}))
+
+    def _measure_result(self, r: dict) -> MeasureResult:
+        keys = MeasureResult.__dataclass_fields__.keys() - {"outcome", "fingerprint"}
+        return MeasureResult(outcome=Outcome(r["outcome"]), fingerprint=self.fingerprint, **{k: r[k] for k in keys if k in r})
+
+    def measure(self, op_folder: str, params: dict, problem: Problem, binary: Binary,
+                incumbent: tuple[dict, Binary] | None = None, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> MeasureResult:
+        args = {"op_folder": self._folder(op_folder), "root": self.root, "params": params, "problem": encode_problem(problem),
+                "binary": encode_binary(binary), "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
+                "incumbent": [incumbent[0], encode_binary(incumbent[1])] if incumbent else None}
+        return self._measure_result(self._run("measure", args)[0])
+
+    def baselines(self, op_folder: str, problem: Problem, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict[str, MeasureResult]:
+        r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
+                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms})
+        if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung
+            return {"*": self._measure_result(r)}
+        return {name: self._measure_result(v) for name, v in r.items()}
+
+    def close(self) -> None:
+        self.child.close()
+
+    def __enter__(self) -> "GpuSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

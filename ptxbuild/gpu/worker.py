@@ -1,0 +1,86 @@
+"""The worker process: reads JSON-line requests on stdin, runs them on one GPU, answers on stdout."""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import traceback
+from dataclasses import asdict
+
+from ..problem import Binary, Problem
+from . import errors
+
+
+def encode_problem(p: Problem) -> dict:
+    return {"op": p.op, "dtype": p.dtype, "shape": list(p.shape), "options": [list(kv) for kv in p.options]}
+
+
+def decode_problem(d: dict) -> Problem:
+    return Problem(d["op"], d["dtype"], tuple(d["shape"]), tuple(tuple(kv) for kv in d["options"]))
+
+
+def encode_binary(b: Binary) -> dict:
+    return {"entry": b.entry, "digest": b.digest, "ptx": b.ptx, "cubin": base64.b64encode(b.cubin).decode()}
+
+
+def decode_binary(d: dict) -> dict:
+    return {**d, "cubin": base64.b64decode(d["cubin"])}
+
+
+def handle(gpu, cmd: str, a: dict):
+    if cmd == "hello":
+        return {"fingerprint": asdict(gpu.fingerprint), "pid": os.getpid()}
+    if cmd == "copy_bandwidth":
+        return {"tbps": gpu.copy_bandwidth(**a)}
+    if cmd == "verify":
+        return gpu.verify(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]),
+                          decode_binary(a["binary"]), a.get("seeds"))
+    if cmd == "measure":
+        inc = a.get("incumbent")
+        return gpu.measure(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]), decode_binary(a["binary"]),
+                           (inc[0], decode_binary(inc[1])) if inc else None, a.get("copy_tbps", 0.0),
+                           a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
+    if cmd == "baselines":
+        return gpu.baselines(a["op_folder"], a["root"], decode_problem(a["problem"]), a.get("copy_tbps", 0.0),
+                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
+    raise ValueError(f"unknown request {cmd!r}")
+
+
+def serve(device: int, make_gpu=None, stdin=None) -> int:
+    """The request loop. Kernel printf and stray prints go to stderr; stdout carries only replies.
+    A sticky CUDA error (illegal address, ...) is answered, then the process exits: its context is lost."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    gpu = None
+    for line in stdin or sys.stdin:
+        req = json.loads(line)
+        if req.get("cmd") == "exit":
+            break
+        fatal = False
+        try:
+            if gpu is None:
+                if make_gpu is None:
+                    from .runs import Gpu as make_gpu
+                gpu = make_gpu(device)
+            reply = {"ok": True, "result": handle(gpu, req["cmd"], req.get("args", {}))}
+        except Exception as exc:  # noqa: BLE001 - everything goes back to the parent as data
+            if errors.is_cuda_error(exc):
+                outcome, fatal = errors.classify(str(exc))
+                reply = {"ok": False, "fatal": fatal,
+                         "cuda_error": {"outcome": outcome.value, "detail": f"{type(exc).__name__}: {exc}"}}
+            else:
+                reply = {"ok": False, "error": traceback.format_exc()}
+        proto.write(json.dumps(reply) + "\n")
+        proto.flush()
+        if fatal:
+            os._exit(3)
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", type=int, default=0)
+    sys.exit(serve(ap.parse_args().device))

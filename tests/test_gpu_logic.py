@@ -1,0 +1,349 @@
+"""CPU tests of the GPU stages: outcome classification, timing protocol, fingerprints, worker restarts."""
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ptxbuild.dtypes import from_float, to_float
+from ptxbuild.gpu import GpuError, GpuSession, check, errors, stats
+from ptxbuild.gpu.fingerprint import Fingerprint, cc_of, from_props, match_fingerprint, match_gpu, model_of
+from ptxbuild.gpu.worker import decode_binary, decode_problem, encode_binary, encode_problem
+from ptxbuild.outcome import Outcome
+from ptxbuild.problem import Binary, Problem
+
+xp = np
+TOL = lambda name: (1e-5, 1e-5)  # noqa: E731
+
+
+def run(out, ref=None, inputs=None, before=None, again=None, dtype="float32", tol=TOL):
+    inputs = inputs if inputs is not None else {"x": np.arange(4, dtype=np.float32)}
+    before = before if before is not None else {k: v.copy() for k, v in inputs.items()}
+    ref = ref if ref is not None else {"y": np.full(out["y"].shape, 2.0)}
+    return check.judge(dtype, inputs, before, out, ref, tol, xp, again)
+
+
+# --- poison and classification -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_poison_is_nan_in_every_float_dtype(dtype):
+    a = np.zeros((3, 5), dtype=dtype)
+    check.poison(a, xp)
+    assert np.isnan(a).all()
+    assert check.unwritten(a, xp) == (15, (0, 0))
+
+
+def test_poison_is_nan_in_bf16():
+    a = np.zeros(7, dtype=np.uint16)
+    check.poison(a, xp)
+    assert np.isnan(to_float(a, "bfloat16", xp)).all()
+
+
+def test_unwritten_rows_are_found_with_their_index():
+    y = np.full((6, 8), 2.0, dtype=np.float32)
+    check.poison(y[3], xp)
+    outcome, detail, _, _ = run({"y": y})
+    assert outcome is Outcome.UNWRITTEN
+    assert "8 of 48" in detail and "(3, 0)" in detail
+
+
+def test_a_kernel_written_nan_is_wrong_not_unwritten():
+    y = np.full((2, 4), 2.0, dtype=np.float32)
+    y[1, 2] = np.nan  # a canonical NaN, not the poison
+    outcome, detail, _, _ = run({"y": y}, tol=lambda n: (1e30, 1e30))
+    assert outcome is Outcome.WRONG_RESULT and "(1, 2)" in detail
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_never_passes_whatever_the_tolerance(bad):
+    y = np.full(16, 2.0, dtype=np.float32)
+    y[5] = bad
+    outcome, detail, _, _ = run({"y": y}, tol=lambda n: (np.inf, np.inf))
+    assert outcome is Outcome.WRONG_RESULT and "(5,)" in detail and "1 of 16" in detail
+
+
+def test_tolerance_boundary_and_worst_index():
+    ref = {"y": np.array([1.0, 100.0, -4.0, 8.0])}
+    atol, rtol = 0.5, 0.01
+    y = np.array([1.5, 101.0, -4.0, 8.0], dtype=np.float64)   # exactly on the bound: passes
+    assert run({"y": y}, ref, tol=lambda n: (atol, rtol))[0] is Outcome.OK
+    y = np.array([1.5, 101.0, -4.6, 9.0], dtype=np.float64)
+    outcome, detail, max_abs, _ = run({"y": y}, ref, tol=lambda n: (atol, rtol))
+    assert outcome is Outcome.WRONG_RESULT
+    assert "2 of 4" in detail and "worst at (3,)" in detail and "got 9" in detail and "want 8" in detail
+    assert max_abs == pytest.approx(1.0)
+
+
+def test_bf16_outputs_compare_through_their_bits():
+    ref = np.linspace(-3, 3, 64)
+    good = from_float(ref.astype(np.float32), "bfloat16", xp)
+    assert run({"y": good}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3))[0] is Outcome.OK
+    bad = good.copy()
+    bad[10] += 8   # 8 ulps off
+    outcome, detail, _, _ = run({"y": bad}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3))
+    assert outcome is Outcome.WRONG_RESULT and "(10,)" in detail
+
+
+def test_shape_mismatch_is_wrong():
+    outcome, detail, _, _ = run({"y": np.full(3, 2.0)}, {"y": np.full(4, 2.0)})
+    assert outcome is Outcome.WRONG_RESULT and "shape" in detail
+
+
+def test_input_modified_is_caught_bit_for_bit_and_comes_first():
+    x = np.array([0.0, 1.0, np.nan], dtype=np.float32)
+    before = {"x": x.copy()}
+    x[0] = -0.0   # equal as floats, not as bits
+    y = np.full(3, 2.0, dtype=np.float32)
+    check.poison(y, xp)   # also unwritten: input modification is reported first
+    outcome, detail, _, _ = run({"y": y}, inputs={"x": x}, before=before)
+    assert outcome is Outcome.INPUT_MODIFIED and "input x: 1 of 3" in detail
+    # an unchanged NaN input is not a modification
+    x2 = np.array([np.nan, 1.0], dtype=np.float32)
+    assert check.differs(x2, x2.copy(), xp) == (0, None)
+
+
+def test_nondeterminism_is_one_flipped_bit_within_tolerance():
+    y = np.full((4, 4), 2.0, dtype=np.float32)
+    again = y.copy()
+    again.view(np.uint32)[2, 1] ^= 1
+    outcome, detail, _, _ = run({"y": y}, again={"y": again})
+    assert outcome is Outcome.NONDETERMINISTIC and "(2, 1)" in detail
+    assert run({"y": y}, again={"y": y.copy()})[0] is Outcome.OK
+
+
+def test_order_unwritten_before_wrong_before_nondeterministic():
+    y = np.full(8, 3.0, dtype=np.float32)             # wrong everywhere
+    check.poison(y[7:], xp)                            # and one unwritten
+    assert run({"y": y})[0] is Outcome.UNWRITTEN
+    y = np.full(8, 3.0, dtype=np.float32)
+    again = np.full(8, 4.0, dtype=np.float32)
+    assert run({"y": y}, again={"y": again})[0] is Outcome.WRONG_RESULT
+
+
+# --- CUDA errors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("msg,outcome,sticky", [
+    ("cudaErrorIllegalAddress: an illegal memory access was encountered", Outcome.ILLEGAL_ADDRESS, True),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", Outcome.ILLEGAL_ADDRESS, True),
+    ("cudaErrorMisalignedAddress: misaligned address", Outcome.ILLEGAL_ADDRESS, True),
+    ("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure", Outcome.LAUNCH_ERROR, True),
+    ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch", Outcome.RESOURCE, False),
+    ("CUDA_ERROR_INVALID_VALUE: invalid argument", Outcome.LAUNCH_ERROR, False),
+    ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain.", Outcome.LAUNCH_ERROR, False),
+    ("cudaErrorSomethingNew: ???", Outcome.LAUNCH_ERROR, True),
+])
+def test_cuda_errors_map_to_outcomes(msg, outcome, sticky):
+    assert errors.classify(msg) == (outcome, sticky)
+
+
+# --- timing protocol -----------------------------------------------------------------------------
+
+def test_quantiles_match_numpy():
+    s = list(np.random.RandomState(0).exponential(size=101))
+    assert stats.quantiles(s) == pytest.approx(tuple(np.percentile(s, [20, 50, 80])))
+    assert stats.quantiles([3.0]) == (3.0, 3.0, 3.0)
+
+
+def test_floor_and_suspicious():
+    floor = stats.floor_ms(4_250_000_000, 4.25)          # 4.25 GB at 4.25 TB/s
+    assert floor == pytest.approx(1.0)
+    assert stats.judge(0.96, floor) is Outcome.SUSPICIOUS
+    assert stats.judge(0.98, floor) is Outcome.OK
+    assert stats.judge(0.001, 0.0) is Outcome.OK         # no floor known: never suspicious
+    r = stats.summarize([0.5] * 20, floor)
+    assert r["outcome"] == "suspicious" and r["fraction_of_floor"] == pytest.approx(2.0) and "floor" in r["detail"]
+    r = stats.summarize([1.25] * 20, floor, [2.0] * 20)
+    assert r["outcome"] == "ok" and r["fraction_of_floor"] == pytest.approx(0.8) and r["incumbent_p50_ms"] == 2.0
+
+
+def test_sample_count_is_clamped():
+    assert stats.sample_count(1.0, 200) == 200
+    assert stats.sample_count(0.001, 200) == 1000
+    assert stats.sample_count(100.0, 200) == 10
+
+
+class FakeTimer:
+    """Constant kernel times per name; the candidate's time changes to `alone` after `switch` calls."""
+
+    def __init__(self, ms, alone=None, switch=None):
+        self.ms, self.alone, self.switch, self.calls = ms, alone, switch, []
+
+    def __call__(self, name, n):
+        self.calls.append((name, n))
+        k = sum(1 for c in self.calls if c[0] == "candidate")
+        late = name == "candidate" and self.switch is not None and k > self.switch
+        return [self.alone if late else self.ms[name]] * n
+
+
+def test_warm_up_by_time_then_budgeted_samples():
+    t = FakeTimer({"candidate": 0.5})
+    res = stats.run(t, warmup_ms=30, budget_ms=200)
+    warm = t.calls[:-1]
+    assert [n for _, n in warm] == [1, 1, 2, 4, 8, 16, 32]          # doubling batches up to 30 ms
+    assert t.calls[-1] == ("candidate", 400)                      # 200 ms budget / 0.5 ms
+    assert len(res["candidate"]) == 400 and res["incumbent"] is None and not res["remeasured"]
+
+
+def test_incumbent_interleaved_in_alternating_order():
+    t = FakeTimer({"candidate": 1.0, "incumbent": 1.0})
+    res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
+    assert [c[0] for c in t.calls[:12]] == ["candidate"] * 6 + ["incumbent"] * 6   # each warmed up
+    timed = [c[0] for c in t.calls[12:]]
+    assert timed == ["candidate", "incumbent", "incumbent", "candidate"] * 5
+    assert len(res["candidate"]) == len(res["incumbent"]) == 100 and not res["remeasured"]
+
+
+def test_large_win_is_remeasured_alone_and_the_slower_kept():
+    # 6 warm-up + 10 interleaved candidate calls; the 17th is the re-measure alone
+    t = FakeTimer({"candidate": 1.0, "incumbent": 2.0}, alone=1.6, switch=16)
+    res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
+    assert t.calls[-1] == ("candidate", 100) and len(t.calls) == 6 + 5 + 20 + 1
+    assert res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.6
+    t = FakeTimer({"candidate": 1.0, "incumbent": 2.0}, alone=0.7, switch=16)
+    res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
+    assert res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0
+
+
+def test_small_win_is_not_remeasured():
+    t = FakeTimer({"candidate": 1.0, "incumbent": 1.05}, alone=5.0, switch=16)
+    res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
+    assert not res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0 and len(t.calls) == 6 + 6 + 20
+
+
+# --- fingerprint ---------------------------------------------------------------------------------
+
+PROPS = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132, "totalGlobalMem": 150_109_863_936,
+         "l2CacheSize": 52_428_800}
+
+
+def fp(name, cc="sm_90", sms=132, mem=150_109_863_936, clocks=(1980, 3201), driver="580.95.05"):
+    return Fingerprint(name, cc, sms, mem, 50 << 20, clocks[0], clocks[1], driver, "13.0", "13.0")
+
+
+def test_fingerprint_from_runtime_and_nvidia_smi():
+    f = from_props(PROPS, 13000, 13000, "NVIDIA H200, 1980 MHz, 3201 MHz, 580.95.05")
+    assert (f.name, f.cc, f.sm_count, f.l2_bytes) == ("NVIDIA H200", "sm_90", 132, 52_428_800)
+    assert (f.sm_clock_mhz, f.mem_clock_mhz, f.driver, f.cuda_driver, f.cuda_runtime) == (1980, 3201, "580.95.05", "13.0", "13.0")
+    g = from_props({**PROPS, "clockRate": 1_755_000}, 12080, 12060, None)   # no nvidia-smi, CUDA 12 runtime
+    assert (g.sm_clock_mhz, g.mem_clock_mhz, g.driver, g.cuda_runtime) == (1755, 0, "12.8", "12.6")
+
+
+@pytest.mark.parametrize("name,model", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"),
+                                        ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA B200", "b200"),
+                                        ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("h100-sxm", "h100")])
+def test_model_of(name, model):
+    assert model_of(name) == model
+
+
+def test_match_gpu_levels():
+    assert match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a"}) == "model"
+    assert match_gpu(fp("NVIDIA H100 80GB HBM3"), "h100", {"arch": "sm_90a"}) == "model"
+    assert match_gpu(fp("NVIDIA H100 PCIe", sms=114), "h100", {"arch": "sm_90a"}) == "model"
+    assert match_gpu(fp("NVIDIA GH200 480GB"), "h200", {"arch": "sm_90a"}) == "arch"
+    assert match_gpu(fp("NVIDIA GH200 480GB"), "gh200", {"arch": "sm_90a"}) == "model"
+    assert match_gpu(fp("NVIDIA H200"), "h100", {"arch": "sm_90a"}) == "arch"
+    b200 = fp("NVIDIA B200", cc="sm_100", sms=148)
+    assert match_gpu(b200, "b200", {"arch": "sm_100a"}) == "model"
+    assert match_gpu(b200, "h200", {"arch": "sm_90a"}) is None
+    assert match_gpu(fp("NVIDIA H200"), "b200", {"arch": "sm_100a"}) is None
+    assert match_gpu(fp("NVIDIA H200"), "hopper-box", {"arch": "sm_90a", "models": ["H200"]}) == "model"
+    assert match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a", "sm_count": 132, "memory_gb": 140}) == "exact"
+    assert match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a", "sm_count": 114}) == "model"
+    assert cc_of("sm_100a") == "sm_100" and cc_of("sm_90") == "sm_90" and cc_of("compute_120f") == "sm_120"
+
+
+def test_match_fingerprint_levels():
+    a = fp("NVIDIA H200")
+    assert match_fingerprint(a, fp("NVIDIA H200")) == "exact"
+    assert match_fingerprint(a, fp("NVIDIA H200", clocks=(1755, 3201))) == "model"
+    assert match_fingerprint(a, fp("NVIDIA H200", driver="575.1")) == "model"
+    assert match_fingerprint(a, fp("NVIDIA GH200 480GB")) == "arch"
+    assert match_fingerprint(fp("NVIDIA B200", cc="sm_100"), fp("NVIDIA B300", cc="sm_103")) == "family"
+    assert match_fingerprint(a, fp("NVIDIA B200", cc="sm_100")) is None
+
+
+# --- wire format and the worker process ----------------------------------------------------------
+
+BIN = Binary("sm_90a", "planted", ".entry planted(", b"\x7fELF\x00\xff" * 10, 12, 0, 0, 0)
+P = Problem.make("planted_op", "float32", (512, 1024), {"residual": True})
+
+
+def test_wire_round_trip():
+    import json
+    assert decode_problem(json.loads(json.dumps(encode_problem(P)))) == P
+    d = decode_binary(json.loads(json.dumps(encode_binary(BIN))))
+    assert d["cubin"] == BIN.cubin and d["digest"] == BIN.digest and d["entry"] == "planted"
+
+
+FAKE = [sys.executable, str(Path(__file__).with_name("fake_worker.py"))]
+
+
+@pytest.fixture
+def session():
+    s = GpuSession(argv=FAKE, timeout_s=3.0, startup_timeout_s=60.0)
+    yield s
+    s.close()
+
+
+def verify(s, mode):
+    return s.verify("tests/planted_op", {"mode": mode}, P, BIN)
+
+
+def test_session_reads_fingerprint_and_bandwidth(session):
+    assert session.fingerprint.model == "h200" and session.copy_tbps == 4.25
+    r = verify(session, "ok")
+    assert r.outcome is Outcome.OK and r.cases == 4 and r.tolerances == {"y": [1e-6, 1e-6]} and r.seconds > 0
+    m = session.measure("tests/planted_op", {"ms": 0.5}, P, BIN)
+    assert m.outcome is Outcome.SUSPICIOUS and m.floor_ms == pytest.approx(1.0) and m.fingerprint == session.fingerprint
+    assert session.measure("tests/planted_op", {"ms": 1.25}, P, BIN).fraction_of_floor == pytest.approx(0.8)
+
+
+def test_crashes_and_hangs_become_outcomes_and_the_session_goes_on(session):
+    pid = verify(session, "ok").detail
+    assert verify(session, "crash").outcome is Outcome.WORKER_CRASH
+    again = verify(session, "ok")
+    assert again.outcome is Outcome.OK and again.detail != pid and session.restarts == 1
+    t0 = time.monotonic()
+    hang = verify(session, "hang")
+    assert hang.outcome is Outcome.TIMEOUT and "3 s" in hang.detail and time.monotonic() - t0 < 30
+    assert verify(session, "ok").outcome is Outcome.OK and session.restarts == 2
+    illegal = verify(session, "illegal")
+    assert illegal.outcome is Outcome.ILLEGAL_ADDRESS and "illegal memory access" in illegal.detail
+    assert verify(session, "ok").outcome is Outcome.OK and session.restarts == 3
+    assert verify(session, "crash_illegal").outcome is Outcome.ILLEGAL_ADDRESS
+    pid = verify(session, "ok").detail
+    assert verify(session, "resources").outcome is Outcome.RESOURCE   # not sticky: same worker
+    assert verify(session, "ok").detail == pid and session.restarts == 4
+    with pytest.raises(GpuError, match="reference raised"):
+        verify(session, "bug")                                        # the tool failing is an exception
+    assert verify(session, "ok").detail == pid
+
+
+def test_a_worker_that_cannot_start_is_a_tool_error():
+    with pytest.raises(GpuError, match="did not start"):
+        GpuSession(argv=[sys.executable, "-c", "import sys; sys.exit(7)"], timeout_s=3.0, startup_timeout_s=10.0)
+
+
+def test_planted_op_honours_the_contract_on_cpu():
+    from ptxbuild.oploader import load_op
+    op = load_op(str(Path(__file__).with_name("planted_op")), Path("."))
+    p = Problem.make("planted_op", "float32", (4, 4095))
+    ins = op.make_inputs(p, 1, np)
+    ref = op.reference(p, ins, np)
+    outs = op.make_outputs(p, np)
+    outs["y"][...] = ref["y"]
+    assert run(outs, ref, inputs=ins, tol=lambda n: op.tolerance(p, n))[0] is Outcome.OK
+    assert op.bytes_moved(p) == 2 * 4 * 4095 * 4 and op.launch(op.default_params(p), p, 132).grid == (4, 1, 1)
+    assert any(q.shape[1] % 8 for q in op.verify_problems(p))
+
+
+@pytest.mark.compile
+def test_planted_kernels_compile():
+    pytest.importorskip("cuda.bindings.nvjitlink")
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.oploader import load_op
+    op = load_op(str(Path(__file__).with_name("planted_op")), Path("."))
+    for bad in op.BADS:
+        b = compile_kernel(op.render({"BAD": bad, "THREADS": 256}, P, "sm_90a"), "sm_90a")
+        assert b.cubin and b.spill_bytes == 0

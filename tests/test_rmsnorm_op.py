@@ -1,0 +1,258 @@
+"""ops/rmsnorm: reference, constraints, bytes model, defaults (pure) and compiled variants (compile)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ptxbuild.dtypes import from_float, to_float
+from ptxbuild.oploader import load_op
+from ptxbuild.problem import Problem
+
+ROOT = Path(__file__).resolve().parents[1]
+op = load_op("rmsnorm", ROOT)
+
+MATRIX_N = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+MATRIX_M = {131072: 16384, 262144: 8192}
+MODES = [{}, {"residual": True}]
+
+
+def prob(dtype="bfloat16", shape=(4, 64), **opts):
+    return Problem.make("rmsnorm", dtype, shape, opts)
+
+
+def matrix():
+    for dt in op.DTYPES:
+        for mode in MODES:
+            for n in MATRIX_N:
+                yield prob(dt, (MATRIX_M.get(n, 32768), n), **mode)
+
+
+# ------------------------------------------------------------------ pure: reference
+def naive(problem, inputs):
+    """A straightforward float64 formula, written independently of op.reference."""
+    o = {**op.OPTIONS, **problem.opts}
+    dt = problem.dtype
+    x = to_float(inputs["x"], dt, np).astype(np.float64)
+    out = {}
+    if o["residual"]:
+        h32 = to_float(inputs["x"], dt, np) + to_float(inputs["residual"], dt, np)
+        h = h32.astype(np.float64) if o["residual_out_fp32"] else \
+            to_float(from_float(h32, dt, np), dt, np).astype(np.float64)
+        out["residual_out"] = h
+    else:
+        h = x
+    wdt = "float32" if o["weight"] == "fp32" else dt
+    w = to_float(inputs["weight"], wdt, np).astype(np.float64) if o["weight"] != "none" else 1.0
+    b = to_float(inputs["bias"], wdt, np).astype(np.float64) if o["bias"] else 0.0
+    y = np.empty_like(h)
+    rstd = np.empty(h.shape[0])
+    for i, row in enumerate(h):
+        rstd[i] = 1.0 / np.sqrt(np.sum(row * row) / row.size + o["eps"])
+        y[i] = row * rstd[i] * w + b
+    out["y"] = y
+    if o["rstd"]:
+        out["rstd"] = rstd
+    return out
+
+
+MODE_CASES = [
+    {}, {"weight": "fp32"}, {"weight": "none"}, {"bias": True}, {"weight": "none", "bias": True},
+    {"residual": True}, {"residual": True, "residual_out_fp32": True}, {"rstd": True},
+    {"residual": True, "rstd": True, "bias": True, "weight": "fp32", "eps": 1e-5},
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("opts", MODE_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_matches_naive_formula(dtype, opts, seed):
+    p = prob(dtype, (7, 40), **opts)
+    inputs = op.make_inputs(p, seed, np)
+    ref = op.reference(p, inputs, np)
+    exp = naive(p, inputs)
+    assert set(ref) == set(exp) == set(op.make_outputs(p, np))
+    for k in exp:
+        np.testing.assert_allclose(ref[k], exp[k], rtol=1e-12, atol=1e-12)
+
+
+def test_inputs_are_seeded_varied_and_never_all_zero():
+    p = prob("bfloat16", (9, 64), residual=True, bias=True)
+    a, b = op.make_inputs(p, 0, np), op.make_inputs(p, 0, np)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["x"], op.make_inputs(p, 3, np)["x"])
+    z = to_float(op.make_inputs(p, 1, np)["x"], "bfloat16", np)
+    assert (np.abs(z).sum(axis=1) == 0).any() and np.abs(z).sum() > 0      # zero rows, not all zero
+    big = to_float(op.make_inputs(p, 2, np)["x"], "bfloat16", np)
+    assert np.abs(big).max() > 1e3
+    assert op.reference(p, op.make_inputs(p, 1, np), np)["y"].std() > 0.1
+
+
+def test_bf16_y_tolerance_covers_one_rounding_but_not_a_wrong_scale():
+    p = prob("bfloat16", (16, 256))
+    inputs = op.make_inputs(p, 0, np)
+    ref = op.reference(p, inputs, np)["y"]
+    atol, rtol = op.tolerance(p, "y")
+    rounded = to_float(from_float(ref.astype(np.float32), "bfloat16", np), "bfloat16", np)
+    assert np.all(np.abs(rounded - ref) <= atol + rtol * np.abs(ref))
+    wrong = ref * 1.02
+    assert not np.all(np.abs(wrong - ref) <= atol + rtol * np.abs(ref))
+    assert op.tolerance(p, "residual_out") == (0.0, 0.0)
+
+
+def test_kernel_args_order_and_types():
+    p = prob("float16", (3, 64), residual=True, rstd=True)
+    ins, outs = op.make_inputs(p, 0, np), op.make_outputs(p, np)
+    args = op.kernel_args(op.default_params(p), p, ins, outs)
+    assert args[0] is ins["x"] and args[1] is ins["residual"] and args[2] is ins["weight"]
+    assert args[3] == np.uint64(0) and args[4] is outs["y"] and args[5] is outs["residual_out"]
+    assert args[6] is outs["rstd"]
+    assert [type(a) for a in args[7:]] == [np.int64, np.int64, np.float32]
+    assert (int(args[7]), int(args[8])) == (3, 64)
+    o2 = op.make_outputs(prob("bfloat16", (3, 64), residual=True, residual_out_fp32=True), np)
+    assert o2["residual_out"].dtype == np.float32 and o2["y"].dtype == np.uint16
+
+
+# ------------------------------------------------------------------ pure: bytes, check, defaults
+def test_bytes_moved():
+    assert op.bytes_moved(prob("bfloat16", (32768, 4096))) == 2 * 32768 * 4096 * 2 + 4096 * 2
+    assert op.bytes_moved(prob("float32", (10, 100), weight="none")) == 2 * 10 * 100 * 4
+    full = prob("bfloat16", (10, 100), residual=True, residual_out_fp32=True, rstd=True,
+                weight="fp32", bias=True)
+    assert op.bytes_moved(full) == 10 * 100 * (2 + 2 + 2 + 4) + 4 * 10 + 100 * 4 * 2
+
+
+@pytest.mark.parametrize("params,problem,words", [
+    ({"threads": 100}, prob(shape=(4, 4096)), "multiple of 32"),
+    ({"regime": "block", "threads": 1024, "min_blocks": 4}, prob(shape=(4, 65536)), "2048"),
+    ({"regime": "cluster", "cluster": 4}, prob(shape=(4, 1024)), "long rows"),
+    ({"regime": "cluster", "cluster": 16, "threads": 512}, prob(shape=(4, 262144)), "NonPortable"),
+    ({"regime": "block", "cluster": 2}, prob(shape=(4, 4096)), "cluster regime"),
+    ({"regime": "block", "threads": 128}, prob(shape=(4, 4095)), "N % 8"),
+    ({"regime": "block", "threads": 64}, prob(shape=(4, 262144)), "vectors per lane"),
+    ({"regime": "block", "threads": 1024}, prob("float32", (4, 65536), residual=True), "registers"),
+    ({"regime": "block", "threads": 512}, prob(shape=(4, 2048)), "idle"),
+    ({"regime": "warp", "row_threads": 32}, prob(shape=(4, 128)), "idle"),
+    ({"regime": "warp", "exact": False}, prob(shape=(4, 65536)), "too long"),
+    ({"regime": "block", "stage": "smem", "exact": False}, prob(shape=(4, 8192)), "smem"),
+    ({"regime": "cluster", "cluster": 2, "threads": 1024, "stage": "smem", "unroll": 4},
+     prob("float32", (4, 262144), residual=True), "shared memory"),
+    ({"regime": "block", "unroll": 4}, prob(shape=(4, 8192)), "unroll"),
+    ({"regime": "block", "row_threads": 8}, prob(shape=(4, 8192)), "warp regime"),
+    ({"regime": "warp", "threads": 256}, prob(shape=(4, 1024), residual_out_fp32=True), "residual=True"),
+])
+def test_check_rejects(params, problem, words):
+    reason = op.check(params, problem)
+    assert reason is not None and words.lower() in reason.lower(), reason
+
+
+@pytest.mark.parametrize("params,problem", [
+    ({"regime": "warp", "threads": 96, "row_threads": 8, "rows_per_group": 4}, prob(shape=(199, 512))),
+    ({"regime": "warp", "threads": 256, "exact": False, "unroll": 2}, prob(shape=(199, 4095))),
+    ({"regime": "block", "threads": 448}, prob(shape=(1, 8192))),
+    ({"regime": "block", "threads": 1024, "exact": False, "unroll": 2}, prob("float32", (3, 100003))),
+    ({"regime": "cluster", "threads": 512, "cluster": 8}, prob("float32", (8192, 262144))),
+    ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4},
+     prob("float32", (8192, 262144), residual=True)),
+])
+def test_check_accepts(params, problem):
+    assert op.check(params, problem) is None
+
+
+def test_default_params_valid_for_every_matrix_problem():
+    for p in matrix():
+        params = op.default_params(p)
+        assert set(params) == set(op.SPACE), p.label()
+        assert op.check(params, p) is None, p.label()
+        assert params["exact"], p.label()                  # power-of-two N: exact variants
+        expect = "warp" if p.shape[1] * (2 if p.dtype == "float32" else 1) <= 2048 else None
+        if expect:
+            assert params["regime"] == expect, p.label()
+        if p.shape[1] >= 65536:
+            assert params["regime"] == "cluster", p.label()
+
+
+def test_default_params_odd_n_is_generic():
+    for n in (760, 1128, 4095, 100003):
+        params = op.default_params(prob("bfloat16", (199, n)))
+        assert op.check(params, prob("bfloat16", (199, n))) is None
+        assert params["exact"] == (n % 8 == 0)
+
+
+def test_launch_geometry_covers_every_row():
+    p = prob("bfloat16", (199, 256))
+    params = op._full({"regime": "warp", "threads": 96, "row_threads": 8, "rows_per_group": 2})
+    L = op.launch(params, p, 132)
+    assert L.grid[0] * (96 // 8) * 2 >= 199 > (L.grid[0] - 1) * (96 // 8) * 2
+    Lc = op.launch(op._full({"regime": "cluster", "threads": 512, "cluster": 8}), prob(shape=(8192, 262144)), 132)
+    assert Lc.grid == (8192 * 8, 1, 1) and Lc.cluster == (8, 1, 1) and Lc.smem_bytes == 0
+    pr = prob("float32", (8192, 262144), residual=True)
+    Ls = op.launch(op.default_params(pr), pr, 132)
+    assert 0 < Ls.smem_bytes <= 227 * 1024
+
+
+def test_render_is_independent_of_m_and_generic_independent_of_n():
+    params = op._full({"regime": "block", "threads": 256, "exact": False, "unroll": 2})
+    a = op.render(params, prob(shape=(1, 4096)), "sm_90a").source
+    assert a == op.render(params, prob(shape=(77, 4095)), "sm_90a").source
+    ex = op._full({"regime": "block", "threads": 256})
+    assert op.render(ex, prob(shape=(1, 4096)), "sm_90a").source == \
+        op.render(ex, prob(shape=(9999, 4096)), "sm_90a").source
+    assert "#include" not in a
+
+
+def test_verify_problems():
+    p = prob("bfloat16", (32768, 1024))
+    assert {v.shape for v in op.verify_problems(p)} == {(1, 1024), (199, 1024)}   # same binary, same N
+    exact = op.default_params(p)
+    assert {v.shape for v in op.verify_problems(p, exact)} == {(1, 1024), (199, 1024)}
+    generic = op._full({"regime": "warp", "threads": 256, "exact": False, "unroll": 2})
+    odd = [v for v in op.verify_problems(p, generic) if v.shape[1] % 8]
+    assert odd and all(op.check(generic, v) is None for v in odd)
+
+
+# ------------------------------------------------------------------ compile
+REPRESENTATIVE = [
+    ("bfloat16", (32768, 256), {}, {"regime": "warp", "threads": 256, "row_threads": 32, "rows_per_group": 2}),
+    ("float16", (32768, 1024), {"residual": True, "rstd": True},
+     {"regime": "warp", "threads": 96, "row_threads": 16, "load_hint": "nc_na", "store_cs": True}),
+    ("float32", (199, 760), {"bias": True}, {"regime": "warp", "threads": 128, "row_threads": 8, "rows_per_group": 2}),
+    ("bfloat16", (199, 4095), {"residual": True, "residual_out_fp32": True, "weight": "fp32"},
+     {"regime": "warp", "threads": 256, "exact": False, "unroll": 2, "rsqrt": "precise"}),
+    ("bfloat16", (32768, 8192), {"weight": "fp32"}, {"regime": "block", "threads": 448, "weight_load": "early"}),
+    ("float32", (32768, 32768), {}, {"regime": "block", "threads": 1024, "load_hint": "nc"}),
+    ("float16", (199, 20001), {"bias": True, "rstd": True}, {"regime": "block", "threads": 384, "exact": False, "unroll": 4}),
+    ("bfloat16", (8192, 262144), {"rstd": True}, {"regime": "cluster", "threads": 512, "cluster": 8, "load_hint": "nc"}),
+    ("float32", (8192, 262144), {"residual": True},
+     {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4}),
+    ("bfloat16", (3, 131075), {"residual": True}, {"regime": "cluster", "threads": 1024, "cluster": 4, "exact": False, "unroll": 2}),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("case", REPRESENTATIVE, ids=lambda c: f"{c[3]['regime']}-{c[0]}-{c[1][1]}")
+def test_compiles_without_spills(arch, case):
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    dtype, shape, opts, params = case
+    p = prob(dtype, shape, **opts)
+    params = op._full(params)
+    assert op.check(params, p) is None
+    kernel = op.render(params, p, arch)
+    b = compiler.compile_kernel(kernel, arch)
+    assert b.entry == "rmsnorm_fwd" and b.cubin
+    assert b.spill_bytes == 0 and b.local_bytes == 0, b.log
+    assert 0 < b.registers <= 65536 // (params["threads"] * params["min_blocks"])
+
+
+@pytest.mark.compile
+def test_default_params_compile_for_the_matrix_on_sm90a():
+    """Every matrix problem's default compiles with 0 spills (distinct sources only: ~50)."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    seen = {}
+    for p in matrix():
+        k = op.render(op.default_params(p), p, "sm_90a")
+        if k.source not in seen:
+            seen[k.source] = compiler.compile_kernel(k, "sm_90a")
+        assert seen[k.source].spill_bytes == 0, p.label()
