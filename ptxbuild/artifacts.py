@@ -1,10 +1,13 @@
 """Build artifacts of one target: PTX + cubin per variant and the dispatch manifest (written atomically)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 from pathlib import Path
+
+from .oploader import source_files
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -36,12 +39,13 @@ def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> P
         _atomic_write(out / f"{stem}.cubin", b.cubin)
         variants[b.digest] = {"entry": b.entry, "ptx": f"{stem}.ptx", "cubin": f"{stem}.cubin", "arch": b.arch,
                               "ptx_isa": ptx_isa(b.ptx), "registers": b.registers, "spill_bytes": b.spill_bytes,
-                              "compiler": b.compiler}
+                              "compiler": b.compiler, "ptx_sha256": hashlib.sha256(b.ptx.encode()).hexdigest()}
     dispatch = [{k: v for k, v in c.items() if k != "_binary"} for c in chosen]
     manifest = {"target": str(target), "op": op.NAME, "op_version": op.VERSION, "template": str(op.FOLDER.name),
                 "gpu": gpu.as_dict(), "arch": gpu.arch, "measured_on_hardware": summary["measured"],
                 "kernelfile_digest": kf.digest, "toolchain": summary["toolchain"], "variants": variants,
-                "dispatch": dispatch}
+                "dispatch": dispatch, "hardware": summary.get("hardware"),
+                "op_files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}}
     path = out / "manifest.json"
     _atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return path

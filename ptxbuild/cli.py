@@ -151,8 +151,10 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compiles (default: all cores).")
 @click.option("--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present.")
 @click.option("--quiet", "-q", is_flag=True)
+@click.option("--locked", is_flag=True, help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
+              "search); fail on any drift.")
 @click.pass_obj
-def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet):
+def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
@@ -166,8 +168,13 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet):
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
+    from .lockfile import LockError, build_locked, update_lock
     try:
-        results = do_build(ctx, chosen)
+        results = build_locked(ctx, chosen) if locked else do_build(ctx, chosen)
+        lock = None if locked else update_lock(kf, results)
+    except LockError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BUILD_FAILED)
     except KeyboardInterrupt:
         click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
         sys.exit(130)
@@ -177,12 +184,15 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet):
     for r in results:
         extra = "" if r.status == "up_to_date" else (" (measured on hardware)" if r.measured else
                                                      " (not measured on hardware)")
+        extra = f" ({r.reason})" if locked else extra
         line = f"{r.target}: {r.status.replace('_', ' ')}{extra}"
         if r.status == "failed":
             line += f": {r.reason}"
         elif r.manifest:
             line += f" -> {r.manifest.parent.relative_to(kf.root)}"
         click.echo(line)
+    if lock is not None and not quiet:
+        click.echo(f"lock: {lock}", err=True)
     if any(r.status == "failed" for r in results):
         sys.exit(EXIT_BUILD_FAILED)
 

@@ -1,0 +1,209 @@
+"""kernelfile.lock: what a build chose, pinned, and `ptxbuild build --locked` that reproduces it.
+
+The lock sits beside kernelfile.toml as JSON with sorted keys (one stable text form). Per target it
+records the kernelfile digest, the op's files, the toolchain (versions and wheel versions), the GPU
+spec, the hardware fingerprint the numbers were measured on (or null), every chosen variant with its
+PTX and cubin sha256, and the dispatch table with the measured numbers. Each target entry carries the
+sha256 of its own canonical form, so a hand edit is reported rather than used.
+
+A locked build renders exactly the locked configs, compiles them, and compares both digests with the
+lock; any drift (kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of
+the target's model) is a LockError naming the target, the variant, expected and got, and nothing of
+that build is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+
+from .artifacts import target_dir, write_artifacts
+from .build import TargetResult, hardware_for
+from .graph import build_order
+from .oploader import load_op, source_files
+from .problem import Binary, Problem, canonical_json
+
+LOCK_VERSION = 1
+LOCK_NAME = "kernelfile.lock"
+WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
+
+
+class LockError(Exception):
+    """The lock does not hold, or the build drifted from it; one line naming target, variant, expected, got."""
+
+
+def lock_path(kf) -> Path:
+    return kf.path.with_name(LOCK_NAME)
+
+
+def wheel_versions() -> dict[str, str | None]:
+    """Installed versions of the compiler wheels (finer than NVRTC's major.minor)."""
+    out = {}
+    for name in WHEELS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def entry_digest(entry: dict) -> str:
+    return _sha(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}).encode())
+
+
+def dumps(lock: dict) -> str:
+    return json.dumps(lock, indent=1, sort_keys=True) + "\n"
+
+
+def read_lock(kf) -> dict:
+    path = lock_path(kf)
+    if not path.is_file():
+        raise LockError(f"{path} does not exist; run `ptxbuild build` once to write it, then commit it")
+    try:
+        lock = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise LockError(f"{path.name} is not valid JSON ({exc}); restore it from version control") from None
+    if lock.get("lock_version") != LOCK_VERSION:
+        raise LockError(f"{path.name} has lock_version {lock.get('lock_version')!r}, this ptxbuild writes "
+                        f"{LOCK_VERSION}; rebuild to relock")
+    return lock
+
+
+def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
+    """The lock entry of one built target, from its manifest and artifacts on disk."""
+    m = json.loads(manifest_path.read_text())
+    spec = kf.ops[target.op]
+    op = load_op(spec.template, kf.root)
+    variants = {}
+    for digest, v in sorted(m["variants"].items()):
+        cubin = (manifest_path.parent / v["cubin"]).read_bytes()
+        ptx = (manifest_path.parent / v["ptx"]).read_bytes()
+        if _sha(cubin) != digest:
+            raise LockError(f"{target}: {v['cubin']} does not match its manifest digest; rebuild before locking")
+        variants[digest] = {"entry": v["entry"], "arch": v["arch"], "cubin_sha256": digest, "ptx_sha256": _sha(ptx),
+                            "ptx_isa": v.get("ptx_isa"), "registers": v.get("registers"),
+                            "spill_bytes": v.get("spill_bytes"), "compiler": v.get("compiler", "")}
+    entry = {"target": str(target), "op": m["op"], "op_version": m["op_version"], "template": spec.template,
+             "kernelfile_digest": m["kernelfile_digest"], "arch": m["arch"], "gpu": m["gpu"],
+             "toolchain": m["toolchain"], "wheels": wheel_versions(),
+             "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
+             "measured_on_hardware": m["measured_on_hardware"], "hardware": m.get("hardware"),
+             "variants": variants, "dispatch": m["dispatch"]}
+    entry["entry_sha256"] = entry_digest(entry)
+    return entry
+
+
+def update_lock(kf, results) -> Path | None:
+    """Record every target built or up to date in `results` (failed ones keep their old entry);
+    drop entries of targets the kernelfile no longer declares. Returns the lock path, or None."""
+    from .graph import all_targets
+    ok = [r for r in results if r.status in ("built", "up_to_date")]
+    if not ok:
+        return None
+    path = lock_path(kf)
+    try:
+        lock = read_lock(kf) if path.is_file() else {}
+    except LockError:
+        lock = {}
+    targets = dict(lock.get("targets", {}))
+    for r in ok:
+        manifest = r.manifest or (target_dir(kf, r.target) / "manifest.json")
+        if Path(manifest).is_file():
+            targets[str(r.target)] = entry_from_manifest(kf, r.target, Path(manifest))
+    declared = {str(t) for t in all_targets(kf)}
+    targets = {k: v for k, v in targets.items() if k in declared}
+    text = dumps({"lock_version": LOCK_VERSION, "note": "written by ptxbuild build; reproduce with ptxbuild build "
+                  "--locked; do not edit by hand", "targets": targets})
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def _check_entry(ctx, t, entry: dict | None, op) -> None:
+    kf = ctx.kf
+    if entry is None:
+        raise LockError(f"{t} is not in {LOCK_NAME}; build it unlocked once (ptxbuild build {t}) and commit the lock")
+    if entry.get("entry_sha256") != entry_digest(entry):
+        raise LockError(f"{t}: its {LOCK_NAME} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
+                        f"content {entry_digest(entry)[:16]}); refusing it; restore the lock or rebuild unlocked")
+    if entry["kernelfile_digest"] != kf.digest:
+        raise LockError(f"{t}: {kf.path.name} changed since the lock (locked sha256 {entry['kernelfile_digest'][:16]}, "
+                        f"now {kf.digest[:16]}); rebuild unlocked to relock")
+    if entry["gpu"] != kf.gpus[t.gpu].as_dict():
+        raise LockError(f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}")
+    if entry["toolchain"] != ctx.toolchain.key():
+        raise LockError(f"{t}: toolchain drift: locked {entry['toolchain']}, installed {ctx.toolchain.key()}")
+    now = wheel_versions()
+    for name, want in sorted(entry.get("wheels", {}).items()):
+        if now.get(name) != want:
+            raise LockError(f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
+                            f"run: pip install '{name}=={want}'")
+    files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
+    for name in sorted(set(files) | set(entry["op_files"])):
+        if files.get(name) != entry["op_files"].get(name):
+            raise LockError(f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
+                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}")
+    if entry["op_version"] != op.VERSION:
+        raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}")
+
+
+def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
+    """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts."""
+    gpu = ctx.kf.gpus[t.gpu]
+    binaries: dict[str, Binary] = {}
+    chosen = []
+    for d in entry["dispatch"]:
+        p = d["problem"]
+        problem = Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
+        want = entry["variants"].get(d["binary"])
+        if want is None:
+            raise LockError(f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
+                            f"does not list")
+        kernel = op.render(d["params"], problem, gpu.arch)
+        b = ctx.compile_fn(kernel, gpu.arch)
+        got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
+        name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
+        if got_ptx != want["ptx_sha256"]:
+            raise LockError(f"{t}: variant {name}: PTX drift: expected sha256 {want['ptx_sha256']}, got {got_ptx}; "
+                            f"artifacts not written")
+        if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
+            raise LockError(f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
+                            f"artifacts not written")
+        b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
+        binaries[b.digest] = b
+        chosen.append({**d, "_binary": b, "_problem": problem})
+    if hardware_for(ctx, gpu) is not None:
+        for c in chosen:
+            v = ctx.gpu.verify(str(op.FOLDER), c["params"], c["_problem"], c["_binary"])
+            if v.outcome.value != "ok":
+                raise LockError(f"{t}: variant {c['binary'][:12]} ({c['label']}) failed verification on this GPU: "
+                                f"{v.outcome.value} {v.detail}; artifacts not written")
+    return [{k: v for k, v in c.items() if k != "_problem"} for c in chosen]
+
+
+def build_locked(ctx, targets=None) -> list[TargetResult]:
+    """Rebuild exactly the locked artifacts (compile + compare + verify, no search); all targets are
+    checked before any is written, so a drift leaves build/ as it was."""
+    lock = read_lock(ctx.kf)
+    plan = []
+    for t in build_order(ctx.kf, targets):
+        entry = lock["targets"].get(str(t))
+        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
+        _check_entry(ctx, t, entry, op)
+        ctx.report("target_start", target=t, reason="locked")
+        plan.append((t, entry, op, _reproduce(ctx, t, entry, op)))
+    results = []
+    for t, entry, op, chosen in plan:
+        summary = {"measured": entry["measured_on_hardware"], "toolchain": entry["toolchain"],
+                   "hardware": entry.get("hardware")}
+        manifest = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, summary)
+        results.append(TargetResult(t, "built", f"locked: {len(entry['variants'])} variant(s) reproduced",
+                                    entry["measured_on_hardware"], manifest))
+    return results

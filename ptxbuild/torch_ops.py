@@ -1,0 +1,92 @@
+"""Built kernels as PyTorch custom ops (torch.library.custom_op), so they work under torch.compile.
+
+    import ptxbuild
+    from ptxbuild.torch_ops import register
+    rms = register(ptxbuild.load("rmsnorm@h200"))      # torch.ops.ptxbuild.rmsnorm_h200
+    y = torch.compile(lambda x, w: rms(x, w))(x, w)
+
+One custom op per (target, option set): its schema lists the op's input names as Tensors and
+returns the op's outputs; a fake (meta) implementation allocates the outputs exactly as the real
+one does, so the compiler can trace shapes and dtypes without a GPU. No autograd formula is
+registered (the ops are forward-only until a backward op exists): calling one on tensors that
+require grad raises in backward. torch is imported when this module is, never by ptxbuild.runtime.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .runtime import BuiltKernel, LoaderError, _TorchXp
+
+NAMESPACE = "ptxbuild"
+_registered: dict[str, object] = {}
+
+
+def op_name(kernel: BuiltKernel, options: dict | None = None) -> str:
+    """ptxbuild::<op>_<gpu>, plus _m<i> for option sets after the first."""
+    base = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
+    modes = kernel.modes()
+    i = _mode_index(kernel, options)
+    return base if i == 0 or len(modes) == 1 else f"{base}_m{i}"
+
+
+def _mode_index(kernel: BuiltKernel, options: dict | None) -> int:
+    modes = kernel.modes()
+    if not options:
+        return 0
+    defaults = dict(getattr(kernel.op, "OPTIONS", {}))
+    for i, m in enumerate(modes):
+        full = {**defaults, **m.options}
+        if all(full.get(k) == v for k, v in options.items()):
+            return i
+    raise LoaderError(f"{kernel.target}: no built mode has options {options}; built: "
+                      + "; ".join(m.label() for m in modes))
+
+
+def register(kernel: BuiltKernel, options: dict | None = None):
+    """The torch.ops callable for `kernel`'s option set matching `options` (default: the first built)."""
+    name = op_name(kernel, options)
+    qual = f"{NAMESPACE}::{name}"
+    if qual in _registered:
+        return _registered[qual]
+    mode = kernel.modes()[_mode_index(kernel, options)]
+    probe = kernel.op.make_outputs(
+        kernel.problem_like(mode), _MetaXp())
+    outs = list(probe)
+    ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
+    schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
+    opts = dict(mode.options)
+
+    def impl(*tensors):
+        res = kernel.run(**dict(zip(mode.names, tensors)), **_option_kwargs(kernel, opts))
+        vals = [res[n] for n in outs]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    custom = torch.library.custom_op(qual, impl, mutates_args=(), schema=schema)
+
+    @custom.register_fake
+    def _fake(*tensors):
+        primary = tensors[0]
+        from .problem import Problem
+        problem = Problem.make(kernel.op.NAME, _dtype(primary), tuple(int(s) for s in primary.shape), opts)
+        res = kernel.op.make_outputs(problem, _TorchXp(torch, primary.device))
+        vals = [res[n] for n in outs]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    _registered[qual] = custom
+    return custom
+
+
+def _option_kwargs(kernel: BuiltKernel, opts: dict) -> dict:
+    """Options to pass to BuiltKernel.run so it picks this mode even when modes share input names."""
+    return {k: v for k, v in opts.items() if k in getattr(kernel.op, "OPTIONS", {})}
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class _MetaXp(_TorchXp):
+    def __init__(self):
+        super().__init__(torch, "meta")

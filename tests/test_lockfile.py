@@ -1,0 +1,189 @@
+"""kernelfile.lock: written after a build, stable text, reproduced by --locked, drift and tampering refused."""
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from ptxbuild.build import build
+from ptxbuild.cli import main
+from ptxbuild.kernelfile import load
+from ptxbuild.lockfile import LockError, build_locked, entry_digest, lock_path, read_lock, update_lock
+
+from .conftest import make_ctx
+from .fakes import FakeCompiler
+
+
+def _built(proj, compiler=None):
+    ctx = make_ctx(proj, compiler)
+    results = build(ctx)
+    assert all(r.status == "built" for r in results)
+    return ctx, results, update_lock(ctx.kf, results)
+
+
+def _files(proj):
+    return {p.relative_to(proj).as_posix(): p.read_bytes() for p in sorted((proj / "build").rglob("*")) if p.is_file()}
+
+
+def _edit_lock(proj, fn, fix_digest=True):
+    path = proj / "kernelfile.lock"
+    lock = json.loads(path.read_text())
+    for name, entry in lock["targets"].items():
+        fn(name, entry)
+        if fix_digest:
+            entry["entry_sha256"] = entry_digest(entry)
+    path.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+
+
+def test_lock_records_targets_in_stable_text(proj):
+    ctx, results, path = _built(proj)
+    assert path == proj / "kernelfile.lock"
+    text = path.read_text()
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
+    lock = read_lock(ctx.kf)
+    assert sorted(lock["targets"]) == ["scale@b200", "scale@h100"]
+    e = lock["targets"]["scale@h100"]
+    assert e["kernelfile_digest"] == ctx.kf.digest and e["toolchain"] == {"fake": "fake-1"}
+    assert set(e["op_files"]) == {"op.py", "scale.cu"} and e["measured_on_hardware"] is False
+    for d in e["dispatch"]:
+        v = e["variants"][d["binary"]]
+        assert v["cubin_sha256"] == d["binary"] and len(v["ptx_sha256"]) == 64
+    # rewriting after an up-to-date build changes nothing
+    again = build(make_ctx(proj))
+    assert [r.status for r in again] == ["up_to_date", "up_to_date"]
+    update_lock(ctx.kf, again)
+    assert path.read_text() == text
+
+
+def test_locked_rebuild_is_byte_identical_without_search(proj):
+    _built(proj)
+    before = _files(proj)
+    shutil.rmtree(proj / "build")
+    compiler = FakeCompiler()
+    ctx = make_ctx(proj, compiler)
+    results = build_locked(ctx)
+    assert [r.status for r in results] == ["built", "built"]
+    assert _files(proj) == before                     # PTX, cubin and manifest.json, byte for byte
+    lock = read_lock(ctx.kf)
+    assert len(compiler.calls) == sum(len(e["dispatch"]) for e in lock["targets"].values())   # no search
+
+
+def test_tampered_digest_is_reported_and_nothing_written(proj):
+    _built(proj)
+    shutil.rmtree(proj / "build")
+
+    def tamper(name, entry):
+        if name == "scale@h100":
+            d = entry["dispatch"][0]["binary"]
+            entry["variants"][d]["ptx_sha256"] = "0" * 64
+    _edit_lock(proj, tamper)
+    with pytest.raises(LockError, match=r"scale@h100: variant scale-\w+ .*PTX drift: expected sha256 0{64}, got "
+                                        r"[0-9a-f]{64}; artifacts not written"):
+        build_locked(make_ctx(proj))
+    assert not (proj / "build").exists()
+
+
+def test_tampered_cubin_digest_is_reported(proj):
+    _built(proj)
+
+    def tamper(name, entry):
+        d = entry["dispatch"][0]
+        old = d["binary"]
+        for e in entry["dispatch"]:
+            if e["binary"] == old:
+                e["binary"] = "f" * 64
+        entry["variants"]["f" * 64] = {**entry["variants"].pop(old), "cubin_sha256": "f" * 64}
+    _edit_lock(proj, tamper)
+    with pytest.raises(LockError, match=r"cubin drift: expected sha256 f{64}, got [0-9a-f]{64}"):
+        build_locked(make_ctx(proj))
+
+
+def test_hand_edited_entry_is_refused(proj):
+    _built(proj)
+    _edit_lock(proj, lambda n, e: e["dispatch"][0].update(p50_ms=0.001), fix_digest=False)
+    with pytest.raises(LockError, match="entry was edited"):
+        build_locked(make_ctx(proj))
+
+
+@pytest.mark.parametrize("drift", ["kernelfile", "op", "toolchain", "missing"])
+def test_drift_fails_loudly(proj, drift):
+    _built(proj)
+    ctx = make_ctx(proj)
+    if drift == "kernelfile":
+        kf = proj / "kernelfile.toml"
+        kf.write_text(kf.read_text().replace("budget = 6", "budget = 7"))
+        ctx = make_ctx(proj)
+        match = "kernelfile.toml changed since the lock"
+    elif drift == "op":
+        cu = proj / "ops" / "scale" / "scale.cu"
+        cu.write_text(cu.read_text() + "\n// edited\n")
+        match = r"op drift: scale/scale.cu"
+    elif drift == "toolchain":
+        from .fakes import FakeToolchain
+        ctx.toolchain = FakeToolchain("fake-2")
+        match = "toolchain drift"
+    else:
+        _edit_lock(proj, lambda n, e: None)
+        lock = json.loads((proj / "kernelfile.lock").read_text())
+        del lock["targets"]["scale@b200"]
+        (proj / "kernelfile.lock").write_text(json.dumps(lock))
+        match = "scale@b200 is not in kernelfile.lock"
+    with pytest.raises(LockError, match=match):
+        build_locked(ctx)
+
+
+def test_missing_or_broken_lock(proj):
+    kf = load(proj / "kernelfile.toml")
+    with pytest.raises(LockError, match="does not exist; run `ptxbuild build` once"):
+        read_lock(kf)
+    lock_path(kf).write_text("{not json")
+    with pytest.raises(LockError, match="not valid JSON"):
+        read_lock(kf)
+
+
+def test_lock_drops_undeclared_targets(proj):
+    ctx, _, path = _built(proj)
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("[gpus.b200]\n", "").replace("[gpus.h100]", "[gpus.h100]\n"))
+    ctx = make_ctx(proj)
+    update_lock(ctx.kf, build(ctx))
+    assert sorted(read_lock(ctx.kf)["targets"]) == ["scale@h100"]
+
+
+@pytest.mark.compile
+def test_cli_locked_reproduces_real_ptx_and_cubin(proj):
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        first = CliRunner().invoke(main, ["build", "--no-gpu", "-j", "1"])
+        assert first.exit_code == 0, first.output
+        before = _files(proj)
+        lock_text = (proj / "kernelfile.lock").read_text()
+        shutil.rmtree(proj / "build")
+        again = CliRunner().invoke(main, ["build", "--locked", "--no-gpu"])
+        assert again.exit_code == 0, again.output
+        assert "scale@h100: built (locked: " in again.stdout
+        assert _files(proj) == before                 # nvrtc + nvJitLink are deterministic
+        assert (proj / "kernelfile.lock").read_text() == lock_text
+        _edit_lock(proj, lambda n, e: e["variants"][e["dispatch"][0]["binary"]].update(ptx_sha256="1" * 64))
+        shutil.rmtree(proj / "build")
+        bad = CliRunner().invoke(main, ["build", "--locked", "--no-gpu"])
+    finally:
+        os.chdir(cwd)
+    assert bad.exit_code == 1
+    err = [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "PTX drift: expected sha256 " + "1" * 64 in err[0]
+    assert not (proj / "build").exists()
+
+
+@pytest.mark.compile
+def test_compiler_is_deterministic(proj):
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.oploader import load_op
+    from ptxbuild.problem import Problem
+    op = load_op("scale", proj)
+    problem = Problem.make("scale", "bfloat16", (64, 1024))
+    kernel = op.render({"threads": 256, "vec": 4}, problem, "sm_90a")
+    a, b = compile_kernel(kernel, "sm_90a"), compile_kernel(kernel, "sm_90a")
+    assert a.ptx == b.ptx and a.cubin == b.cubin

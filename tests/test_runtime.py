@@ -1,0 +1,187 @@
+"""The runtime loader without a GPU: artifact checks, dispatch, one-line errors, the reference fallback,
+and the torch custom op under torch.compile (through the fallback). Torch tests skip without torch."""
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from ptxbuild.build import build
+from ptxbuild.runtime import LoaderError, arch_runs_on, load, load_choice
+
+from .conftest import make_ctx
+
+# The toy op with N baked into the source (as rmsnorm's exact variants do): other N cannot reuse a binary.
+BAKED = '''
+_render = render
+def render(params, problem, arch):
+    k = _render(params, problem, arch)
+    return Kernel(f"#define NC {problem.shape[1]}\\n" + k.source, k.entry)
+'''
+
+
+@pytest.fixture
+def built(proj):
+    with open(proj / "ops" / "scale" / "op.py", "a") as f:
+        f.write(BAKED)
+    assert all(r.status == "built" for r in build(make_ctx(proj)))
+    return proj
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, CPU is enough)")
+
+
+def _no_gpu(torch):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: these tests check the no-GPU paths")
+
+
+def _one_line(exc):
+    msg = str(exc.value)
+    assert "\n" not in msg and len(msg) < 400, msg
+    return msg
+
+
+def test_import_needs_no_compiler_torch_or_cupy():
+    code = ("import sys, ptxbuild, ptxbuild.runtime; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'cuda') "
+            "or m in ('ptxbuild.compiler', 'ptxbuild.build')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_arch_and_driver_rules():
+    assert arch_runs_on("sm_90a", 90) and not arch_runs_on("sm_90a", 100) and not arch_runs_on("sm_90a", 80)
+    assert arch_runs_on("sm_80", 90) and not arch_runs_on("sm_100a", 90)
+    assert arch_runs_on("sm_100f", 103) and not arch_runs_on("sm_100f", 120)
+    assert load_choice("9.0", 13000) is None
+    assert load_choice("9.0", 12080) == "PTX ISA 9.0 needs a driver for CUDA >= 13.0, this driver supports CUDA 12.8"
+
+
+def test_load_by_target_and_by_directory(built):
+    k = load("scale@h100", kernelfile=built / "kernelfile.toml")
+    assert k.target == "scale@h100" and k.arch == "sm_90a" and k.dtypes == ["bfloat16", "float32"]
+    assert [m.names for m in k.modes()] == [("x",)]
+    k2 = load(built / "build" / "scale@b200")
+    assert k2.arch == "sm_100a"
+
+
+def test_not_built_and_not_a_target(proj):
+    with pytest.raises(LoaderError) as exc:
+        load("scale@h100", kernelfile=proj / "kernelfile.toml")
+    assert "never built; run: ptxbuild build scale@h100" in _one_line(exc)
+    with pytest.raises(LoaderError) as exc:
+        load("scale@a100", kernelfile=proj / "kernelfile.toml")
+    assert "scale@a100 is not a target of" in _one_line(exc)
+
+
+def test_tampered_cubin_is_refused(built):
+    d = built / "build" / "scale@h100"
+    cubin = next(d.glob("*.cubin"))
+    cubin.write_bytes(cubin.read_bytes() + b"\0")
+    with pytest.raises(LoaderError) as exc:
+        load(d)
+    assert "does not match its digest in manifest.json" in _one_line(exc) and "refusing it" in str(exc.value)
+
+
+def test_tampered_ptx_is_refused(built):
+    d = built / "build" / "scale@h100"
+    ptx = next(d.glob("*.ptx"))
+    ptx.write_text(ptx.read_text().replace("scale", "scalf"))
+    with pytest.raises(LoaderError, match="does not match its digest"):
+        load(d)
+
+
+def test_changed_op_is_refused(built):
+    cu = built / "ops" / "scale" / "scale.cu"
+    cu.write_text(cu.read_text() + "// edited\n")
+    with pytest.raises(LoaderError) as exc:
+        load(built / "build" / "scale@h100")
+    assert "scale.cu changed since scale@h100 was built" in _one_line(exc)
+
+
+def test_select_reuses_a_binary_only_where_it_renders_the_same(built):
+    from ptxbuild.problem import Problem
+    k = load(built / "build" / "scale@h100")
+    built_64 = k.select(Problem.make("scale", "float32", (64, 1024)))
+    assert built_64["label"] == "float32[64x1024]"
+    other_m = k.select(Problem.make("scale", "float32", (5, 1024)))
+    assert other_m["binary"] == built_64["binary"]            # N baked in, M free: reusable
+    assert k.select(Problem.make("scale", "float32", (5, 1000))) is None
+    assert k.select(Problem.make("scale", "float16", (64, 1024))) is None
+
+
+def test_errors_are_one_line(built):
+    torch = _torch()
+    _no_gpu(torch)
+    k = load(built / "build" / "scale@h100")
+    x = torch.randn(64, 1024)
+    cases = [
+        (lambda: k(x), "scale@h100: no CUDA GPU is visible"),
+        (lambda: k(x.double()), "dtype float64 of input x is not built; built dtypes: bfloat16, float32"),
+        (lambda: k(x.half()), "dtype float16 of input x is not built"),
+        (lambda: k(torch.randn(1024, 64).t()), "input x is not contiguous (strides (1, 64)); pass x.contiguous()"),
+        (lambda: k(torch.randn(5, 1000)), "no built variant covers float32[5x1000]; built shapes for float32: "
+                                         "64x1024, 7x100"),
+        (lambda: k(x, x), "arguments (2 positional) match no built mode; built: (x)"),
+        (lambda: k(y=x), "arguments (0 positional, y) match no built mode"),
+        (lambda: k(x, alpha=3.0), "alpha=3.0) match no built mode"),
+        (lambda: k(x.numpy()), "inputs must all be torch tensors or all cupy arrays"),
+    ]
+    for call, want in cases:
+        with pytest.raises(LoaderError) as exc:
+            call()
+        assert want in _one_line(exc), (want, str(exc.value))
+
+
+def test_wrong_input_shape_names_expected(tmp_path):
+    torch = _torch()
+    from ptxbuild.runtime import BuiltKernel
+    k = BuiltKernel.__new__(BuiltKernel)
+    k.target, k.dtypes, k._specs = "t@g", ["float32"], {}
+    k.op = type("Op", (), {"NAME": "t", "make_inputs": staticmethod(
+        lambda p, s, xp: {"x": xp.zeros(p.shape, xp.float32), "w": xp.zeros(p.shape[-1:], xp.float32)})})
+    from ptxbuild.runtime import _Mode
+    mode = _Mode({}, ("x", "w"))
+    with pytest.raises(LoaderError) as exc:
+        k.problem_of(mode, {"x": torch.zeros(4, 8), "w": torch.zeros(7)})
+    assert "input w is float32[7], expected float32[8] for float32[4x8]" in _one_line(exc)
+
+
+def test_fallback_is_explicit_and_warned(built):
+    torch = _torch()
+    _no_gpu(torch)
+    k = load(built / "build" / "scale@h100", allow_fallback=True)
+    x = torch.randn(5, 1000, dtype=torch.bfloat16)
+    with pytest.warns(RuntimeWarning, match=r"no built variant covers bfloat16\[5x1000\].*running scale's reference"):
+        y = k(x)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert torch.equal(y, (x.float() * 2).bfloat16())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        k(torch.randn(5, 1000, dtype=torch.bfloat16))     # warned once per reason
+
+
+def test_torch_custom_op_under_compile(built):
+    torch = _torch()
+    _no_gpu(torch)
+    from ptxbuild.torch_ops import op_name, register
+    k = load(built / "build" / "scale@h100", allow_fallback=True)
+    assert op_name(k) == "scale_h100"
+    op = register(k)
+    assert register(k) is op and torch.ops.ptxbuild.scale_h100 is not None
+    x = torch.randn(64, 1024)
+    torch.library.opcheck(op, (x,), test_utils=("test_schema", "test_faketensor"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f = torch.compile(lambda t: op(t) + 1, backend="aot_eager", fullgraph=True)
+        y = f(x)
+    assert torch.allclose(y, x * 2 + 1)
+
+
+def test_manifest_records_ptx_digest_and_op_files(built):
+    m = json.loads((built / "build" / "scale@h100" / "manifest.json").read_text())
+    assert set(m["op_files"]) == {"op.py", "scale.cu"}
+    assert all(len(v["ptx_sha256"]) == 64 for v in m["variants"].values())
