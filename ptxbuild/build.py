@@ -161,11 +161,15 @@ class _Evaluator:
         self.binaries: dict[str, Binary] = {}
         self.results: dict[tuple, dict] = {}
         self.incumbent: tuple[dict, Binary, float] | None = None
+        self.rules = lessons.failure_rules(ctx.cache, op.NAME, problem, self.gpu.arch)   # failure lessons
+        self.pruned: set[tuple] = set()
 
     def __call__(self, group: list[dict]) -> list[float]:
         rendered, compiled = {}, {}
         for cfg in group:
             reason = self.op.check(cfg, self.problem)
+            if not reason and (reason := lessons.prune_reason(self.rules, cfg)):
+                self.pruned.add(tuple(sorted(cfg.items())))
             if reason:
                 rendered[id(cfg)] = (None, reason)
                 continue
@@ -199,7 +203,8 @@ class _Evaluator:
 
     def _finish(self, cfg, kernel, key_or_reason, compiled) -> float:
         if kernel is None:
-            return self._record(cfg, Outcome.INVALID, key_or_reason)
+            pruned = tuple(sorted(cfg.items())) in self.pruned
+            return self._record(cfg, Outcome.PRUNED if pruned else Outcome.INVALID, key_or_reason)
         row = self.ctx.cache.get_compile(key_or_reason)
         compile_s = compiled.get(key_or_reason, 0.0)
         if row["outcome"] != "ok":
@@ -281,7 +286,10 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
             used_lessons += used
             seeds.append(op.default_params(problem))
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
-            valid = lambda c, p=problem: op.check(c, p)
+            # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
+            valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)
+            for r in ev.rules:
+                used_lessons.append({k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")})
             if hw is None:
                 strategy, budget = "exhaustive", min(search["budget"], 16)
                 # compile-only: the first config that compiles within the limits, lessons and default first
@@ -294,6 +302,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
                     hist += run_search(op.SPACE, ev, strategy=strategy, budget=budget, seconds=search["seconds"],
                                        valid=valid, seeds=(), rng_seed=search["seed"], batch=ctx.jobs)
             else:
+                ev([s for s in _dedupe(seeds) if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)])
                 hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
                                   seconds=search["seconds"], valid=valid, seeds=seeds, rng_seed=search["seed"],
                                   batch=max(2, ctx.jobs))
@@ -311,6 +320,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
                      "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
                      "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
                      "source": "measured" if hw else ("lesson" if cfg in [u["params"] for u in used] else "default"),
+                     "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
             if hw:
                 entry["baselines"] = _baselines(ctx, op, problem)

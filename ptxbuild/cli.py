@@ -1,6 +1,7 @@
 """The ptxbuild command line: parse arguments, call the library, print. Nothing else lives here."""
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -233,6 +234,127 @@ def doctor():
     from .gpu.doctor import doctor as run_doctor
     for name, status in run_doctor():
         click.echo(f"{name:12} {status}")
+
+
+class _ShowByDefault(click.Group):
+    """`ptxbuild lessons [op] [--gpu g]` means `ptxbuild lessons show [op] [--gpu g]`."""
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["show", *args]
+        return super().parse_args(ctx, args)
+
+
+def _gpu(kf, name):
+    from .catalog import CATALOG, did_you_mean
+    if name is None:
+        return None
+    gpu = kf.gpus.get(name) or CATALOG.get(name)
+    if gpu is None:
+        raise ConfigError(f"--gpu {name}: unknown GPU{did_you_mean(name, [*kf.gpus, *CATALOG])}")
+    return gpu
+
+
+@main.group(cls=_ShowByDefault)
+def lessons():
+    """What builds learned: best configs, failure rules, sensitive parameters.
+
+    Example: ptxbuild lessons rmsnorm --gpu h200
+    """
+
+
+@lessons.command("show")
+@click.argument("op", required=False)
+@click.option("--gpu", help="Only lessons for this GPU (and rules for its architecture).")
+@click.option("--all", "show_all", is_flag=True, help="Include retired lessons.")
+@click.pass_obj
+def lessons_show(kernelfile, op, gpu, show_all):
+    """Print the lessons as a table.
+
+    Example: ptxbuild lessons show rmsnorm --gpu h100
+    """
+    from .cache import Cache
+    from .lessons import listing
+    kf = _kernelfile(kernelfile)
+    rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
+    if not rows:
+        click.echo("no lessons yet; build a target on a GPU (ptxbuild build op@gpu) or import some "
+                   "(ptxbuild lessons import FILE)")
+        return
+    head = ["id", "op", "kind", "scope", "rule", "confidence", "evidence", "source"]
+    table = [head] + [[r[k] for k in head] for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    for t in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+
+
+@lessons.command("export")
+@click.argument("out", default="cache/lessons.jsonl")
+@click.option("--op", help="Only this op's lessons.")
+@click.option("--gpu", help="Only lessons for this GPU (and rules for its architecture).")
+@click.option("--retired", is_flag=True, help="Include retired lessons.")
+@click.pass_obj
+def lessons_export(kernelfile, out, op, gpu, retired):
+    """Write the lessons as JSONL (one lesson a line, sorted), the form a model repo checks in; - = stdout.
+
+    Example: ptxbuild lessons export cache/lessons.jsonl --op rmsnorm
+    """
+    from .cache import Cache
+    from .lessons_io import export_lessons
+    kf = _kernelfile(kernelfile)
+    _gpu(kf, gpu)
+    lines = export_lessons(Cache(kf.cache_path), op, gpu, retired, kf.project)
+    text = "".join(line + "\n" for line in lines)
+    if out == "-":
+        click.echo(text, nl=False)
+        return
+    path = Path(out) if Path(out).is_absolute() else kf.root / out
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    click.echo(f"{len(lines)} lesson(s) -> {path}")
+
+
+@lessons.command("import")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.pass_obj
+def lessons_import(kernelfile, file):
+    """Validate a JSONL lessons file and merge it into the cache: all or nothing, no duplicates.
+
+    Example: ptxbuild lessons import cache/lessons.jsonl
+    """
+    from .cache import Cache
+    from .lessons_io import LessonsFileError, import_lessons
+    kf = _kernelfile(kernelfile)
+    try:
+        n = import_lessons(Cache(kf.cache_path), file)
+    except LessonsFileError as exc:
+        raise ConfigError(f"{exc}; nothing imported") from None
+    click.echo(f"{file}: {n['read']} lesson(s) read, {n['added']} added, {n['already_present']} already present, "
+               f"{n['duplicates_in_file']} duplicate(s) in the file")
+
+
+@main.command()
+@click.argument("out")
+@click.option("--op", help="Only this op's attempts.")
+@click.option("--gpu", help="Only attempts on this GPU.")
+@click.pass_obj
+def record(kernelfile, out, op, gpu):
+    """Export the recorded attempts of past builds as a replay recording (JSONL) for offline search.
+
+    Example: ptxbuild record recordings/rmsnorm-h200.jsonl --op rmsnorm
+    """
+    from .cache import Cache
+    from .replay import export_recording
+    kf = _kernelfile(kernelfile)
+    from .build import problems_of
+    from .oploader import load_op
+    spaces, defaults = {}, {}
+    for name, spec in kf.ops.items():
+        mod = load_op(spec.template, kf.root)
+        spaces[name] = mod.SPACE
+        defaults[name] = {json.dumps(p.key(), sort_keys=True): mod.default_params(p) for p in problems_of(spec)}
+    n = export_recording(Cache(kf.cache_path), out, op=op, gpu=gpu, spaces=spaces, defaults=defaults)
+    click.echo(f"{n} attempt(s) -> {out}")
 
 
 if __name__ == "__main__":

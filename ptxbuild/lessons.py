@@ -1,21 +1,57 @@
-"""Lessons: what verified builds taught (best configs per scope, failure rules) and how seeds use them."""
+"""Lessons: what verified builds taught (best configs, failure rules, sensitivities) and how a build uses them."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
+from collections import defaultdict
+from statistics import mean
 
+from .catalog import CATALOG
 from .problem import Problem, digest
+
+FAIL_OUTCOMES = ("compile_error", "spill", "resource", "wrong_result")   # what a failure rule can say
+PRUNE_CONFIDENCE = 0.5          # a failure rule prunes only at or above this confidence
+RETIRE_CONFIDENCE = 0.25        # below this a contradicted lesson is retired
+NEAR_BEST = 1.02                # "as good as the best": within 2%
+LEVELS = ("same GPU", "same architecture", "same family", "other family")
+
+
+def family_of(gpu_name: str, arch: str = "") -> str:
+    g = CATALOG.get(gpu_name)
+    return g.family if g else {"sm_80": "ampere", "sm_86": "ampere", "sm_89": "ada", "sm_90": "hopper",
+                               "sm_90a": "hopper", "sm_100": "blackwell", "sm_100a": "blackwell"}.get(arch, "")
+
+
+def shape_bucket(shape) -> str:
+    """The power of two at or above the row length N: problems in one bucket share their best configs."""
+    return f"N<=2^{math.ceil(math.log2(max(int(shape[-1]), 1)))}" if shape else ""
 
 
 def _scope(gpu: str, arch: str, problem: dict) -> dict:
-    return {"gpu": gpu, "arch": arch, "dtype": problem["dtype"], "shape": problem["shape"],
-            "options": problem["options"]}
+    return {"gpu": gpu, "arch": arch, "family": family_of(gpu, arch), "dtype": problem["dtype"],
+            "shape": problem["shape"], "bucket": shape_bucket(problem["shape"]), "options": problem["options"]}
+
+
+def lesson_id(kind: str, op: str, scope: dict, rule: dict) -> str:
+    """A lesson's identity: its kind, op, scope and the configuration it is about (not its numbers)."""
+    what = {"best": rule.get("params"), "fails": rule.get("params"), "sensitivity": None}[kind]
+    return digest(kind, op, scope, what)[:16]
+
+
+def level(scope: dict, gpu) -> int:
+    """0 same GPU, 1 same architecture, 2 same family, 3 other."""
+    if scope.get("gpu") == gpu.name:
+        return 0
+    if scope.get("arch") == gpu.arch:
+        return 1
+    return 2 if (scope.get("family") or family_of(scope.get("gpu", ""), scope.get("arch", ""))) == gpu.family else 3
 
 
 def _distance(scope: dict, gpu, problem: Problem) -> float:
     """How far a lesson's scope is from this problem: same GPU < same arch < same family; shape in log2."""
-    d = 0.0 if scope.get("gpu") == gpu.name else (1.0 if scope.get("arch") == gpu.arch else 3.0)
+    d = (0.0, 1.0, 2.0, 3.0)[level(scope, gpu)]
     d += 0.0 if scope.get("dtype") == problem.dtype else 1.5
     d += 0.0 if scope.get("options") == problem.opts else 1.0
     shape = scope.get("shape") or []
@@ -26,44 +62,264 @@ def _distance(scope: dict, gpu, problem: Problem) -> float:
     return d
 
 
+def _row(op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence: float, source: str) -> dict:
+    return {"id": lesson_id(kind, op, scope, rule), "op": op, "kind": kind, "scope": json.dumps(scope, sort_keys=True),
+            "rule": json.dumps(rule, sort_keys=True), "evidence": json.dumps(evidence), "confidence": confidence,
+            "source": source, "retired": 0, "created": time.time()}
+
+
+# -- using lessons ------------------------------------------------------------------------------
 def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4) -> tuple[list[dict], list[dict]]:
     """Configs to try first for `problem`, nearest scope first; and the lessons they came from."""
-    rows = list(cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]))
-    cands = [(json.loads(r["scope"]), json.loads(r["rule"])["params"], r["id"]) for r in rows]
+    rows = cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME])
+    cands = [(json.loads(r["scope"]), json.loads(r["rule"])["params"], r["id"], r["confidence"]) for r in rows]
     if run:  # results of this run's earlier problems count before they become lessons
         for r in cache.db.query("select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
                                 [op.NAME, run]):
-            cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]), f"run:{r['id']}"))
-    cands.sort(key=lambda c: _distance(c[0], gpu, problem))
+            cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
+                          f"run:{r['id']}", 1.0))
+    cands.sort(key=lambda c: (_distance(c[0], gpu, problem), -c[3]))
     out, used, seen = [], [], set()
-    for scope, params, lid in cands:
+    for scope, params, lid, _ in cands:
         k = json.dumps(params, sort_keys=True)
         if k in seen or op.check(params, problem) is not None:
             continue
         seen.add(k)
         out.append(params)
-        used.append({"lesson": lid, "scope": scope, "params": params,
-                     "distance": round(_distance(scope, gpu, problem), 3)})
+        used.append({"lesson": lid, "kind": "best", "scope": scope, "params": params,
+                     "distance": round(_distance(scope, gpu, problem), 3), "level": LEVELS[level(scope, gpu)]})
         if len(out) >= limit:
             break
     return out, used
 
 
+def _in_scope(scope: dict, problem: Problem, arch: str) -> bool:
+    return (scope.get("arch") == arch and scope.get("dtype") == problem.dtype and scope.get("options") == problem.opts
+            and scope.get("shape") in (None, list(problem.shape)))
+
+
+def covers(rule: dict, cfg: dict) -> bool:
+    return all(k in cfg and cfg[k] == v for k, v in rule["params"].items())
+
+
+def failure_rules(cache, op_name: str, problem: Problem, arch: str) -> list[dict]:
+    """Failure rules that apply to `problem` on `arch` and are confident enough to prune."""
+    rows = cache.db.query("select * from lessons where op = ? and kind = 'fails' and retired = 0 and confidence >= ?",
+                          [op_name, PRUNE_CONFIDENCE])
+    out = []
+    for r in rows:
+        scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
+        if _in_scope(scope, problem, arch):
+            out.append({"lesson": r["id"], "kind": "fails", "scope": scope, "rule": rule,
+                        "confidence": r["confidence"]})
+    return out
+
+
+def prune_reason(rules: list[dict], cfg: dict) -> str | None:
+    """Why a failure rule says `cfg` fails, or None."""
+    for r in rules:
+        if covers(r["rule"], cfg):
+            p = " ".join(f"{k}={v}" for k, v in sorted(r["rule"]["params"].items()))
+            return (f"lesson {r['lesson']}: {p} gives {r['rule']['outcome']} on {r['scope']['arch']} "
+                    f"(confidence {r['confidence']:.2f})")
+    return None
+
+
+# -- deriving lessons ---------------------------------------------------------------------------
+def best_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
+    """The fastest verified, measured config of each (GPU, problem) as a 'best' lesson row."""
+    best: dict[tuple, dict] = {}
+    for r in attempts:
+        if r["outcome"] != "ok" or r.get("p50_ms") is None:
+            continue
+        k = (r["gpu"], r["problem"])
+        if k not in best or r["p50_ms"] < best[k]["p50_ms"]:
+            best[k] = r
+    out = []
+    for (gpu, prob), r in sorted(best.items()):
+        scope = _scope(gpu, r["arch"], json.loads(prob))
+        out.append(_row(op, "best", scope, {"params": json.loads(r["params"]), "p50_ms": r["p50_ms"]},
+                        [r["id"]], 1.0, source))
+    return out
+
+
+def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
+    """Failure rules: the smallest parameter sub-combination (1 or 2 parameters) that every tried config
+    holding it failed with (at least two configs, no success), else the whole config on its shape."""
+    pools: dict[tuple, list[dict]] = defaultdict(list)
+    for r in attempts:
+        if r["outcome"] == "ok" or r["outcome"] in FAIL_OUTCOMES:
+            p = json.loads(r["problem"])
+            pools[(r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))].append(
+                {**r, "_params": json.loads(r["params"]), "_shape": p["shape"]})
+    out: dict[str, dict] = {}
+    for (arch, dtype, opts), pool in sorted(pools.items()):
+        fails = [a for a in pool if a["outcome"] in FAIL_OUTCOMES]
+        ok_with: dict[tuple, set] = defaultdict(set)      # (param, value) -> distinct configs that passed
+        fail_with: dict[tuple, set] = defaultdict(set)    # (param, value) -> distinct configs that failed
+        for a in pool:
+            key = json.dumps(a["_params"], sort_keys=True)
+            for k, v in a["_params"].items():
+                (ok_with if a["outcome"] == "ok" else fail_with)[(k, json.dumps(v))].add(key)
+        rules: dict[str, tuple] = {}                      # rule -> (params, shape or None)
+        for f in fails:
+            key = json.dumps(f["_params"], sort_keys=True)
+            rule, scope_shape = None, None
+            items = sorted((k, json.dumps(v)) for k, v in f["_params"].items())
+            for size in (1, 2):
+                good = []
+                for sub in itertools.combinations(items, size):
+                    if set.intersection(*(ok_with[kv] for kv in sub)):
+                        continue
+                    support = set.intersection(*(fail_with[kv] for kv in sub))
+                    if len(support) >= 2:
+                        good.append((len(support), sub))
+                if good:
+                    rule = {k: json.loads(v) for k, v in max(good)[1]}
+                    break
+            if rule is None:
+                rule, scope_shape = f["_params"], f["_shape"]
+            rules.setdefault(json.dumps([rule, scope_shape], sort_keys=True), (rule, scope_shape))
+        for rule, scope_shape in rules.values():
+            ev = [a for a in fails if covers({"params": rule}, a["_params"]) and (scope_shape is None or a["_shape"] == scope_shape)]
+            outcome = max(FAIL_OUTCOMES, key=lambda o: sum(a["outcome"] == o for a in ev))
+            scope = {"arch": arch, "family": family_of("", arch), "dtype": dtype, "options": json.loads(opts),
+                     "shape": scope_shape}
+            n = len({(json.dumps(a["_params"], sort_keys=True), str(a["_shape"])) for a in ev})
+            row = _row(op, "fails", scope, {"params": rule, "outcome": outcome}, sorted(a["id"] for a in ev)[:200],
+                       round(n / (n + 1), 3), source)
+            out[row["id"]] = row
+    # a rule implied by a smaller rule of the same scope adds nothing
+    rules = list(out.values())
+    keep = [r for r in rules if not any(o is not r and o["scope"] == r["scope"] and
+                                        covers(json.loads(o["rule"]), json.loads(r["rule"])["params"]) and
+                                        len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
+                                        for o in rules)]
+    return keep
+
+
+def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
+    """Which parameters mattered: per parameter, how much slower the best config with the wrong value is."""
+    groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in attempts:
+        if r["outcome"] == "ok" and r.get("p50_ms"):
+            p = json.loads(r["problem"])
+            groups[(r["gpu"], r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))][r["problem"]].append(r)
+    out = []
+    for (gpu, arch, dtype, opts), probs in sorted(groups.items()):
+        spread: dict[str, list[float]] = defaultdict(list)
+        ids = []
+        for rows in probs.values():
+            if len(rows) < 4:
+                continue
+            ids += [r["id"] for r in rows]
+            cfgs = [(json.loads(r["params"]), r["p50_ms"]) for r in rows]
+            for name in sorted({k for c, _ in cfgs for k in c}):
+                by_value: dict[str, float] = {}
+                for c, t in cfgs:
+                    v = json.dumps(c.get(name))
+                    by_value[v] = min(by_value.get(v, math.inf), t)
+                if len(by_value) > 1:
+                    spread[name].append(max(by_value.values()) / min(by_value.values()) - 1)
+        if not spread:
+            continue
+        sens = {k: round(mean(v), 4) for k, v in spread.items()}
+        scope = {"gpu": gpu, "arch": arch, "family": family_of(gpu, arch), "dtype": dtype, "options": json.loads(opts)}
+        rule = {"params": sens, "order": sorted(sens, key=lambda k: -sens[k])}
+        out.append(_row(op, "sensitivity", scope, rule, sorted(ids)[:200], round(len(ids) / (len(ids) + 10), 3), source))
+    return out
+
+
+def _weaken(cache, op: str, attempts: list[dict], fresh: set[str]) -> list[dict]:
+    """Lessons contradicted by this run: a failure rule a config passed, a 'best' beaten by more than 2%."""
+    changed = []
+    oks = [a for a in attempts if a["outcome"] == "ok"]
+    for r in list(cache.db.query("select * from lessons where op = ? and retired = 0", [op])):
+        if r["id"] in fresh:
+            continue
+        scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
+        if r["kind"] == "fails":
+            against = [a["id"] for a in oks if covers(rule, json.loads(a["params"])) and
+                       _in_scope(scope, Problem.make(**{**json.loads(a["problem"])}), a["arch"])]
+        elif r["kind"] == "best":
+            same = [a for a in oks if a["gpu"] == scope.get("gpu") and a.get("p50_ms") and
+                    _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope]
+            mine = [a["p50_ms"] for a in same if json.loads(a["params"]) == rule["params"]]
+            top = min((a["p50_ms"] for a in same), default=None)
+            against = [a["id"] for a in same if mine and a["p50_ms"] * NEAR_BEST < min(mine)]
+            if top is None or not mine or min(mine) <= top * NEAR_BEST:
+                against = []
+        else:
+            continue
+        if not against:
+            continue
+        conf = round(r["confidence"] * 0.5 ** min(len(against), 8), 4)
+        retired = int(conf < RETIRE_CONFIDENCE or r["kind"] == "best")   # a beaten best is superseded
+        ev = json.loads(r["evidence"])
+        cache.db["lessons"].update(r["id"], {"confidence": conf, "retired": retired,
+                                             "evidence": json.dumps(ev + [{"against": against[:20]}])})
+        changed.append({"lesson": r["id"], "kind": r["kind"], "confidence": conf, "retired": bool(retired),
+                        "against": against[:20]})
+    return changed
+
+
 def derive(cache, op, target, run: str) -> list[dict]:
-    """Best measured config per problem of this run becomes a 'best' lesson (verified results only)."""
-    best: dict[str, dict] = {}
-    for r in cache.db.query("select * from attempts where target = ? and run = ? and outcome = 'ok' and p50_ms is not null",
-                            [str(target), run]):
-        if r["problem"] not in best or r["p50_ms"] < best[r["problem"]]["p50_ms"]:
-            best[r["problem"]] = r
+    """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same
+    architecture); lessons this run contradicts are weakened or retired."""
+    name = op.NAME
+    mine = list(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
+    if not mine:
+        return []
+    arch = mine[0]["arch"]
+    same_arch = list(cache.db.query("select * from attempts where op = ? and arch = ?", [name, arch]))
+    rows = best_rows(name, mine, f"run {run}") + fail_rows(name, same_arch, f"run {run}") + \
+        sensitivity_rows(name, mine, f"run {run}")
     produced = []
-    for prob, r in best.items():
-        scope = _scope(r["gpu"], r["arch"], json.loads(prob))
-        lesson = {"id": digest("best", op.NAME, scope)[:16], "op": op.NAME, "kind": "best",
-                  "scope": json.dumps(scope, sort_keys=True),
-                  "rule": json.dumps({"params": json.loads(r["params"]), "p50_ms": r["p50_ms"]}, sort_keys=True),
-                  "evidence": json.dumps([r["id"]]), "confidence": 1.0, "source": f"run {run}", "retired": 0,
-                  "created": time.time()}
-        cache.db["lessons"].upsert(lesson, pk="id")
-        produced.append({"lesson": lesson["id"], "scope": scope, "params": json.loads(r["params"])})
-    return produced
+    with cache.db.conn:
+        for row in rows:
+            cache.db["lessons"].upsert(row, pk="id")
+            produced.append({"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]),
+                             **json.loads(row["rule"]), "confidence": row["confidence"]})
+        weakened = _weaken(cache, name, mine, {r["id"] for r in rows})
+    return produced + [{**w, "weakened": True} for w in weakened]
+
+
+# -- reading lessons ----------------------------------------------------------------------------
+def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
+    """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first.
+
+    `gpu` (a catalog Gpu) keeps lessons of that GPU and architecture-wide rules of its architecture."""
+    where, args = ["1 = 1"], []
+    if op:
+        where.append("op = ?"), args.append(op)
+    if not include_retired:
+        where.append("retired = 0")
+    out = []
+    for r in cache.db.query("select * from lessons where " + " and ".join(where) + " order by op, kind, id", args):
+        scope, rule, ev = json.loads(r["scope"]), json.loads(r["rule"]), json.loads(r["evidence"])
+        if gpu is not None and scope.get("gpu") not in (None, gpu.name):
+            continue
+        if gpu is not None and scope.get("gpu") is None and scope.get("arch") != gpu.arch:
+            continue
+        where_ = " ".join(str(x) for x in (scope.get("gpu") or scope.get("arch"), scope.get("dtype")) if x)
+        if scope.get("shape"):
+            where_ += " " + "x".join(map(str, scope["shape"]))
+        elif r["kind"] == "fails":
+            where_ += " all shapes"
+        opts = ",".join(f"{k}={v}" for k, v in sorted((scope.get("options") or {}).items()) if v not in (False, None, ""))
+        params = " ".join(f"{k}={v}" for k, v in sorted(rule.get("params", {}).items()))
+        if r["kind"] == "best":
+            what = f"{params} -> {rule['p50_ms'] * 1000:.1f} us"
+        elif r["kind"] == "fails":
+            what = f"{params} -> {rule['outcome']}"
+        else:
+            what = ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4])
+        src = r["source"] or ""
+        if src.startswith("{"):
+            s = json.loads(src)
+            src = f"import {s['imported_from']} ({s['provenance']['source']})"
+        out.append({"id": r["id"], "op": r["op"], "kind": r["kind"], "scope": where_ + (f" {{{opts}}}" if opts else ""),
+                    "rule": what, "confidence": f"{r['confidence']:.2f}" + (" retired" if r["retired"] else ""),
+                    "evidence": str(sum(1 for e in ev if not (isinstance(e, dict) and "against" in e))),
+                    "source": src})
+    return out

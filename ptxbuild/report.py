@@ -103,11 +103,45 @@ def markdown(data: dict) -> str:
     lines += ["", "## Variants", "", "| entry | registers | spills | PTX ISA | files |", "|---|---:|---:|---|---|"]
     lines += [f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
               for v in data["variants"].values()]
-    lines += ["", "## Lessons", "", f"- used: {len(s.get('lessons_used', []))}; produced: {len(s.get('lessons_produced', []))}"]
-    for u in s.get("lessons_used", [])[:10]:
-        lines.append(f"  - used `{u['lesson']}` (distance {u['distance']}, from {u['scope'].get('gpu')} "
-                     f"{u['scope'].get('dtype')} {u['scope'].get('shape')}): {u['params']}")
+    lines += lessons_section(s, data)
     return "\n".join(lines) + "\n"
+
+
+def lessons_section(s: dict, data: dict) -> list[str]:
+    """Which lessons the build used (seeds, failure rules that pruned) and which it produced."""
+    used = list({u["lesson"]: u for u in s.get("lessons_used", [])}.values())
+    produced = s.get("lessons_produced", [])
+    pruned = data["candidates_by_outcome"].get("pruned", 0)
+    lines = ["", "## Lessons", "", f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
+             f"failure rules: {pruned}"]
+    for u in used[:12]:
+        sc = u["scope"]
+        if u.get("kind") == "fails":
+            p = " ".join(f"{k}={v}" for k, v in sorted(u["rule"]["params"].items()))
+            lines.append(f"  - failure rule `{u['lesson']}`: {p} gives {u['rule']['outcome']} on {sc.get('arch')} "
+                         f"{sc.get('dtype')} (confidence {u['confidence']:.2f}): covered configs are not compiled")
+        else:
+            lines.append(f"  - seed `{u['lesson']}` ({u.get('level', '')}, distance {u['distance']}; best on "
+                         f"{sc.get('gpu')} {sc.get('dtype')} {sc.get('shape')}): {u['params']}")
+    kinds = {}
+    for p in produced:
+        k = p["kind"] + (" weakened/retired" if p.get("weakened") else "")
+        kinds[k] = kinds.get(k, 0) + 1
+    if kinds:
+        lines.append("- produced: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    picked = [d for d in data["dispatch"] if d.get("source") in ("lesson", "default") and d.get("params")]
+    if picked and not s["measured"]:
+        lines += ["", "### Config choice without hardware", "",
+                  "Not measured here: each problem takes the first config, nearest lesson first, that compiles "
+                  "within this GPU's limits (else the op's default).", ""]
+        for d in picked:
+            u = d.get("lesson")
+            why = "no lesson applied; the op's documented default" if not u else (
+                f"lesson `{u['lesson']}`: best on {u['scope'].get('gpu')} ({u['scope'].get('arch')}) for "
+                f"{u['scope'].get('dtype')} {u['scope'].get('shape')}, nearest scope ({u.get('level', '?')}, "
+                f"distance {u['distance']})")
+            lines.append(f"- {d['label']}: " + " ".join(f"{k}={v}" for k, v in sorted(d["params"].items())) + f" — {why}")
+    return lines
 
 
 def write_report(kf, cache, target) -> Path | None:

@@ -1,0 +1,268 @@
+"""Lessons as JSONL, the form a model repository checks in: export, and a validating all-or-nothing import.
+
+An import parses JSON only (no eval, no pickle, no op code is loaded), validates every record against
+strict models with bounded sizes and values, and writes nothing unless every record is valid; then it
+merges in one transaction, skipping lessons already present (same id), and keeps each record's provenance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints, \
+    ValidationError, model_validator
+
+from .catalog import ARCHES, CATALOG
+from .dtypes import DTYPES
+from .lessons import FAIL_OUTCOMES, lesson_id
+from .outcome import Outcome
+
+FORMAT = "ptxbuild-lesson/1"
+MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_LINE_BYTES = 64 * 1024
+MAX_RECORDS = 20_000
+MAX_NUMBER = 1e9                 # no count, size or time in a lesson is larger
+
+Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+Word = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]{0,64}$")]
+Text = Annotated[str, StringConstraints(max_length=300, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Int = Annotated[StrictInt, Field(ge=-2**40, le=2**40)]
+Float = Annotated[StrictFloat, Field(ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)]
+Scalar = Union[StrictBool, Int, Float, Word]
+Params = Annotated[dict[Ident, Scalar], Field(max_length=64)]
+Shape = Annotated[list[Annotated[StrictInt, Field(ge=1, le=2**40)]], Field(min_length=1, max_length=8)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Scope(_Strict):
+    gpu: Name | None = None
+    arch: Literal[ARCHES] | None = None  # type: ignore[valid-type]
+    family: Annotated[str, StringConstraints(pattern=r"^[a-z]{0,32}$")] | None = None
+    dtype: Literal[DTYPES]  # type: ignore[valid-type]
+    shape: Shape | None = None
+    bucket: Annotated[str, StringConstraints(pattern=r"^N<=2\^[0-9]{1,2}$")] | None = None
+    options: Annotated[dict[Ident, Scalar], Field(max_length=32)] = {}
+
+
+class Rule(_Strict):
+    params: Annotated[dict[Ident, Scalar], Field(min_length=0, max_length=64)]
+    p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+    outcome: Literal[FAIL_OUTCOMES] | None = None  # type: ignore[valid-type]
+    order: Annotated[list[Ident], Field(max_length=64)] | None = None
+
+
+class Evidence(_Strict):
+    attempt: Annotated[StrictInt, Field(ge=0, le=2**53)] | None = None
+    against: Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**53)]], Field(max_length=20)] | None = None
+    gpu: Name | None = None
+    arch: Literal[ARCHES] | None = None  # type: ignore[valid-type]
+    dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
+    shape: Shape | None = None
+    params: Params | None = None
+    outcome: Literal[tuple(o.value for o in Outcome)] | None = None  # type: ignore[valid-type]
+    p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+
+
+class Provenance(_Strict):
+    source: Text                     # where the lesson was learned: "run <id>" of a build
+    project: Text = ""
+    exported_by: Text = ""
+    exported_at: Annotated[StrictFloat, Field(ge=0, le=1e10)] | None = None
+    history: Annotated[list[Text], Field(max_length=20)] = []    # earlier imports, oldest first
+
+
+class Record(_Strict):
+    format: Literal[FORMAT]
+    id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+    op: Name
+    kind: Literal["best", "fails", "sensitivity"]
+    scope: Scope
+    rule: Rule
+    evidence: Annotated[list[Evidence], Field(max_length=200)]
+    confidence: Annotated[StrictFloat, Field(ge=0, le=1, allow_inf_nan=False)]
+    retired: StrictBool
+    created: Annotated[StrictFloat, Field(ge=0, le=1e10)]
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        r = self.rule
+        if self.kind == "best" and (r.p50_ms is None or r.outcome or r.order):
+            raise ValueError("a 'best' rule has params and p50_ms only")
+        if self.kind == "fails" and (r.outcome is None or r.p50_ms is not None or r.order or not r.params):
+            raise ValueError("a 'fails' rule has params and outcome only")
+        if self.kind == "sensitivity" and (r.order is None or r.outcome or r.p50_ms is not None or
+                                           any(not isinstance(v, float) or v < 0 for v in r.params.values())):
+            raise ValueError("a 'sensitivity' rule has params (parameter -> relative slow-down >= 0) and order")
+        if self.id != lesson_id(self.kind, self.op, self.scope_dict(), self.rule_dict()):
+            raise ValueError(f"id {self.id} does not match the lesson's kind, op, scope and rule")
+        return self
+
+    def scope_dict(self) -> dict:
+        return self.scope.model_dump(exclude_unset=True)
+
+    def rule_dict(self) -> dict:
+        return self.rule.model_dump(exclude_unset=True)
+
+
+class LessonsFileError(Exception):
+    """A lessons file that cannot be imported; the message names the file, the line and the field."""
+
+
+# -- export ------------------------------------------------------------------------------------
+def _version() -> str:
+    try:
+        return "ptxbuild " + metadata.version("ptxbuild")
+    except metadata.PackageNotFoundError:
+        return "ptxbuild"
+
+
+def _evidence(cache, ev: list) -> list[dict]:
+    out = []
+    for e in ev[:200]:
+        if isinstance(e, dict):
+            out.append(e)
+            continue
+        rows = list(cache.db.query("select * from attempts where id = ?", [e]))
+        if not rows:
+            out.append({"attempt": e})
+            continue
+        a, p = rows[0], json.loads(rows[0]["problem"])
+        item = {"attempt": a["id"], "gpu": a["gpu"], "arch": a["arch"], "dtype": p["dtype"], "shape": p["shape"],
+                "params": json.loads(a["params"]), "outcome": a["outcome"]}
+        if a["p50_ms"]:
+            item["p50_ms"] = a["p50_ms"]
+        out.append(item)
+    return out
+
+
+def _provenance(source: str, project: str, now: float) -> dict:
+    if source.startswith("{"):      # imported earlier: keep its provenance, note the import
+        stored = json.loads(source)
+        prov = dict(stored["provenance"])
+        prov["history"] = (prov.get("history", []) + [f"imported from {stored['imported_from']} "
+                                                       f"at {stored['imported_at']:.0f}"])[-20:]
+        return prov
+    return {"source": source, "project": project, "exported_by": _version(), "exported_at": now}
+
+
+def export_lessons(cache, op: str | None = None, gpu: str | None = None, include_retired: bool = False,
+                   project: str = "") -> list[str]:
+    """The lessons (of one op / one GPU) as validated JSONL lines, sorted by id."""
+    where, args = ["1 = 1"], []
+    if op:
+        where.append("op = ?"), args.append(op)
+    if not include_retired:
+        where.append("retired = 0")
+    now = round(time.time(), 3)
+    lines = []
+    for r in cache.db.query("select * from lessons where " + " and ".join(where) + " order by id", args):
+        scope = json.loads(r["scope"])
+        if gpu and scope.get("gpu", None) != gpu and not (scope.get("gpu") is None and gpu in CATALOG
+                                                          and scope.get("arch") == CATALOG[gpu].arch):
+            continue
+        rec = {"format": FORMAT, "id": r["id"], "op": r["op"], "kind": r["kind"], "scope": scope,
+               "rule": json.loads(r["rule"]), "evidence": _evidence(cache, json.loads(r["evidence"])),
+               "confidence": float(r["confidence"]), "retired": bool(r["retired"]), "created": float(r["created"]),
+               "provenance": _provenance(r["source"] or "", project, now)}
+        Record.model_validate(rec)
+        lines.append(json.dumps(rec, sort_keys=True, separators=(",", ":")))
+    return lines
+
+
+# -- import ------------------------------------------------------------------------------------
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a lesson can hold")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 16:
+        raise ValueError(f"integer {text[:20]}... is too large")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text[:20]} is too large")
+    return v
+
+
+def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
+    """Validate a whole JSONL file; raises LessonsFileError at the first bad line."""
+    if len(data) > MAX_FILE_BYTES:
+        raise LessonsFileError(f"{name}: file is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LessonsFileError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+    records = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{n}"
+        if len(line.encode()) > MAX_LINE_BYTES:
+            raise LessonsFileError(f"{where}: line is over the {MAX_LINE_BYTES}-byte limit")
+        if len(records) >= MAX_RECORDS:
+            raise LessonsFileError(f"{where}: more than {MAX_RECORDS} lessons in one file")
+        try:
+            obj = json.loads(line, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_bounded_float)
+        except RecursionError:
+            raise LessonsFileError(f"{where}: JSON nested too deeply") from None
+        except ValueError as exc:
+            raise LessonsFileError(f"{where}: not valid JSON: {str(exc).splitlines()[0][:200]}") from None
+        if not isinstance(obj, dict):
+            raise LessonsFileError(f"{where}: a lesson must be a JSON object, got {type(obj).__name__}")
+        try:
+            records.append(Record.model_validate(obj))
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            loc = ".".join(str(p) for p in e["loc"]) or "record"
+            msg = e["msg"].replace("\n", " ")[:200]
+            raise LessonsFileError(f"{where}: {loc}: {msg}") from None
+    return records
+
+
+def import_lessons(cache, path: str | Path) -> dict:
+    """Validate every record of `path`, then merge them in one transaction: all or nothing.
+
+    Returns counts: {"read", "added", "already_present", "duplicates_in_file"}.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise LessonsFileError(f"{path.name}: file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LessonsFileError(f"{path}: cannot read: {exc.strerror}") from None
+    records = parse_lessons(data, path.name)
+    now = time.time()
+    counts = {"read": len(records), "added": 0, "already_present": 0, "duplicates_in_file": 0}
+    seen: set[str] = set()
+    with cache.db.conn:      # one transaction: a failure part-way leaves the cache as it was
+        for rec in records:
+            if rec.id in seen:
+                counts["duplicates_in_file"] += 1
+                continue
+            seen.add(rec.id)
+            if list(cache.db.query("select 1 from lessons where id = ?", [rec.id])):
+                counts["already_present"] += 1
+                continue
+            source = json.dumps({"provenance": rec.provenance.model_dump(), "imported_from": path.name,
+                                 "imported_at": now}, sort_keys=True)
+            cache.db["lessons"].insert({
+                "id": rec.id, "op": rec.op, "kind": rec.kind, "scope": json.dumps(rec.scope_dict(), sort_keys=True),
+                "rule": json.dumps(rec.rule_dict(), sort_keys=True),
+                "evidence": json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                "confidence": rec.confidence, "source": source, "retired": int(rec.retired), "created": rec.created})
+            counts["added"] += 1
+    return counts

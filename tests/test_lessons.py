@@ -1,0 +1,135 @@
+"""Lessons from fake builds: best configs, failure rules with evidence, pruning, contradiction, seed order."""
+import json
+from types import SimpleNamespace
+
+from ptxbuild import lessons
+from ptxbuild.build import build
+from ptxbuild.cache import Cache
+from ptxbuild.catalog import CATALOG
+from ptxbuild.graph import Target
+from ptxbuild.problem import Problem
+
+from .conftest import make_ctx
+from .fakes import FakeCompiler, FakeGpu, fake_match
+
+H100 = Target("scale", "h100")
+
+
+def _lessons(cache, kind):
+    return [{**r, "scope": json.loads(r["scope"]), "rule": json.loads(r["rule"]), "evidence": json.loads(r["evidence"])}
+            for r in cache.db.query("select * from lessons where kind = ? order by id", [kind])]
+
+
+def test_a_gpu_build_derives_best_configs_and_failure_rules_with_evidence(proj):
+    ctx = make_ctx(proj, FakeCompiler(error_on="#define VEC 1\n"), gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [H100])
+    best = _lessons(ctx.cache, "best")
+    assert {(b["scope"]["dtype"], tuple(b["scope"]["shape"])) for b in best} == {
+        ("float32", (64, 1024)), ("float32", (7, 100)), ("bfloat16", (64, 1024)), ("bfloat16", (7, 100))}
+    big = [b for b in best if b["scope"]["shape"] == [64, 1024]]
+    assert all(b["rule"]["params"] == {"threads": 256, "vec": 4} and b["rule"]["p50_ms"] == 0.01 for b in big)
+    assert all(b["scope"]["gpu"] == "h100" and b["scope"]["arch"] == "sm_90a" and b["scope"]["bucket"] == "N<=2^10"
+               for b in big)
+    fails = _lessons(ctx.cache, "fails")
+    assert {(f["scope"]["dtype"], json.dumps(f["rule"], sort_keys=True)) for f in fails} == {
+        (d, '{"outcome": "compile_error", "params": {"vec": 1}}') for d in ("float32", "bfloat16")}
+    attempts = {a["id"]: a for a in ctx.cache.attempts("scale@h100")}
+    for f in fails:
+        assert f["scope"]["shape"] is None and f["confidence"] >= lessons.PRUNE_CONFIDENCE
+        assert len(f["evidence"]) >= 2
+        assert all(attempts[i]["outcome"] == "compile_error" and json.loads(attempts[i]["params"])["vec"] == 1
+                   for i in f["evidence"])
+    sens = _lessons(ctx.cache, "sensitivity")
+    assert sens and all(s["rule"]["order"][0] in ("vec", "threads") for s in sens)
+
+
+def test_the_next_build_prunes_what_a_failure_rule_covers_without_compiling(proj):
+    build(make_ctx(proj, FakeCompiler(error_on="#define VEC 1\n"), gpu=FakeGpu(), gpu_match=fake_match), [H100])
+    (proj / "ops/scale/scale.cu").write_text((proj / "ops/scale/scale.cu").read_text() + "\n// v2\n")
+    comp = FakeCompiler(error_on="#define VEC 1\n")
+    ctx = make_ctx(proj, comp, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [H100])
+    run = ctx.cache.attempts("scale@h100", ctx.run)
+    pruned = [a for a in run if a["outcome"] == "pruned"]
+    assert pruned and all(json.loads(a["params"])["vec"] == 1 and a["detail"].startswith("lesson ") for a in pruned)
+    assert not any(a["outcome"] == "compile_error" for a in run)
+    assert not any("#define VEC 1\n" in src for src in comp.calls)       # never compiled
+    summary = json.loads(ctx.cache.last_build("scale@h100")["summary"])
+    assert any(u.get("kind") == "fails" for u in summary["lessons_used"])
+    report = (proj / "reports/scale@h100/report.md").read_text()
+    assert "failure rule `" in report and "candidates pruned by failure rules: " in report
+
+
+def _attempt(cache, run, params, outcome, p50=None, shape=(64, 1024), gpu="h100"):
+    prob = Problem.make("scale", "float32", shape).key()
+    return cache.add_attempt(run=run, target=f"scale@{gpu}", op="scale", gpu=gpu, arch=CATALOG[gpu].arch,
+                             problem=prob, params=params, outcome=outcome, p50_ms=p50)
+
+
+OP = SimpleNamespace(NAME="scale", check=lambda params, problem: None)
+
+
+def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
+    cache = Cache(tmp_path / "c.sqlite")
+    for t in (64, 128):
+        _attempt(cache, "r1", {"threads": t, "vec": 2}, "spill")
+    _attempt(cache, "r1", {"threads": 256, "vec": 4}, "ok", 0.01)
+    lessons.derive(cache, OP, "scale@h100", "r1")
+    (rule,) = _lessons(cache, "fails")
+    assert rule["rule"] == {"params": {"vec": 2}, "outcome": "spill"} and rule["confidence"] == 0.667
+    _attempt(cache, "r2", {"threads": 256, "vec": 2}, "ok", 0.02)          # new evidence: vec=2 can pass
+    produced = lessons.derive(cache, OP, "scale@h100", "r2")
+    (rule,) = [r for r in _lessons(cache, "fails") if r["id"] == rule["id"]]
+    assert rule["confidence"] == 0.3335 and rule["retired"] == 0 and rule["confidence"] < lessons.PRUNE_CONFIDENCE
+    assert {"against"} <= set(rule["evidence"][-1]) and any(p.get("weakened") for p in produced)
+    _attempt(cache, "r3", {"threads": 512, "vec": 2}, "ok", 0.02)
+    lessons.derive(cache, OP, "scale@h100", "r3")
+    (rule,) = [r for r in _lessons(cache, "fails") if r["id"] == rule["id"]]
+    assert rule["retired"] == 1
+    prob = Problem.make("scale", "float32", (64, 1024))
+    rules = lessons.failure_rules(cache, "scale", prob, "sm_90a")   # only the configs that did spill remain
+    assert sorted(r["rule"]["params"]["threads"] for r in rules) == [64, 128]
+    assert lessons.prune_reason(rules, {"threads": 256, "vec": 2}) is None
+
+
+def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path):
+    cache = Cache(tmp_path / "c.sqlite")
+    _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.02)
+    lessons.derive(cache, OP, "scale@h100", "r1")
+    (old,) = _lessons(cache, "best")
+    _attempt(cache, "r2", {"threads": 64, "vec": 4}, "ok", 0.02)
+    _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.01)
+    lessons.derive(cache, OP, "scale@h100", "r2")
+    rows = {r["id"]: r for r in _lessons(cache, "best")}
+    assert rows[old["id"]]["retired"] == 1
+    (new,) = [r for r in rows.values() if not r["retired"]]
+    assert new["rule"]["params"] == {"threads": 256, "vec": 4}
+
+
+def test_seeds_come_from_the_same_gpu_then_the_same_arch_then_the_family_then_others(tmp_path):
+    cache = Cache(tmp_path / "c.sqlite")
+    prob = Problem.make("scale", "float32", (64, 1024))
+    scopes = [("a100", "sm_80", 1), ("b200", "sm_100a", 2), ("h100", "sm_90a", 3), ("h200", "sm_90a", 4)]
+    for gpu, arch, threads in scopes:
+        row = lessons._row("scale", "best", lessons._scope(gpu, arch, prob.key()),
+                           {"params": {"threads": threads, "vec": 4}, "p50_ms": 0.01}, [1], 1.0, "test")
+        cache.db["lessons"].insert(row)
+    hopper_sm90 = {"gpu": "x", "arch": "sm_90", "family": "hopper", "dtype": "float32", "shape": [64, 1024],
+                   "options": {}}
+    cache.db["lessons"].insert(lessons._row("scale", "best", hopper_sm90, {"params": {"threads": 5, "vec": 4},
+                                                                          "p50_ms": 0.01}, [1], 1.0, "test"))
+    seeds, used = lessons.seeds(cache, OP, prob, CATALOG["h200"], limit=5)
+    assert [s["threads"] for s in seeds[:3]] == [4, 3, 5]
+    assert [u["level"] for u in used] == ["same GPU", "same architecture", "same family", "other family",
+                                          "other family"]
+
+
+def test_compile_only_target_picks_its_config_from_a_transferred_lesson_and_says_why(proj):
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [H100])
+    build(make_ctx(proj), [Target("scale", "b200")])
+    manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())
+    d = [d for d in manifest["dispatch"] if d["label"] == "float32[64x1024]"][0]
+    assert d["source"] == "lesson" and d["lesson"]["scope"]["gpu"] == "h100" and d["lesson"]["level"] == "other family"
+    report = (proj / "reports/scale@b200/report.md").read_text()
+    assert "### Config choice without hardware" in report
+    assert f"float32[64x1024]: threads=256 vec=4 — lesson `{d['lesson']['lesson']}`: best on h100 (sm_90a)" in report
