@@ -58,7 +58,7 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress):
             return ctx
         if gpu_available():
             ctx.gpu = GpuSession()
-            ctx.gpu_match = lambda fp, gpu: match_gpu(fp, gpu.name, gpu.as_dict())
+            ctx.gpu_match = lambda fp, gpu: match_gpu(fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]})
     return ctx
 
 

@@ -21,7 +21,8 @@ The op contract: an op is a folder `ops/<name>/` with `op.py` defining
     kernel_args(params, problem, inputs, outputs) -> list  (arrays and numpy scalars, in order)
     reference(problem, inputs, xp) -> dict[str, array]     float32/64 expected outputs
     tolerance(problem, output) -> (atol, rtol)
-    verify_problems(problem) -> list[Problem]  adversarial shapes checked with the same config
+    verify_problems(problem, params) -> list[Problem]  adversarial shapes checked with the same binary
+                                    (params optional; shapes check() rejects for the config are dropped)
   optional:
     baselines(problem) -> dict[str, callable(inputs) -> dict[str, array]]  (torch etc.)
     DEPENDS: list[str]              other ops whose targets must be built first

@@ -29,7 +29,9 @@ NORM_EPS = 1e-6
 # ---------------------------------------------------------------- preprocessing
 def sigmoid(x):
     x = np.asarray(x, np.float64)
-    return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x))))
+    e = np.exp(-np.abs(x))
+    r = 1.0 / (1.0 + e)
+    return np.where(x >= 0, r, e * r)
 
 
 def softplus(x):
@@ -60,17 +62,58 @@ def gate(a, A_log, dt_bias, kind: str = "safe", lower_bound: float = LOWER_BOUND
     raise ValueError(f"unknown gate kind {kind!r}: use 'safe', 'canonical' or pass g directly")
 
 
-def preprocess(case: dict) -> dict:
+def _prep_body(qf, kf, af, A_log, dt_bias, kind, lb, norm, q, k, g):
+    T, H, K = qf.shape
+    HV = af.shape[1]
+    for t in prange(T):
+        for h in range(H):
+            sq = 0.0
+            sk = 0.0
+            for d in range(K):
+                sq += float(qf[t, h, d]) * float(qf[t, h, d])
+                sk += float(kf[t, h, d]) * float(kf[t, h, d])
+            rq = 1.0 / math.sqrt(sq + NORM_EPS) if norm else 1.0
+            rk = 1.0 / math.sqrt(sk + NORM_EPS) if norm else 1.0
+            for d in range(K):
+                q[t, h, d] = float(qf[t, h, d]) * rq
+                k[t, h, d] = float(kf[t, h, d]) * rk
+        if kind >= 0:
+            for hv in range(HV):
+                A = math.exp(A_log[hv])
+                for d in range(K):
+                    x = float(af[t, hv, d]) + dt_bias[hv, d]
+                    if kind == 0:
+                        y = A * x
+                        e = math.exp(-abs(y))
+                        s = 1.0 / (1.0 + e) if y >= 0 else e / (1.0 + e)
+                        g[t, hv, d] = lb * s
+                    else:
+                        sp = x if x >= 20.0 else math.log1p(math.exp(x))
+                        g[t, hv, d] = -A * sp
+
+
+_prep_nb = njit(parallel=True)(_prep_body) if numba is not None else None
+
+
+def preprocess(case: dict, use_numba: bool = True) -> dict:
     """float64 (q, k, v, g, beta, scale, cu_seqlens, h0) from a make_case() dict."""
-    q, k = case["q64"], case["k64"]
-    if case["use_qk_l2norm"]:
-        q, k = l2norm(q), l2norm(k)
-    if case["gate"] in ("safe", "canonical"):
-        g = gate(case["a64"], case["A_log"], case["dt_bias"], case["gate"], case["lower_bound"])
+    kind = {"safe": 0, "canonical": 1}.get(case["gate"], -1)
+    if use_numba and _prep_nb is not None:
+        T, H, K = case["qf"].shape
+        q, k = np.empty((T, H, K)), np.empty((T, H, K))
+        g = np.empty(case["af"].shape) if kind >= 0 else np.asarray(case["g"], np.float64)
+        _prep_nb(case["qf"], case["kf"], case["af"], case["A_log"], case["dt_bias"], kind,
+                 float(case["lower_bound"]), bool(case["use_qk_l2norm"]), q, k, g)
     else:
-        g = np.asarray(case["g"], np.float64)
-    beta = sigmoid(case["b64"]) if case.get("beta") is None else np.asarray(case["beta"], np.float64)
-    return dict(q=q, k=k, v=case["v64"], g=g, beta=beta, scale=case["scale"],
+        q, k = case["qf"].astype(np.float64), case["kf"].astype(np.float64)
+        if case["use_qk_l2norm"]:
+            q, k = l2norm(q), l2norm(k)
+        if kind >= 0:
+            g = gate(case["af"], case["A_log"], case["dt_bias"], case["gate"], case["lower_bound"])
+        else:
+            g = np.asarray(case["g"], np.float64)
+    beta = sigmoid(case["bf"]) if case.get("beta") is None else np.asarray(case["beta"], np.float64)
+    return dict(q=q, k=k, v=case["vf"].astype(np.float64), g=g, beta=beta, scale=case["scale"],
                 cu_seqlens=case["cu_seqlens"], h0=case["h0"])
 
 
@@ -118,7 +161,7 @@ def _recurrent_body(q, k, v, g, beta, scale, cu, h0, has_h0, o, hT):
 
 if numba is not None:
     # reassoc/contract only: lets the dot products vectorize, keeps inf/nan semantics
-    _recurrent_nb = njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})(_recurrent_body)
+    _recurrent_nb = njit(parallel=True, fastmath={"reassoc", "contract"})(_recurrent_body)
 else:  # pragma: no cover
     _recurrent_nb = None
 
@@ -251,10 +294,11 @@ def chunked(q, k, v, g, beta, scale, cu_seqlens, h0=None, C: int = 16, keep_stat
 def make_case(T_list, H, K: int = 128, V: int = 128, seed: int = 0, gate: str = "safe", HV: int | None = None,
               use_qk_l2norm: bool = True, initial_state: bool = True, scale: float | None = None,
               a_scale: float = 1.0, a_shift: float = 0.0, bias_scale: float = 1.0, b_scale: float = 1.0,
-              A_log=None, g=None, v_scale: float = 1.0, h0_scale: float = 0.1,
+              A_log=None, g=None, v_scale: float = 1.0, qk_scale: float = 1.0, h0_scale: float = 0.1,
               lower_bound: float = LOWER_BOUND) -> dict:
     """Random KDA inputs. q, k, v, a, b are rounded to bf16 once (dtypes.from_float, RNE) and kept
-    both as uint16 bit patterns (for the GPU) and as their exact float64 upcast (for the reference).
+    both as uint16 bit patterns (for the GPU) and as their exact float32 upcast ("qf", ...; the
+    reference computes in float64 from these, so both sides see bit-identical values).
     A_log, dt_bias, g (gate="given"), h0 are float32 (and their exact float64 upcast).
 
     gate: "safe" | "canonical" | "given" (g given [T, HV, K], or zeros when g is None: no decay).
@@ -270,15 +314,23 @@ def make_case(T_list, H, K: int = 128, V: int = 128, seed: int = 0, gate: str = 
 
     def bf16(x):
         bits = from_float(np.asarray(x, np.float32), "bfloat16", np)
-        return bits, to_float(bits, "bfloat16", np).astype(np.float64)
+        return bits, to_float(bits, "bfloat16", np)
+
+    def randn(shape, sd=1.0, shift=0.0):
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if sd != 1.0:
+            x *= np.float32(sd)
+        if shift:
+            x += np.float32(shift)
+        return x
 
     case = dict(T_list=lens, T=T, H=H, HV=HV, K=K, V=V, N=len(lens), seed=seed, gate=gate,
                 use_qk_l2norm=use_qk_l2norm, lower_bound=lower_bound, cu_seqlens=cu,
                 scale=float(K ** -0.5 if scale is None else scale), beta=None)
-    for name, shape, sd in (("q", (T, H, K), 1.0), ("k", (T, H, K), 1.0), ("v", (T, HV, V), v_scale),
+    for name, shape, sd in (("q", (T, H, K), qk_scale), ("k", (T, H, K), qk_scale), ("v", (T, HV, V), v_scale),
                             ("b", (T, HV), b_scale)):
-        case[name], case[name + "64"] = bf16(sd * rng.standard_normal(shape))
-    case["a"], case["a64"] = bf16(a_shift + a_scale * rng.standard_normal((T, HV, K)))
+        case[name], case[name + "f"] = bf16(randn(shape, sd))
+    case["a"], case["af"] = bf16(randn((T, HV, K), a_scale, a_shift))
     if A_log is None:
         A_log = np.log(rng.uniform(1.0, 16.0, HV))
     case["A_log"] = np.broadcast_to(np.asarray(A_log, np.float32), (HV,)).astype(np.float64)

@@ -119,13 +119,13 @@ class GpuSession:
         return MeasureResult(outcome=Outcome(r["outcome"]), fingerprint=self.fingerprint, **{k: r[k] for k in keys if k in r})
 
     def measure(self, op_folder: str, params: dict, problem: Problem, binary: Binary,
-                incumbent: tuple[dict, Binary] | None = None, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> MeasureResult:
+                incumbent: tuple[dict, Binary] | None = None, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> MeasureResult:
         args = {"op_folder": self._folder(op_folder), "root": self.root, "params": params, "problem": encode_problem(problem),
                 "binary": encode_binary(binary), "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
                 "incumbent": [incumbent[0], encode_binary(incumbent[1])] if incumbent else None}
         return self._measure_result(self._run("measure", args)[0])
 
-    def baselines(self, op_folder: str, problem: Problem, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict[str, MeasureResult]:
+    def baselines(self, op_folder: str, problem: Problem, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> dict[str, MeasureResult]:
         r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
                                        "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms})
         if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung

@@ -1,0 +1,145 @@
+// KDA forward, stage 2 ("recurrence"): one block per (segment, value head, V-slice), one warp per
+// 16 rows of the V-first state (16 x KDIM fp32 in registers: KDIM / 2 floats per thread). Warps
+// never talk to each other: they share only the workspace ring in shared memory, filled by
+// cp.async STAGES - 1 chunks ahead. Per chunk of 16 tokens (state S^T = S, V-first):
+//   V_new^T = U^T - S W^T            (A = S as operand: accumulators 2j, 2j+1 form k-step j)
+//   O^T     = S Qg^T + V_new^T A^T   (V_new^T accumulators become the A operand directly)
+//   S       = S * gamma_last + V_new^T Kd
+// Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16.
+
+#define VS (VDIM / SPLIT)                 // V rows per block
+#define NWARP (VS / 16)
+#define NTHREADS (NWARP * 32)
+#define NT (KDIM / 8)                     // n-tiles of the state
+#define STAGE_U (NWARP * 32 * 32)         // bytes of U^T this block reads per chunk
+#define STAGE_BYTES (WS_U + STAGE_U)      // WQ, KD, AQ, GAM are contiguous at the blob's start
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const u32 s = (u32)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+}
+
+__device__ __forceinline__ void issue_stage(unsigned char* dst, const unsigned char* blob, int vg0, int tid) {
+  for (int i = tid * 16; i < WS_U; i += NTHREADS * 16) cp_async16(dst + i, blob + i);
+  const unsigned char* us = blob + WS_U + vg0 * 32 * 32;
+  for (int i = tid * 16; i < STAGE_U; i += NTHREADS * 16) cp_async16(dst + WS_U + i, us + i);
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
+               const float* __restrict__ h0, float* __restrict__ hT,
+               const long long* __restrict__ cu_seqlens, const int* __restrict__ chunk_offsets,
+               const int* __restrict__ seq_order) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int sp = blockIdx.x % SPLIT, hv = (blockIdx.x / SPLIT) % HV;
+  const int n = seq_order[blockIdx.x / (SPLIT * HV)];
+  const int vg0 = sp * NWARP;                       // first 16-row group of this block
+  const int v0 = 16 * (vg0 + warp);                 // first state row of this warp
+  const long long bos = cu_seqlens[n];
+  const int c0 = chunk_offsets[n], nc = chunk_offsets[n + 1] - c0;
+
+  float S[NT][4];                                   // S[v0 + g (+8)][8 nt + 2t (+1)]
+  const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#if HAS_H0
+    const F2 lo = *(const F2*)(h0 + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t);
+    const F2 hi = *(const F2*)(h0 + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t);
+    S[nt][0] = lo.x; S[nt][1] = lo.y; S[nt][2] = hi.x; S[nt][3] = hi.y;
+#else
+    S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
+#endif
+  }
+
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < nc) issue_stage(smem + i * STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, tid);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < nc; ++i) {
+    cp_async_wait();
+    __syncthreads();
+    {
+      const int j = i + STAGES - 1;
+      if (j < nc) issue_stage(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, tid);
+      cp_async_commit();
+    }
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+
+    float vn[2][4], oc[2][4];
+    {
+      const F4* us = (const F4*)(st + WS_U) + (warp * 32 + lane) * 2;
+      const F4 u0 = us[0], u1 = us[1];
+      vn[0][0] = u0.x; vn[0][1] = u0.y; vn[0][2] = u0.z; vn[0][3] = u0.w;
+      vn[1][0] = u1.x; vn[1][1] = u1.y; vn[1][2] = u1.z; vn[1][3] = u1.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.f;
+
+    // V_new^T = U^T + S (-W)^T ;  O^T = S Qg^T
+    const U4* wq = (const U4*)(st + WS_WQ);
+#pragma unroll
+    for (int ks = 0; ks < KDIM / 16; ++ks) {
+      const u32 a0 = pack2(S[2 * ks][0], S[2 * ks][1]), a1 = pack2(S[2 * ks][2], S[2 * ks][3]);
+      const u32 a2 = pack2(S[2 * ks + 1][0], S[2 * ks + 1][1]), a3 = pack2(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+      const U4 w = wq[(ks * 32 + lane) * 2], qg = wq[(ks * 32 + lane) * 2 + 1];
+      mma16816(vn[0], a0, a1, a2, a3, w.x, w.y);
+      mma16816(vn[1], a0, a1, a2, a3, w.z, w.w);
+      mma16816(oc[0], a0, a1, a2, a3, qg.x, qg.y);
+      mma16816(oc[1], a0, a1, a2, a3, qg.z, qg.w);
+    }
+    const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
+    const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
+
+    // O^T += V_new^T A_qk^T, then store rows of this chunk
+    {
+      const U4 aq = ((const U4*)(st + WS_AQ))[lane];
+      mma16816(oc[0], p0, p1, p2, p3, aq.x, aq.y);
+      mma16816(oc[1], p0, p1, p2, p3, aq.z, aq.w);
+      const long long tok0 = bos + (long long)i * CH;
+      const int m = (int)min((long long)CH, cu_seqlens[n + 1] - tok0);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = 8 * j + 2 * t + e;
+          if (r < m) {
+            bf16_t* orow = o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + g;
+            orow[0] = f32_to_bf16(oc[j][e]);
+            orow[8] = f32_to_bf16(oc[j][2 + e]);
+          }
+        }
+      }
+    }
+
+    // S = S * gamma_last + V_new^T Kd
+    const float* gam = (const float*)(st + WS_GAM);
+    const U4* kd = (const U4*)(st + WS_KD);
+#pragma unroll
+    for (int p = 0; p < NT / 2; ++p) {
+      const U4 b = kd[p * 32 + lane];
+      const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
+      S[2 * p][0] *= ga.x; S[2 * p][1] *= ga.y; S[2 * p][2] *= ga.x; S[2 * p][3] *= ga.y;
+      S[2 * p + 1][0] *= gb.x; S[2 * p + 1][1] *= gb.y; S[2 * p + 1][2] *= gb.x; S[2 * p + 1][3] *= gb.y;
+      mma16816(S[2 * p], p0, p1, p2, p3, b.x, b.y);
+      mma16816(S[2 * p + 1], p0, p1, p2, p3, b.z, b.w);
+    }
+  }
+  cp_async_wait();
+
+#if HAS_HT
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    F2 lo, hi;
+    lo.x = S[nt][0]; lo.y = S[nt][1]; hi.x = S[nt][2]; hi.y = S[nt][3];
+    *(F2*)(hT + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t) = lo;
+    *(F2*)(hT + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t) = hi;
+  }
+#endif
+}

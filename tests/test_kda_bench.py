@@ -1,0 +1,93 @@
+"""bench_gpu.verify() runs end to end on the CPU with numpy standing in for cupy and the two
+kernels emulated by the workspace encoder / simulator (no GPU: this checks the harness plumbing,
+the argument order of stage_args and the verdict logic, not the CUDA code)."""
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import importlib.util  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "kda_bench_gpu", Path(__file__).resolve().parents[1] / "ops" / "kda" / "bench_gpu.py")
+bench_gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_gpu)
+ref, wsl = bench_gpu.ref, bench_gpu.wsl
+
+
+def fake_cupy():
+    cp = types.SimpleNamespace(**{n: getattr(np, n) for n in dir(np) if not n.startswith("__")})
+    cp.asnumpy = np.asarray
+    cp.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=lambda: None))
+    return cp
+
+
+class FakeModule:
+    """Python stand-ins for kda_prepare / kda_recurrence, taking the same argument lists."""
+
+    def __init__(self, problem, op_dtype, corrupt=False):
+        self.problem, self.op_dtype, self.corrupt = problem, op_dtype, corrupt
+
+    def get_function(self, name):
+        return getattr(self, name)
+
+    def _chunked(self, q, k, v, a, g, b, A_log, dt_bias, cu):
+        from ptxbuild.dtypes import to_float
+        d = bench_gpu.kda.dims(self.problem)
+        case = dict(qf=to_float(q, "bfloat16", np), kf=to_float(k, "bfloat16", np), vf=to_float(v, "bfloat16", np),
+                    af=to_float(a, "bfloat16", np), bf=to_float(b, "bfloat16", np), A_log=A_log.astype(np.float64),
+                    dt_bias=dt_bias.astype(np.float64), g=g, gate=d["gate"], beta=None, use_qk_l2norm=d["l2norm"],
+                    lower_bound=ref.LOWER_BOUND, scale=d["K"] ** -0.5, cu_seqlens=cu, h0=None)
+        p = ref.preprocess(case)
+        return ref.chunked(**{n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")})
+
+    def kda_prepare(self, grid, block, args, shared_mem=0):
+        q, k, v, a, g, b, A_log, dt_bias, cs, cl, ws, scale = args
+        cu = np.concatenate([[0], np.cumsum(bench_gpu.kda.dims(self.problem)["lengths"])])
+        ch = self._chunked(q, k, v, a, g, b, A_log, dt_bias, cu)
+        assert grid[0] == len(cs) and np.array_equal(ch.chunk_start, cs) and np.array_equal(ch.chunk_len, cl)
+        ws[...] = wsl.encode(ch, self.op_dtype).ravel()
+        self.ch = ch
+
+    def kda_recurrence(self, grid, block, args, shared_mem=0):
+        ws, o, h0, hT, cu, co, order = args
+        d = bench_gpu.kda.dims(self.problem)
+        assert grid[0] == d["N"] * d["HV"] * (d["V"] // (block[0] // 32 * 16)) and sorted(order) == list(range(d["N"]))
+        ch = types.SimpleNamespace(chunk_start=ref.chunk_layout(cu)[0], chunk_len=ref.chunk_layout(cu)[1],
+                                   chunk_offsets=co, hT=np.zeros((d["N"], d["HV"], d["V"], d["K"])),
+                                   O=np.zeros((d["T"], d["HV"], d["V"])))
+        o64, h64 = wsl.simulate(ws, ch, h0 if d["h0"] else None, cu, self.op_dtype)
+        from ptxbuild.dtypes import from_float
+        o[...] = from_float(o64.astype(np.float32), "bfloat16", np)
+        if d["hT"]:
+            hT[...] = h64 * (1.5 if self.corrupt else 1.0)
+
+
+@pytest.mark.parametrize("lens,H,kw", [([37], 2, {}), ([0, 31, 20], 2, {"gate": "canonical"}),
+                                       ([40], 2, {"HV": 4, "initial_state": False})])
+def test_verify_end_to_end_with_emulated_kernels(monkeypatch, lens, H, kw):
+    cp = fake_cupy()
+    problem, ckw = bench_gpu.problem_of(lens, H, kw)
+    params = bench_gpu.kda.default_params(problem)
+    monkeypatch.setattr(bench_gpu, "load_module", lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"]), "fake"))
+    bench_gpu._MODULES.clear()
+    built = bench_gpu.Built(cp, params, problem)
+    case = bench_gpu.kda.case_for(problem, 1, **ckw)
+    res = bench_gpu.verify(cp, built, case, stages=True, label="t")
+    assert res["ok"], bench_gpu.fmt(res)
+    assert res["o_rms"] < 3e-3 and res["ws_W"] < 1e-3 and res["deterministic"] and res["inputs_kept"]
+
+
+def test_verify_catches_a_wrong_state(monkeypatch):
+    cp = fake_cupy()
+    problem, ckw = bench_gpu.problem_of([37], 2, {})
+    params = bench_gpu.kda.default_params(problem)
+    monkeypatch.setattr(bench_gpu, "load_module",
+                        lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"], corrupt=True), "fake"))
+    bench_gpu._MODULES.clear()
+    res = bench_gpu.verify(cp, bench_gpu.Built(cp, params, problem), bench_gpu.kda.case_for(problem, 1), True, "t")
+    assert not res["ok"] and res["hT_rms"] > 0.1

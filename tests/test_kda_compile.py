@@ -1,0 +1,46 @@
+"""The KDA kernels compile for sm_90a without spills over the search space."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ptxbuild.problem import Problem
+
+pytestmark = pytest.mark.compile
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def op():
+    pytest.importorskip("cuda.bindings", reason="needs the CUDA compiler wheels")
+    from ptxbuild.oploader import load_op
+    return load_op("kda", ROOT)
+
+
+@pytest.mark.parametrize("opts", [{}, {"gate": "canonical", "initial_state": False, "final_state": False},
+                                  {"gate": "given", "hv": 192, "l2norm": False}])
+@pytest.mark.parametrize("split,stages,op_dtype", [(1, 2, "f16"), (2, 3, "bf16"), (4, 2, "f16")])
+def test_compiles_without_spills(op, opts, split, stages, op_dtype):
+    from ptxbuild.compiler import compile_kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
+    params = dict(split=split, stages=stages, op_dtype=op_dtype, prep_threads=128)
+    assert op.check(params, pr) is None
+    for stage in op.KERNELS:
+        b = compile_kernel(op.render_stage(params, pr, "sm_90a", stage), "sm_90a")
+        assert b.spill_bytes == 0 and b.local_bytes == 0, (stage, b.log)
+        assert b.registers <= 255
+    full = compile_kernel(op.render(params, pr, "sm_90a"), "sm_90a")
+    assert ".entry kda_prepare" in full.ptx and ".entry kda_recurrence" in full.ptx
+
+
+def test_default_params_and_checks(op):
+    pr = Problem.make("kda", "bfloat16", (8192, 96))
+    assert op.default_params(pr)["split"] == 2
+    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64), {"lengths": (1024,) * 8}))["split"] == 1
+    assert op.check({"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128},
+                    Problem.make("kda", "bfloat16", (64, 4), {"V": 32})) is not None
+    launch = op.launch(op.default_params(pr), pr, 132)
+    assert launch.grid == (192, 1, 1) and launch.block == (128, 1, 1)
+    assert op.bytes_moved(pr) > 0
+    assert len(op.verify_problems(pr)) >= 5
