@@ -18,7 +18,7 @@ from .compiler import CompileError, compile_kernel
 from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
-from .problem import Binary, Kernel, Params, Problem
+from .problem import Binary, Kernel, Problem, digest
 from .search import run_search
 
 REGISTERS_PER_SM = 65536
@@ -279,6 +279,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     used_lessons: list[dict] = []
     probs = problems_of(spec)
     pool = ProcessPoolExecutor(ctx.jobs) if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None
+    interrupted = False
     try:
         for i, problem in enumerate(probs):
             ctx.report("problem_start", target=t, problem=problem, index=i, total=len(probs))
@@ -323,13 +324,15 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
             if hw:
-                entry["baselines"] = _baselines(ctx, op, problem)
+                entry["baselines"] = _baselines(ctx, op, problem, hw)
             chosen.append(entry)
             ctx.report("problem_done", target=t, problem=problem, entry=entry)
+    except KeyboardInterrupt:
+        interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
     finally:
         if pool:
             pool.shutdown()
-    ok = all(c["params"] is not None for c in chosen)
+    ok = all(c["params"] is not None for c in chosen) and not interrupted
     summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
@@ -337,19 +340,29 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     produced = lessons.derive(ctx.cache, op, t, ctx.run)
     summary["lessons_produced"] = produced
-    status = "ok" if ok else "failed"
+    summary["problems_done"] = f"{len(chosen)}/{len(probs)}"
+    status = "interrupted" if interrupted else ("ok" if ok else "failed")
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary)
     from .report import write_report
     write_report(ctx.kf, ctx.cache, t)
+    if interrupted:
+        raise KeyboardInterrupt
     reason = "" if ok else f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
     return TargetResult(t, "built" if ok else "failed", reason or why, bool(hw), manifest)
 
 
-def _baselines(ctx: Context, op, problem: Problem) -> dict:
+def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
+    """Reference implementations timed on this GPU; cached like a measurement (same GPU, problem, protocol)."""
+    key = digest("baselines", hw, problem.key(), op.VERSION, keys.PROTOCOL_VERSION)
+    row = ctx.cache.get("measurements", key)
+    if row is not None:
+        return json.loads(row["detail"])
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
                      "samples": r.samples, "detail": r.detail}
+    ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
+                                   "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
     return out
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -88,20 +88,3 @@ class Binary:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.cubin).hexdigest()
-
-
-@dataclass(frozen=True)
-class Params:
-    """An immutable parameter assignment (a candidate config)."""
-
-    items: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
-
-    @staticmethod
-    def of(d: dict[str, Any]) -> "Params":
-        return Params(tuple(sorted(d.items())))
-
-    def dict(self) -> dict[str, Any]:
-        return dict(self.items)
-
-    def __str__(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.items)

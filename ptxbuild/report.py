@@ -76,6 +76,8 @@ def markdown(data: dict) -> str:
     lines = [f"# {data['target']}", "",
              f"- status: **{data['status']}**; " + ("measured on hardware" if s["measured"] else
                                                    "**not measured on hardware** (compiled and resource-checked only)"),
+             f"- problems built: {s.get('problems_done', '?')}" + (" (**interrupted**: rerun to finish)"
+                                                                  if data["status"] == "interrupted" else ""),
              f"- reproduce: `{s['command']}`",
              f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
              f"- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),

@@ -387,8 +387,10 @@ class BuiltKernel:
     def bind(self, args: tuple, kwargs: dict) -> tuple[_Mode, dict]:
         """Match positional and keyword arguments to one built option set: (mode, name -> array)."""
         opt_names = set(getattr(self.op, "OPTIONS", {}))
-        given_opts = {k: v for k, v in kwargs.items() if k in opt_names}
-        arrays = {k: v for k, v in kwargs.items() if k not in opt_names}
+        # a tensor is always an input, even when an option shares its name (rmsnorm's `weight`)
+        is_array = lambda v: hasattr(v, "data_ptr") or hasattr(v, "__cuda_array_interface__") or hasattr(v, "shape")
+        given_opts = {k: v for k, v in kwargs.items() if k in opt_names and not is_array(v)}
+        arrays = {k: v for k, v in kwargs.items() if k not in given_opts}
         defaults = dict(getattr(self.op, "OPTIONS", {}))
         for mode in self.modes():
             full = {**defaults, **mode.options}

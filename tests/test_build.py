@@ -114,3 +114,38 @@ def test_lessons_from_h100_seed_the_b200_compile_only_build(proj):
     manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())
     d = [d for d in manifest["dispatch"] if d["label"] == "float32[64x1024]"][0]
     assert d["params"] == {"threads": 256, "vec": 4} and d["source"] == "lesson"
+
+
+def test_interrupt_keeps_finished_problems_and_marks_the_build(proj):
+    import pytest
+
+    class Interrupting(FakeCompiler):
+        def __call__(self, kernel, arch):
+            if len(self.calls) == 1:
+                raise KeyboardInterrupt
+            return super().__call__(kernel, arch)
+
+    ctx = make_ctx(proj, Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        build(ctx, [Target("scale", "b200")])
+    last = ctx.cache.last_build("scale@b200")
+    assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
+    assert "problems built: 2/4 (**interrupted**: rerun to finish)" in (proj / "reports/scale@b200/report.md").read_text()
+    comp = FakeCompiler()
+    ctx2 = make_ctx(proj, comp)
+    assert [(str(t), w) for t, f, w in plan(ctx2, [Target("scale", "b200")])] == [("scale@b200", "last build interrupted")]
+    assert _status(build(ctx2, [Target("scale", "b200")])) == {"scale@b200": "built"}
+    assert len(comp.calls) == 1   # the finished float32 compile was not redone
+
+
+def test_baselines_are_cached_per_gpu_and_problem(proj):
+    gpu = FakeGpu()
+    calls = []
+    orig = gpu.baselines
+    gpu.baselines = lambda *a: calls.append(a) or orig(*a)
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
+    assert len(calls) == 4
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert len(calls) == 4
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert all(d["baselines"]["eager"]["p50_ms"] == 0.05 for d in manifest["dispatch"])

@@ -13,7 +13,7 @@ from ..outcome import Outcome
 from . import check, device, stats
 from . import fingerprint as fingerprint_mod
 
-ONE_SEED_ABOVE_BYTES = 4 << 30     # problems with more input bytes than this are verified on one seed
+ONE_SEED_ABOVE_BYTES = 512 << 20   # above this many input bytes, one full-size seed (the others run on fewer rows)
 FLUSH_MIN_BYTES = 256 << 20
 POOL_MAX_SETS = 64
 
