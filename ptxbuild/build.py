@@ -353,7 +353,8 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
 
 def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     """Reference implementations timed on this GPU; cached like a measurement (same GPU, problem, protocol)."""
-    key = digest("baselines", hw, problem.key(), op.VERSION, keys.PROTOCOL_VERSION)
+    key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
+                 keys.PROTOCOL_VERSION)
     row = ctx.cache.get("measurements", key)
     if row is not None:
         return json.loads(row["detail"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,17 @@ class Cache:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.migrate()
 
+    @contextmanager
+    def transaction(self):
+        """All writes inside commit together or not at all (the connection is otherwise autocommit)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
     def version(self) -> int:
         if "meta" not in self.db.table_names():
             return 0
@@ -71,7 +83,7 @@ class Cache:
         if current > SCHEMA_VERSION:
             raise RuntimeError(f"cache schema v{current} is newer than this ptxbuild (v{SCHEMA_VERSION}); upgrade ptxbuild")
         for v in range(current + 1, SCHEMA_VERSION + 1):
-            with self.db.conn:
+            with self.transaction():
                 MIGRATIONS[v](self.db)
                 self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
 

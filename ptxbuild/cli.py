@@ -49,6 +49,14 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress):
         raise click.ClickException(str(exc))
     ctx = Context(kf=kf, cache=Cache(kf.cache_path), toolchain=tc, report=progress,
                   command="ptxbuild " + " ".join(sys.argv[1:]))
+    from .lessons_io import LessonsFileError, import_shared
+    shared = kf.cache_path.parent / "lessons.jsonl"
+    try:
+        counts = import_shared(ctx.cache, shared)
+    except LessonsFileError as exc:
+        raise ConfigError(f"{exc}; fix or remove {shared.name}") from None
+    if counts:
+        click.echo(f"lessons: imported {counts['added']} from {shared.relative_to(kf.root)} into a new cache", err=True)
     if jobs:
         ctx.jobs = jobs
     if use_gpu:

@@ -248,7 +248,7 @@ def import_lessons(cache, path: str | Path) -> dict:
     now = time.time()
     counts = {"read": len(records), "added": 0, "already_present": 0, "duplicates_in_file": 0}
     seen: set[str] = set()
-    with cache.db.conn:      # one transaction: a failure part-way leaves the cache as it was
+    with cache.transaction():   # one transaction: a failure part-way leaves the cache as it was
         for rec in records:
             if rec.id in seen:
                 counts["duplicates_in_file"] += 1
@@ -259,10 +259,21 @@ def import_lessons(cache, path: str | Path) -> dict:
                 continue
             source = json.dumps({"provenance": rec.provenance.model_dump(), "imported_from": path.name,
                                  "imported_at": now}, sort_keys=True)
-            cache.db["lessons"].insert({
-                "id": rec.id, "op": rec.op, "kind": rec.kind, "scope": json.dumps(rec.scope_dict(), sort_keys=True),
-                "rule": json.dumps(rec.rule_dict(), sort_keys=True),
-                "evidence": json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
-                "confidence": rec.confidence, "source": source, "retired": int(rec.retired), "created": rec.created})
+            # plain SQL: sqlite-utils' insert commits on its own, which would end the transaction early
+            cache.db.execute(
+                "insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, created) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [rec.id, rec.op, rec.kind, json.dumps(rec.scope_dict(), sort_keys=True),
+                 json.dumps(rec.rule_dict(), sort_keys=True),
+                 json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                 rec.confidence, source, int(rec.retired), rec.created])
             counts["added"] += 1
     return counts
+
+
+def import_shared(cache, path: str | Path) -> dict | None:
+    """On a cache with no lessons yet, import the repository's checked-in lessons file (if any)."""
+    path = Path(path)
+    if not path.is_file() or cache.db["lessons"].count:
+        return None
+    return import_lessons(cache, path)

@@ -167,3 +167,34 @@ def test_cli_show_export_import(exported, tmp_path):
     assert r.output == f"{path}: {len(lines)} lesson(s) read, 0 added, {len(lines)} already present, 0 duplicate(s) in the file\n"
     r = runner.invoke(main, ["-f", str(proj / "kernelfile.toml"), "lessons", "--gpu", "h300"])
     assert r.exit_code == 2 and "unknown GPU" in r.output
+
+
+def test_a_failure_part_way_through_an_import_writes_nothing(exported, tmp_path, monkeypatch):
+    _, exported, _ = exported
+    cache = Cache(tmp_path / "fresh.sqlite")
+    calls = []
+    real = cache.db.execute
+
+    def failing(sql, *a):
+        if sql.startswith("insert into lessons"):
+            calls.append(sql)
+            if len(calls) == 2:
+                raise RuntimeError("disk full")
+        return real(sql, *a)
+
+    monkeypatch.setattr(cache.db, "execute", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        import_lessons(cache, exported)
+    monkeypatch.undo()
+    assert len(calls) == 2 and cache.db["lessons"].count == 0
+
+
+def test_a_fresh_cache_starts_from_the_checked_in_lessons(exported, proj):
+    _, exported, _ = exported
+    (proj / "cache").mkdir(exist_ok=True)
+    (proj / "cache/lessons.jsonl").write_bytes(exported.read_bytes())
+    n = len(exported.read_text().splitlines())
+    assert lessons_io.import_shared(Cache(proj / "cache/fresh.sqlite"), proj / "cache/lessons.jsonl") == \
+        {"read": n, "added": n, "already_present": 0, "duplicates_in_file": 0}
+    # a cache that already has lessons is left alone
+    assert lessons_io.import_shared(Cache(proj / "cache/fresh.sqlite"), proj / "cache/lessons.jsonl") is None

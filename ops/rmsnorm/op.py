@@ -31,6 +31,8 @@ from ptxbuild.problem import Kernel, Launch, Problem
 
 NAME = "rmsnorm"
 VERSION = "1"
+# bump when the baselines change how they are timed (their cached timings are then re-measured)
+BASELINES_VERSION = "2"
 SOURCES = ["rmsnorm.cu"]
 DTYPES = ["bfloat16", "float16", "float32"]
 OPTIONS = {"weight": "x", "bias": False, "residual": False, "residual_out_fp32": False,
@@ -445,6 +447,7 @@ def baselines(problem: Problem) -> dict:
 
     def make(compiled: bool):
         state = {}
+        views = {}   # torch views of each input set, made once: only the op itself is timed
 
         def run(inputs: dict) -> dict:
             torch = _torch()
@@ -463,15 +466,19 @@ def baselines(problem: Problem) -> dict:
                     return y.to(x.dtype), h, rstd
 
                 state["f"] = torch.compile(fn) if compiled else fn
-            wdt = "float32" if o["weight"] == "fp32" else problem.dtype
-            x = _t(torch, inputs["x"], problem.dtype)
-            r = _t(torch, inputs["residual"], problem.dtype) if o["residual"] else None
-            w = _t(torch, inputs["weight"], wdt) if "weight" in inputs else None
-            b = _t(torch, inputs["bias"], wdt) if "bias" in inputs else None
+            key = id(inputs["x"])
+            if key not in views:
+                wdt = "float32" if o["weight"] == "fp32" else problem.dtype
+                views[key] = (inputs["x"], _t(torch, inputs["x"], problem.dtype),
+                              _t(torch, inputs["residual"], problem.dtype) if o["residual"] else None,
+                              _t(torch, inputs["weight"], wdt) if "weight" in inputs else None,
+                              _t(torch, inputs["bias"], wdt) if "bias" in inputs else None)
+            _, x, r, w, b = views[key]
             y, h, rstd = state["f"](x, r, w, b)
-            out = {"y": y.float()}
+            # outputs in their own dtype: an upcast here would be timed as part of the baseline
+            out = {"y": y}
             if o["residual"]:
-                out["residual_out"] = h.float()
+                out["residual_out"] = h
             if o["rstd"]:
                 out["rstd"] = rstd
             return out
