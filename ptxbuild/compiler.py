@@ -15,7 +15,7 @@ class ToolchainMissing(RuntimeError):
     """The CUDA compiler wheels are not installed."""
 
 
-INSTALL_HINT = "pip install 'cuda-bindings>=13.0,<13.1' 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-nvjitlink==13.0.*'"
+INSTALL_HINT = "pip install 'cuda-bindings>=13.0,<14' 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-nvjitlink==13.0.*'"
 
 
 def _bindings():
@@ -32,10 +32,13 @@ class Toolchain:
 
     nvrtc: str
     nvjitlink: str
-    bindings: str
+    bindings: str            # the Python wrapper: recorded, not hashed (it does not change the output)
+    nvrtc_wheel: str | None = None       # finer than NVRTC's own major.minor, when installed from pip
+    nvjitlink_wheel: str | None = None
 
-    def key(self) -> dict[str, str]:
-        return {"nvrtc": self.nvrtc, "nvjitlink": self.nvjitlink, "bindings": self.bindings}
+    def key(self) -> dict[str, str | None]:
+        return {"nvrtc": self.nvrtc, "nvjitlink": self.nvjitlink, "nvrtc_wheel": self.nvrtc_wheel,
+                "nvjitlink_wheel": self.nvjitlink_wheel}
 
     def __str__(self) -> str:
         return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
@@ -51,7 +54,15 @@ def toolchain() -> Toolchain:
         jl_ver = f"{jl[0]}.{jl[1]}"
     except Exception:  # older bindings have no version()
         jl_ver = "unknown"
-    return Toolchain(nvrtc=f"{major}.{minor}", nvjitlink=jl_ver, bindings=cuda.bindings.__version__)
+    from importlib import metadata
+
+    def wheel(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+    return Toolchain(nvrtc=f"{major}.{minor}", nvjitlink=jl_ver, bindings=cuda.bindings.__version__,
+                     nvrtc_wheel=wheel("nvidia-cuda-nvrtc"), nvjitlink_wheel=wheel("nvidia-nvjitlink"))
 
 
 def _check(result, what: str, log: str = "") -> None:

@@ -27,6 +27,7 @@ from .problem import Binary, Problem, canonical_json
 LOCK_VERSION = 1
 LOCK_NAME = "kernelfile.lock"
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
+COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 
 
 class LockError(Exception):
@@ -138,10 +139,16 @@ def _check_entry(ctx, t, entry: dict | None, op) -> None:
                         f"now {kf.digest[:16]}); rebuild unlocked to relock")
     if entry["gpu"] != kf.gpus[t.gpu].as_dict():
         raise LockError(f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}")
-    if entry["toolchain"] != ctx.toolchain.key():
-        raise LockError(f"{t}: toolchain drift: locked {entry['toolchain']}, installed {ctx.toolchain.key()}")
+    # the compilers decide the bytes; the cuda-bindings wrapper version is recorded but does not count
+    now_tc = ctx.toolchain.key()
+    for name in ("nvrtc", "nvjitlink"):
+        if entry["toolchain"].get(name) != now_tc.get(name):
+            raise LockError(f"{t}: toolchain drift: {name} locked {entry['toolchain'].get(name)}, "
+                            f"installed {now_tc.get(name)}")
     now = wheel_versions()
     for name, want in sorted(entry.get("wheels", {}).items()):
+        if name not in COMPILER_WHEELS:
+            continue
         if now.get(name) != want:
             raise LockError(f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
                             f"run: pip install '{name}=={want}'")

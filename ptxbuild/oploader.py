@@ -24,11 +24,14 @@ The op contract: an op is a folder `ops/<name>/` with `op.py` defining
     verify_problems(problem, params) -> list[Problem]  adversarial shapes checked with the same binary
                                     (params optional; shapes check() rejects for the config are dropped)
   optional:
-    baselines(problem) -> dict[str, callable(inputs) -> dict[str, array]]  (torch etc.)
+    baselines(problem) -> dict[str, callable(inputs) -> dict[str, array]]  (torch etc.); or a
+                                    baselines.py beside op.py with baselines(problem, defaults) and
+                                    BASELINES_VERSION (not a build input: editing it rebuilds nothing)
     DEPENDS: list[str]              other ops whose targets must be built first
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -67,7 +70,20 @@ def load_op(template: str, root: Path) -> ModuleType:
     if missing:
         raise OpError(f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)")
     mod.FOLDER = folder
+    _attach_baselines(mod, folder)
     return mod
+
+
+def _attach_baselines(mod: ModuleType, folder: Path) -> None:
+    """An op's optional baselines.py (not a build input, so not hashed) provides `baselines`."""
+    path = folder / "baselines.py"
+    if not path.is_file():
+        return
+    spec = importlib.util.spec_from_file_location(f"{mod.__name__}_baselines", path)
+    bmod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bmod)
+    mod.baselines = functools.partial(bmod.baselines, defaults=dict(getattr(mod, "OPTIONS", {})))
+    mod.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
 
 
 def source_files(op: ModuleType) -> list[Path]:

@@ -40,7 +40,7 @@ class FakeToolchain:
     version: str = "fake-1"
 
     def key(self):
-        return {"fake": self.version}
+        return {"nvrtc": self.version, "nvjitlink": self.version}
 
     def __str__(self):
         return f"fake {self.version}"

@@ -44,7 +44,7 @@ def test_lock_records_targets_in_stable_text(proj):
     lock = read_lock(ctx.kf)
     assert sorted(lock["targets"]) == ["scale@b200", "scale@h100"]
     e = lock["targets"]["scale@h100"]
-    assert e["kernelfile_digest"] == ctx.kf.digest and e["toolchain"] == {"fake": "fake-1"}
+    assert e["kernelfile_digest"] == ctx.kf.digest and e["toolchain"] == {"nvrtc": "fake-1", "nvjitlink": "fake-1"}
     assert set(e["op_files"]) == {"op.py", "scale.cu"} and e["measured_on_hardware"] is False
     for d in e["dispatch"]:
         v = e["variants"][d["binary"]]

@@ -256,3 +256,22 @@ def test_default_params_compile_for_the_matrix_on_sm90a():
         if k.source not in seen:
             seen[k.source] = compiler.compile_kernel(k, "sm_90a")
         assert seen[k.source].spill_bytes == 0, p.label()
+
+
+def test_baselines_come_from_baselines_py_and_are_not_build_inputs():
+    from ptxbuild.oploader import source_files
+    assert op.BASELINES_VERSION == "2"
+    assert "baselines.py" not in {p.name for p in source_files(op)}
+
+
+@pytest.mark.parametrize("opts", [{}, {"residual": True}])
+def test_torch_eager_baseline_returns_native_dtype_and_matches_reference(opts):
+    torch = pytest.importorskip("torch", reason="the baselines need torch")
+    p = Problem.make("rmsnorm", "bfloat16", (8, 256), opts)
+    ins = op.make_inputs(p, 1, np)
+    ref = op.reference(p, ins, np)
+    out = op.baselines(p)["torch_eager"](ins)
+    assert out["y"].dtype == torch.bfloat16          # no upcast inside the timed call
+    got = to_float(out["y"].view(torch.int16).numpy().view(np.uint16), "bfloat16", np)
+    atol, rtol = op.tolerance(p, "y")
+    assert np.all(np.abs(got - ref["y"]) <= atol + rtol * np.abs(ref["y"]))
