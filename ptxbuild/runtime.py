@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .kernel_params import param
 from .oploader import load_op, op_dir, source_files
 from .problem import Problem
 
@@ -175,18 +176,10 @@ def _from_numpy(a: np.ndarray, like):
 
 
 def _param(arg) -> np.ndarray:
-    """One kernel parameter as host bytes: the device pointer of an array, else the scalar's value."""
-    if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
-        return np.array([arg.data.ptr], dtype=np.uint64)
-    if isinstance(arg, bool):
-        return np.array([arg], dtype=np.bool_)
-    if isinstance(arg, int):
-        return np.array([arg], dtype=np.int64)
-    if isinstance(arg, float):
-        return np.array([arg], dtype=np.float64)
-    if isinstance(arg, np.generic):
-        return np.array([arg])
-    raise LoaderError(f"kernel argument of type {type(arg).__name__} is neither an array nor a numpy scalar")
+    try:
+        return param(arg)
+    except TypeError as exc:
+        raise LoaderError(str(exc)) from None
 
 
 # ------------------------------------------------------------------ the CUDA driver side
@@ -195,7 +188,7 @@ def _cu():
         from cuda.bindings import driver as cu
     except ImportError as exc:
         raise LoaderError(f"the CUDA driver bindings are not installed ({exc}); run: pip install "
-                          "'cuda-bindings>=13.0,<13.1'") from None
+                          "'cuda-bindings>=13.0,<14'") from None
     return cu
 
 

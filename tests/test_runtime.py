@@ -185,3 +185,16 @@ def test_manifest_records_ptx_digest_and_op_files(built):
     m = json.loads((built / "build" / "scale@h100" / "manifest.json").read_text())
     assert set(m["op_files"]) == {"op.py", "scale.cu"}
     assert all(len(v["ptx_sha256"]) == 64 for v in m["variants"].values())
+
+
+def test_a_tensor_is_an_input_even_when_an_option_has_its_name(built, monkeypatch):
+    # rmsnorm has an option `weight` ("x" | "fp32" | "none") and an input `weight`: seen on the H200
+    torch = _torch()
+    _no_gpu(torch)
+    k = load(built / "build" / "scale@h100", allow_fallback=True)
+    monkeypatch.setattr(k.op, "OPTIONS", {**k.op.OPTIONS, "x": "some option value"})
+    x = torch.randn(5, 1000, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = k(x=x)
+    assert torch.equal(y, (x.float() * 2).bfloat16())

@@ -6,6 +6,7 @@ import tempfile
 
 import numpy as np
 
+from ..kernel_params import param
 from ..problem import Launch
 from .errors import CudaError
 
@@ -43,19 +44,6 @@ def _check(result) -> None:
         raise CudaError(f"{err.name}: {cu.cuGetErrorString(err)[1]}")
 
 
-def _param(arg) -> np.ndarray:
-    """One kernel parameter as host bytes: device pointer for arrays, the value for scalars (cupy's rules)."""
-    if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
-        return np.array([arg.data.ptr], dtype=np.uint64)
-    if isinstance(arg, bool):
-        return np.array([arg], dtype=np.bool_)
-    if isinstance(arg, int):
-        return np.array([arg], dtype=np.int64)
-    if isinstance(arg, float):
-        return np.array([arg], dtype=np.float64)
-    return np.array([arg])
-
-
 def launch(kernel, geom: Launch, args: list, stream) -> None:
     """Launch on `stream`; clusters go through cuLaunchKernelEx with a cluster-dimension attribute."""
     smem = int(geom.smem_bytes)
@@ -78,6 +66,6 @@ def launch(kernel, geom: Launch, args: list, stream) -> None:
     attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (int(v) for v in geom.cluster)
     cfg.attrs, cfg.numAttrs = [attr], 1
-    params = [_param(a) for a in args]
+    params = [param(a) for a in args]
     ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
     _check(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0))

@@ -1,0 +1,19 @@
+"""Kernel arguments as host bytes for cuLaunchKernel(Ex): a device pointer for arrays, else the value."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def param(arg) -> np.ndarray:
+    """One parameter (cupy's rules: Python int -> int64, float -> float64, numpy scalars as they are)."""
+    if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
+        return np.array([arg.data.ptr], dtype=np.uint64)
+    if isinstance(arg, bool):
+        return np.array([arg], dtype=np.bool_)
+    if isinstance(arg, int):
+        return np.array([arg], dtype=np.int64)
+    if isinstance(arg, float):
+        return np.array([arg], dtype=np.float64)
+    if isinstance(arg, np.generic):
+        return np.array([arg])
+    raise TypeError(f"kernel argument of type {type(arg).__name__} is neither an array nor a numpy scalar")
