@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ptxbuild import replay  # noqa: E402
+from ptxbuild import lessons, replay  # noqa: E402
 from ptxbuild.lessons_io import parse_lessons  # noqa: E402
 
 BAR = 0.25   # warm must reach within 2% in at most this fraction of cold's evaluations (median over shapes)
@@ -78,7 +78,8 @@ def measure(rec, op, gpu, n_seeds, lesson_files, strategy):
             seen_sets.add(kept)
             cache = replay.lessons_cache(rec, op, keep, extra)
             seeds, used, rules = replay.warm_start(cache, rec, op, g, problem)
-            warm = [replay.replay_search(rec, op, g, problem, strategy=strategy, seeds=seeds + base, rules=rules,
+            warm = [replay.replay_search(rec, op, g, problem, strategy=strategy,
+                                         seeds=lessons.order_seeds(seeds, used, default), rules=rules,
                                          rng_seed=s) for s in range(n_seeds)]
             row["warm"][name] = {"evaluations": _mean(warm, "evaluations"), "seconds": _mean(warm, "seconds"),
                                  "never": sum(r.evaluations is None for r in warm),
@@ -120,7 +121,7 @@ def markdown(meta, rows, summary):
               f"- reproduce: `{meta['command']}`",
               f"- cold: `{meta['strategy']}` search (the build's strategy) over the recorded candidates, op default "
               f"first when the recording has it, mean over {meta['seeds']} random seeds; cold random: the same with "
-              f"random order; warm: up to 4 lesson seeds (nearest scope first) + the default first, failure rules "
+              f"random order; warm: lesson seeds of this exact scope, then the default, then up to 4 nearer-scope lesson seeds, failure rules "
               f"prune, then the same `{meta['strategy']}` search (same random seeds)",
               "- target: the first config within 2% of the best recorded p50 of that problem on this GPU; "
               "a config the recording lacks counts as an evaluation that failed",

@@ -285,7 +285,9 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
             ctx.report("problem_start", target=t, problem=problem, index=i, total=len(probs))
             seeds, used = lessons.seeds(ctx.cache, op, problem, gpu, run=ctx.run)
             used_lessons += used
-            seeds.append(op.default_params(problem))
+            default = op.default_params(problem)
+            # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
+            seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
             valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)

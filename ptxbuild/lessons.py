@@ -93,6 +93,15 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
     return out, used
 
 
+def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> list[dict]:
+    """For a measured search: a lesson of this exact scope first, then the op's default, then the
+    nearer-scope lessons. (On the H200 rmsnorm recording the default beat other shapes' winners, so
+    a lesson from another shape goes after it; see reports/warmstart/.)"""
+    exact = [s for s, u in zip(seeds, used) if u["distance"] == 0]
+    rest = [s for s in seeds if s not in exact]
+    return exact + ([default] if default and default not in exact else []) + [s for s in rest if s != default]
+
+
 def _in_scope(scope: dict, problem: Problem, arch: str) -> bool:
     return (scope.get("arch") == arch and scope.get("dtype") == problem.dtype and scope.get("options") == problem.opts
             and scope.get("shape") in (None, list(problem.shape)))

@@ -133,3 +133,13 @@ def test_compile_only_target_picks_its_config_from_a_transferred_lesson_and_says
     report = (proj / "reports/scale@b200/report.md").read_text()
     assert "### Config choice without hardware" in report
     assert f"float32[64x1024]: threads=256 vec=4 — lesson `{d['lesson']['lesson']}`: best on h100 (sm_90a)" in report
+
+
+def test_measured_search_tries_an_exact_scope_lesson_then_the_default_then_nearer_scopes():
+    from ptxbuild.lessons import order_seeds
+    exact, near, far, default = {"a": 1}, {"a": 2}, {"a": 3}, {"a": 9}
+    used = [{"distance": 0}, {"distance": 0.5}, {"distance": 3.0}]
+    assert order_seeds([exact, near, far], used, default) == [exact, default, near, far]
+    assert order_seeds([near, far], used[1:], default) == [default, near, far]
+    assert order_seeds([near, default], used[1:], default) == [default, near]   # no duplicate
+    assert order_seeds([near], used[1:2], None) == [near]
