@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import keys, lessons
+from . import gates, keys, lessons
 from .artifacts import write_artifacts
 from .compiler import CompileError, compile_kernel
 from .graph import Target, build_order, dependencies
@@ -343,14 +343,23 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     produced = lessons.derive(ctx.cache, op, t, ctx.run)
     summary["lessons_produced"] = produced
     summary["problems_done"] = f"{len(chosen)}/{len(probs)}"
-    status = "interrupted" if interrupted else ("ok" if ok else "failed")
+    timed = [c["p50_ms"] for c in chosen if c.get("p50_ms")]
+    missed = gates.failures(spec.gates, chosen) if hw else []
+    summary["metric"] = {"name": spec.metric, "value_ms": gates.metric_ms(spec.metric, timed), "problems": len(timed)}
+    summary["gates"] = {"declared": {k: v for k, v in spec.gates.items() if v is not None}, "failures": missed}
+    status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary)
     from .report import write_report
     write_report(ctx.kf, ctx.cache, t)
     if interrupted:
         raise KeyboardInterrupt
-    reason = "" if ok else f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
-    return TargetResult(t, "built" if ok else "failed", reason or why, bool(hw), manifest)
+    if not ok:
+        reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
+    elif missed:
+        reason = f"{len(missed)} gate(s) missed, first: {missed[0]} (ops.{t.op}.gates)"
+    else:
+        return TargetResult(t, "built", why, bool(hw), manifest)
+    return TargetResult(t, "failed", reason, bool(hw), manifest)
 
 
 def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:

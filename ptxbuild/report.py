@@ -86,6 +86,14 @@ def markdown(data: dict) -> str:
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
+    m, g = s.get("metric") or {}, s.get("gates") or {}
+    if m.get("value_ms") is not None:
+        lines.append(f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)")
+    if g.get("declared"):
+        verdict = "all met" if not g["failures"] else f"**{len(g['failures'])} missed**"
+        lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}"
+                     + ("" if s["measured"] else " (not judged: not measured on hardware)"))
+        lines += [f"  - {f}" for f in g["failures"]]
     lines += ["", "## Results", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(data)]
     base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]

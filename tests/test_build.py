@@ -1,6 +1,8 @@
 """The pipeline with fake compile/GPU stages: incremental rebuilds, outcomes as data, GPU path, explain."""
 import json
 
+import pytest
+
 from ptxbuild.build import build, plan
 from ptxbuild.graph import Target
 
@@ -117,8 +119,6 @@ def test_lessons_from_h100_seed_the_b200_compile_only_build(proj):
 
 
 def test_interrupt_keeps_finished_problems_and_marks_the_build(proj):
-    import pytest
-
     class Interrupting(FakeCompiler):
         def __call__(self, kernel, arch):
             if len(self.calls) == 1:
@@ -149,3 +149,24 @@ def test_baselines_are_cached_per_gpu_and_problem(proj):
     assert len(calls) == 4
     manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
     assert all(d["baselines"]["eager"]["p50_ms"] == 0.05 for d in manifest["dispatch"])
+
+
+def test_metric_and_gates_are_judged_on_measured_builds(proj):
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }",
+                                         "search = { budget = 6 }\ngates = { max_time_ms = 0.015 }"))
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    res = build(ctx, [Target("scale", "h100")])
+    # the fake GPU times vec=4 at 0.01 ms; 7x100 only allows vec<=4 too, so every winner is 0.01 ms
+    assert res[0].status == "built"
+    summary = json.loads(ctx.cache.last_build("scale@h100")["summary"])
+    assert summary["metric"] == {"name": "geomean_time", "value_ms": pytest.approx(0.01), "problems": 4}
+    assert summary["gates"] == {"declared": {"max_time_ms": 0.015}, "failures": []}
+    assert "- gates: max_time_ms = 0.015: all met" in (proj / "reports/scale@h100/report.md").read_text()
+    kf.write_text(kf.read_text().replace("max_time_ms = 0.015", "max_time_ms = 0.005"))
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    res = build(ctx, [Target("scale", "h100")])
+    assert res[0].status == "failed"
+    assert res[0].reason == ("4 gate(s) missed, first: float32[7x100]: p50 0.01 ms > max_time_ms 0.005 "
+                             "(ops.scale.gates)")
+    assert ctx.cache.last_build("scale@h100")["status"] == "gates_failed"
