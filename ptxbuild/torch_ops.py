@@ -1,4 +1,4 @@
-"""Built kernels as PyTorch custom ops (torch.library.custom_op), so they work under torch.compile.
+"""Built kernels as PyTorch custom ops (torch's library.custom_op), so they work under torch.compile.
 
     import ptxbuild
     from ptxbuild.torch_ops import register
@@ -63,7 +63,9 @@ def register(kernel: BuiltKernel, options: dict | None = None):
         vals = [res[n] for n in outs]
         return vals[0] if len(vals) == 1 else tuple(vals)
 
-    custom = torch.library.custom_op(qual, impl, mutates_args=(), schema=schema)
+    from torch import library as torch_library
+
+    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
     @custom.register_fake
     def _fake(*tensors):

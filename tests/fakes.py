@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ptxbuild.compiler import CompileError
+from ptxbuild.gpu.session import MeasureResult, VerifyResult
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Binary
 
@@ -46,27 +47,12 @@ class FakeToolchain:
         return f"fake {self.version}"
 
 
-@dataclass
-class _V:
-    outcome: Outcome
-    detail: str = ""
-    max_abs_err: float = 0.0
-    max_rel_err: float = 0.0
-    cases: int = 1
-    seconds: float = 0.0
+def _V(outcome):
+    return VerifyResult(outcome)
 
 
-@dataclass
-class _M:
-    outcome: Outcome
-    p50_ms: float
-    p20_ms: float
-    p80_ms: float
-    samples: int = 10
-    floor_ms: float = 0.001
-    fraction_of_floor: float = 0.5
-    incumbent_p50_ms: float | None = None
-    detail: str = ""
+def _M(outcome, p50_ms, p20_ms, p80_ms):
+    return MeasureResult(outcome, p50_ms, p20_ms, p80_ms, samples=10, floor_ms=0.001, fraction_of_floor=0.5)
 
 
 class FakeFingerprint(dict):

@@ -173,7 +173,8 @@ def test_torch_custom_op_under_compile(built):
     op = register(k)
     assert register(k) is op and torch.ops.ptxbuild.scale_h100 is not None
     x = torch.randn(64, 1024)
-    torch.library.opcheck(op, (x,), test_utils=("test_schema", "test_faketensor"))
+    from torch import library as torch_library
+    torch_library.opcheck(op, (x,), test_utils=("test_schema", "test_faketensor"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         f = torch.compile(lambda t: op(t) + 1, backend="aot_eager", fullgraph=True)
