@@ -44,7 +44,7 @@ def sources(rec, op, gpu, arch, problem, lesson_files):
     return out
 
 
-def measure(rec, op, gpu, n_seeds, lesson_files, strategy):
+def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True):
     lesson_rows = {}
     for f in lesson_files:
         lesson_rows[Path(f).name] = [
@@ -54,7 +54,7 @@ def measure(rec, op, gpu, n_seeds, lesson_files, strategy):
             for x in parse_lessons(Path(f).read_bytes(), Path(f).name) if x.op == op]
     rows = []
     for g, arch, problem in rec.problems(op, gpu):
-        default = replay.default_of(rec, op, problem)
+        default = replay.default_of(rec, op, problem) if use_default else None
         base = [default] if default else []
         cold = [replay.replay_search(rec, op, g, problem, strategy=strategy, seeds=base, rng_seed=s)
                 for s in range(n_seeds)]
@@ -123,6 +123,8 @@ def markdown(meta, rows, summary):
               f"first when the recording has it, mean over {meta['seeds']} random seeds; cold random: the same with "
               f"random order; warm: lesson seeds of this exact scope, then the default, then up to 4 nearer-scope lesson seeds, failure rules "
               f"prune, then the same `{meta['strategy']}` search (same random seeds)",
+              *([f"- **without the op default**: cold and warm both start with no hand-written config; this measures "
+                 f"lessons against no prior at all"] if meta.get("without_default") else []),
               "- target: the first config within 2% of the best recorded p50 of that problem on this GPU; "
               "a config the recording lacks counts as an evaluation that failed",
               f"- bar: median warm evaluations <= {BAR:.0%} of median cold evaluations", "",
@@ -166,6 +168,9 @@ def main(argv=None):
                     help="the search both cold and warm runs use")
     ap.add_argument("--lessons", action="append", default=[], help="a lessons JSONL file as one more warm source")
     ap.add_argument("--out", default="reports/warmstart", help="output folder")
+    ap.add_argument("--without-default", action="store_true",
+                    help="neither cold nor warm starts from the op's hand-written default config: measures what "
+                         "lessons add over no prior at all (the default is itself prior knowledge)")
     a = ap.parse_args(argv)
     rec = replay.load_recording(a.recording)
     ops = sorted({r["op"] for r in rec.rows})
@@ -179,9 +184,10 @@ def main(argv=None):
     if gpu not in gpus:
         sys.exit(f"error: --gpu {a.gpu or '?'}: GPUs with measured {op} data are {', '.join(sorted(gpus)) or 'none'}")
     t0 = time.time()
-    rows = measure(rec, op, gpu, a.seeds, a.lessons, a.strategy)
+    rows = measure(rec, op, gpu, a.seeds, a.lessons, a.strategy, use_default=not a.without_default)
     summary = summarize(rows)
     meta = {"recording": a.recording, "op": op, "gpu": gpu, "seeds": a.seeds, "strategy": a.strategy, "rows": len(rec.rows),
+            "without_default": a.without_default,
             "synthetic": bool(rec.header.get("synthetic")), "bar": BAR, "seconds": round(time.time() - t0, 2),
             "command": "python benchmarks/warmstart.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     out = Path(a.out)
