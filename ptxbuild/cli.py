@@ -14,6 +14,11 @@ EXIT_CONFIG = 2
 EXIT_TOOL = 3
 
 
+class ToolError(click.ClickException):
+    """ptxbuild itself could not run (no compiler, GPU worker down): not a failed build."""
+    exit_code = EXIT_TOOL
+
+
 class ConfigError(click.ClickException):
     exit_code = EXIT_CONFIG
 
@@ -46,7 +51,7 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress):
     try:
         tc = toolchain()
     except ToolchainMissing as exc:
-        raise click.ClickException(str(exc))
+        raise ToolError(str(exc)) from None
     ctx = Context(kf=kf, cache=Cache(kf.cache_path), toolchain=tc, report=progress,
                   command="ptxbuild " + " ".join(sys.argv[1:]))
     from .lessons_io import LessonsFileError, import_shared
@@ -62,10 +67,16 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress):
     if use_gpu:
         try:
             from .gpu import GpuSession, gpu_available, match_gpu
+            from .gpu.session import GpuError
         except ImportError:
             return ctx
         if gpu_available():
-            ctx.gpu = GpuSession()
+            click.echo("gpu: starting the worker and measuring copy bandwidth ...", err=True)
+            try:
+                ctx.gpu = GpuSession()
+            except GpuError as exc:
+                raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu")
+            click.echo(f"gpu: {ctx.gpu.fingerprint}; copy bandwidth {ctx.gpu.copy_tbps:.2f} TB/s", err=True)
             ctx.gpu_match = lambda fp, gpu: match_gpu(fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]})
     return ctx
 
@@ -177,6 +188,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
+    from .gpu.session import GpuError
     from .lockfile import LockError, build_locked, update_lock
     try:
         results = build_locked(ctx, chosen) if locked else do_build(ctx, chosen)
@@ -184,6 +196,8 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
     except LockError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BUILD_FAILED)
+    except GpuError as exc:
+        raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None
     except KeyboardInterrupt:
         click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
         sys.exit(130)
