@@ -28,6 +28,8 @@ The op contract: an op is a folder `ops/<name>/` with `op.py` defining
                                     baselines.py beside op.py with baselines(problem, defaults) and
                                     BASELINES_VERSION (not a build input: editing it rebuilds nothing)
     DEPENDS: list[str]              other ops whose targets must be built first
+    compare(problem, output, got, want, xp) -> (ok, detail) | None   judges an output instead of the
+                                    elementwise tolerance band (e.g. relative RMS); None: use the band
 """
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ The ptxbuild verifier/timer launches one kernel today: running this op needs ben
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from pathlib import Path
 
@@ -36,34 +35,30 @@ def _load(name: str):
     return sys.modules[modname]
 
 
-ref = _load("reference")
-workspace = _load("workspace")
+host = _load("kda_host")   # geometry, defines, launches, argument order: shared with ops/kda_* stage ops
+ref = host.ref
+workspace = host.workspace
 
 NAME = "kda"
 VERSION = "0.1"
-SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_recurrence.cu", "reference.py", "workspace.py"]
+SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_recurrence.cu", "reference.py", "workspace.py", "kda_host.py"]
 DTYPES = ["bfloat16"]
-OPTIONS = {"lengths": None, "hv": None, "K": 128, "V": 128, "gate": "safe", "l2norm": True,
-           "initial_state": True, "final_state": True}
+OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256]}
 SPILL_BUDGET_BYTES = 0
-KERNELS = ("kda_prepare", "kda_recurrence")
-CH = 16
-GATES = {"safe": 0, "canonical": 1, "given": 2}
+KERNELS = host.KERNELS
+CH = host.CH
+GATES = host.GATES
+dims = host.dims
+smem_bytes = host.smem_bytes
+_defines = host.defines
+render_stage = host.render_stage
+launches = host.launches
+case_for = host.case_for
+inputs_from_case = host.inputs_from_case
 
 
 # ---------------------------------------------------------------- problem geometry
-def dims(problem: Problem) -> dict:
-    o = {**OPTIONS, **problem.opts}
-    T, H = problem.shape
-    lengths = tuple(o["lengths"]) if o["lengths"] else (T,)
-    if sum(lengths) != T:
-        raise ValueError(f"kda: lengths sum to {sum(lengths)}, shape says T={T}")
-    HV = o["hv"] or H
-    return dict(T=T, H=H, HV=HV, K=o["K"], V=o["V"], N=len(lengths), lengths=lengths, gate=o["gate"],
-                l2norm=bool(o["l2norm"]), h0=bool(o["initial_state"]), hT=bool(o["final_state"]),
-                NC=sum(math.ceil(n / CH) for n in lengths))
-
 
 def default_params(problem: Problem) -> dict:
     """V-split: the smallest of 1, 2, 4 whose blocks (N * HV * split) fill 132 SMs; 2 stages; f16."""
@@ -73,11 +68,6 @@ def default_params(problem: Problem) -> dict:
         split //= 2
     return {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128}
 
-
-def smem_bytes(params: dict, problem: Problem) -> int:
-    d = dims(problem)
-    sz = workspace.sizes(d["K"], d["V"])
-    return params["stages"] * (sz["U"] + (d["V"] // params["split"] // 16) * 32 * 32)
 
 
 def check(params: dict, problem: Problem) -> str | None:
@@ -98,20 +88,6 @@ def check(params: dict, problem: Problem) -> str | None:
 
 
 # ---------------------------------------------------------------- rendering and launching
-def _defines(params: dict, problem: Problem) -> str:
-    d = dims(problem)
-    defs = dict(KDIM=d["K"], VDIM=d["V"], CH=CH, H=d["H"], HV=d["HV"], GATE=GATES[d["gate"]],
-                L2NORM=int(d["l2norm"]), LOWER_BOUND=f"({ref.LOWER_BOUND}f)", PREP_THREADS=params["prep_threads"],
-                OP_BF16=int(params["op_dtype"] == "bf16"), SPLIT=params["split"], STAGES=params["stages"],
-                HAS_H0=int(d["h0"]), HAS_HT=int(d["hT"]))
-    return "".join(f"#define {k} {v}\n" for k, v in defs.items())
-
-
-def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kernel:
-    """One kernel alone (for per-kernel register/spill reports)."""
-    files = {"kda_prepare": "kda_prepare.cu", "kda_recurrence": "kda_recurrence.cu"}
-    src = _defines(params, problem) + (_HERE / "kda_common.cuh").read_text() + (_HERE / files[stage]).read_text()
-    return Kernel(src, stage)
 
 
 def render(params: dict, problem: Problem, arch: str) -> Kernel:
@@ -119,14 +95,6 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
            + (_HERE / "kda_prepare.cu").read_text() + (_HERE / "kda_recurrence.cu").read_text())
     return Kernel(src, "kda_recurrence")
 
-
-def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
-    d = dims(problem)
-    return {
-        "kda_prepare": Launch((max(d["NC"], 1), d["HV"], 1), (params["prep_threads"], 1, 1), 0),
-        "kda_recurrence": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
-                                 (d["V"] // params["split"] // 16 * 32, 1, 1), smem_bytes(params, problem)),
-    }
 
 
 def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
@@ -142,23 +110,6 @@ def bytes_moved(problem: Problem) -> int:
 
 
 # ---------------------------------------------------------------- data
-def case_for(problem: Problem, seed: int, **kw) -> dict:
-    d = dims(problem)
-    return ref.make_case(d["lengths"], d["H"], K=d["K"], V=d["V"], seed=seed, gate=d["gate"], HV=d["HV"],
-                         use_qk_l2norm=d["l2norm"], initial_state=d["h0"], **kw)
-
-
-def inputs_from_case(case: dict, xp=np) -> dict:
-    cs, cl, co = ref.chunk_layout(case["cu_seqlens"], CH)
-    lens = np.diff(case["cu_seqlens"])
-    host = dict(q=case["q"], k=case["k"], v=case["v"], a=case["a"], b=case["b"],
-                g=np.asarray(case["g"], np.float32) if case.get("g") is not None else np.zeros(1, np.float32),
-                A_log=case["A_log"].astype(np.float32), dt_bias=case["dt_bias"].astype(np.float32),
-                h0=case["h0"].astype(np.float32) if case["h0"] is not None else np.zeros(1, np.float32),
-                cu_seqlens=case["cu_seqlens"].astype(np.int64),
-                chunk_start=cs.astype(np.int32), chunk_len=cl.astype(np.int32), chunk_offsets=co.astype(np.int32),
-                seq_order=np.argsort(-lens, kind="stable").astype(np.int32))  # longest segments first
-    return {k: xp.asarray(np.ascontiguousarray(v)) for k, v in host.items()}
 
 
 def make_inputs(problem: Problem, seed: int, xp) -> dict:
@@ -173,12 +124,7 @@ def make_outputs(problem: Problem, xp) -> dict:
 
 
 def stage_args(stage: str, params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
-    d = dims(problem)
-    i, o = inputs, outputs
-    if stage == "kda_prepare":
-        return [i["q"], i["k"], i["v"], i["a"], i["g"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"],
-                i["chunk_len"], o["ws"], np.float32(d["K"] ** -0.5)]
-    return [o["ws"], o["o"], i["h0"], o["hT"], i["cu_seqlens"], i["chunk_offsets"], i["seq_order"]]
+    return host.stage_args(stage, problem, inputs, outputs["ws"], outputs)
 
 
 def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
@@ -187,16 +133,7 @@ def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> 
 
 def reference(problem: Problem, inputs: dict, xp) -> dict:
     """float64 recurrent reference from the (bf16 bit-pattern) inputs."""
-    from ptxbuild.dtypes import to_float
-    d = dims(problem)
-    host = {k: (v.get() if hasattr(v, "get") else np.asarray(v)) for k, v in inputs.items()}
-    case = dict(qf=to_float(host["q"], "bfloat16", np), kf=to_float(host["k"], "bfloat16", np),
-                vf=to_float(host["v"], "bfloat16", np), af=to_float(host["a"], "bfloat16", np),
-                bf=to_float(host["b"], "bfloat16", np), A_log=host["A_log"].astype(np.float64),
-                dt_bias=host["dt_bias"].astype(np.float64), g=host["g"], gate=d["gate"], beta=None,
-                use_qk_l2norm=d["l2norm"], lower_bound=ref.LOWER_BOUND, scale=d["K"] ** -0.5,
-                cu_seqlens=host["cu_seqlens"], h0=host["h0"].astype(np.float64) if d["h0"] else None)
-    o, hT = ref.reference(case)
+    o, hT = ref.reference(host.case_from_inputs(problem, inputs))
     return {"o": xp.asarray(o), "hT": xp.asarray(hT)}
 
 

@@ -76,10 +76,11 @@ def _compare(out, ref, dtype, atol, rtol, xp) -> dict:
 
 
 def judge(dtype: str, inputs: dict, inputs_before: dict, outputs: dict, reference: dict,
-          tolerance, xp, outputs_again: dict | None = None) -> tuple[Outcome, str, float, float]:
+          tolerance, xp, outputs_again: dict | None = None, custom=None) -> tuple[Outcome, str, float, float]:
     """Classify one run: inputs modified > unwritten > wrong result > nondeterministic, else OK.
-    `tolerance(name) -> (atol, rtol)`; `outputs_again` is a second run on the same inputs (or None).
-    Returns (outcome, detail, max_abs_err, max_rel_err)."""
+    `tolerance(name) -> (atol, rtol)`; `outputs_again` is a second run on the same inputs (or None);
+    `custom(name, got, want) -> (ok, detail) | None` (an op's optional `compare` hook) judges an output
+    instead of the elementwise band when it returns a verdict. Returns (outcome, detail, max_abs_err, max_rel_err)."""
     for name, before in inputs_before.items():
         n, at = differs(inputs[name], before, xp)
         if n:
@@ -90,6 +91,12 @@ def judge(dtype: str, inputs: dict, inputs_before: dict, outputs: dict, referenc
             return Outcome.UNWRITTEN, f"output {name}: {n} of {out.size} elements never written (first at {at})", 0.0, 0.0
     max_abs = max_rel = 0.0
     for name, want in reference.items():
+        verdict = custom(name, outputs[name], want) if custom is not None else None
+        if verdict is not None:
+            ok, detail = verdict
+            if not ok:
+                return Outcome.WRONG_RESULT, f"output {name}: {detail}", max_abs, max_rel
+            continue
         atol, rtol = tolerance(name)
         c = compare(outputs[name], want, dtype, atol, rtol, xp)
         max_abs, max_rel = max(max_abs, c["max_abs"]), max(max_rel, c["max_rel"])

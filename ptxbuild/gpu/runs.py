@@ -48,6 +48,12 @@ def fewer_rows(op, problem, params: dict):
     return small if op.check(params, small) is None else problem
 
 
+def custom_compare(op, problem, xp):
+    """The op's optional compare(problem, output, got, want, xp) -> (ok, detail) | None, bound to a problem."""
+    fn = getattr(op, "compare", None)
+    return None if fn is None else (lambda name, got, want: fn(problem, name, got, want, xp))
+
+
 def adversarial(op, problem, params: dict) -> list:
     """The op's adversarial shapes for this config (ops may take the config), minus those it cannot run."""
     import inspect
@@ -161,7 +167,8 @@ class Gpu:
                     first = self.run_once(op, kern, params, prob, inputs)
                     again = self.run_once(op, kern, params, prob, inputs) if det else None
                     outcome, detail, a, r = check.judge(prob.dtype, inputs, before, first, ref,
-                                                        lambda name, p=prob: op.tolerance(p, name), cp, again)
+                                                        lambda name, p=prob: op.tolerance(p, name), cp, again,
+                                                        custom_compare(op, prob, cp))
                     cases, max_abs, max_rel = cases + 1, max(max_abs, a), max(max_rel, r)
                     tols = tols or {name: list(op.tolerance(problem, name)) for name in ref}
                     big = nbytes(inputs) > ONE_SEED_ABOVE_BYTES
@@ -245,7 +252,8 @@ class Gpu:
                     missing = [k for k in ref if k not in got]
                     outcome, detail, _, _ = ((Outcome.WRONG_RESULT, f"baseline returned no {missing}", 0, 0) if missing else
                                              check.judge(problem.dtype, inputs, before, got, ref,
-                                                         lambda o: op.tolerance(problem, o), cp))
+                                                         lambda o: op.tolerance(problem, o), cp,
+                                                         custom=custom_compare(op, problem, cp)))
                     del inputs, before, ref, got
                     if outcome is not Outcome.OK:
                         results[name] = {"outcome": outcome.value, "detail": detail}

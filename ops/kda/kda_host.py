@@ -1,0 +1,160 @@
+"""Host side of the KDA kernels, shared by ops/kda (the bundled two-kernel op used by bench_gpu.py)
+and the stage ops ops/kda_prepare and ops/kda_recurrence: problem geometry, the #defines the .cu
+files expect, launch geometry, argument order, and inputs from a reference case.
+
+Not an op (no op.py here); loaded by path under the module name "kda_kda_host". Every op that
+renders the KDA kernels lists this file in its SOURCES (its build key changes when it does).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ptxbuild.problem import Kernel, Launch, Problem
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(name: str):
+    """A module of this folder under a unique name (kda_<name>): ops may each have a reference.py."""
+    modname = f"kda_{name}"
+    if modname not in sys.modules:
+        spec = importlib.util.spec_from_file_location(modname, HERE / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[modname]
+
+
+ref = load("reference")
+workspace = load("workspace")
+
+OPTIONS = {"lengths": None, "hv": None, "K": 128, "V": 128, "gate": "safe", "l2norm": True,
+           "initial_state": True, "final_state": True}
+KERNELS = ("kda_prepare", "kda_recurrence")
+FILES = {"kda_prepare": "kda_prepare.cu", "kda_recurrence": "kda_recurrence.cu"}
+CH = 16
+GATES = {"safe": 0, "canonical": 1, "given": 2}
+
+
+def dims(problem: Problem) -> dict:
+    o = {**OPTIONS, **problem.opts}
+    T, H = problem.shape
+    lengths = tuple(o["lengths"]) if o["lengths"] else (T,)
+    if sum(lengths) != T:
+        raise ValueError(f"kda: lengths sum to {sum(lengths)}, shape says T={T}")
+    HV = o["hv"] or H
+    return dict(T=T, H=H, HV=HV, K=o["K"], V=o["V"], N=len(lengths), lengths=lengths, gate=o["gate"],
+                l2norm=bool(o["l2norm"]), h0=bool(o["initial_state"]), hT=bool(o["final_state"]),
+                NC=sum(math.ceil(n / CH) for n in lengths))
+
+
+def smem_bytes(params: dict, problem: Problem) -> int:
+    """Dynamic shared memory of kda_recurrence."""
+    d = dims(problem)
+    sz = workspace.sizes(d["K"], d["V"])
+    return params["stages"] * (sz["U"] + (d["V"] // params["split"] // 16) * 32 * 32)
+
+
+def defines(params: dict, problem: Problem) -> str:
+    d = dims(problem)
+    defs = dict(KDIM=d["K"], VDIM=d["V"], CH=CH, H=d["H"], HV=d["HV"], GATE=GATES[d["gate"]],
+                L2NORM=int(d["l2norm"]), LOWER_BOUND=f"({ref.LOWER_BOUND}f)", PREP_THREADS=params["prep_threads"],
+                OP_BF16=int(params["op_dtype"] == "bf16"), SPLIT=params["split"], STAGES=params["stages"],
+                HAS_H0=int(d["h0"]), HAS_HT=int(d["hT"]))
+    return "".join(f"#define {k} {v}\n" for k, v in defs.items())
+
+
+def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kernel:
+    """One kernel alone: defines + kda_common.cuh + its .cu file."""
+    src = defines(params, problem) + (HERE / "kda_common.cuh").read_text() + (HERE / FILES[stage]).read_text()
+    return Kernel(src, stage)
+
+
+def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
+    d = dims(problem)
+    return {
+        "kda_prepare": Launch((max(d["NC"], 1), d["HV"], 1), (params["prep_threads"], 1, 1), 0),
+        "kda_recurrence": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
+                                 (d["V"] // params["split"] // 16 * 32, 1, 1), smem_bytes(params, problem)),
+    }
+
+
+def case_for(problem: Problem, seed: int, **kw) -> dict:
+    d = dims(problem)
+    return ref.make_case(d["lengths"], d["H"], K=d["K"], V=d["V"], seed=seed, gate=d["gate"], HV=d["HV"],
+                         use_qk_l2norm=d["l2norm"], initial_state=d["h0"], **kw)
+
+
+def inputs_from_case(case: dict, xp=np) -> dict:
+    cs, cl, co = ref.chunk_layout(case["cu_seqlens"], CH)
+    lens = np.diff(case["cu_seqlens"])
+    host = dict(q=case["q"], k=case["k"], v=case["v"], a=case["a"], b=case["b"],
+                g=np.asarray(case["g"], np.float32) if case.get("g") is not None else np.zeros(1, np.float32),
+                A_log=case["A_log"].astype(np.float32), dt_bias=case["dt_bias"].astype(np.float32),
+                h0=case["h0"].astype(np.float32) if case["h0"] is not None else np.zeros(1, np.float32),
+                cu_seqlens=case["cu_seqlens"].astype(np.int64),
+                chunk_start=cs.astype(np.int32), chunk_len=cl.astype(np.int32), chunk_offsets=co.astype(np.int32),
+                seq_order=np.argsort(-lens, kind="stable").astype(np.int32))  # longest segments first
+    return {k: xp.asarray(np.ascontiguousarray(v)) for k, v in host.items()}
+
+
+def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict) -> list:
+    """The kernel's arguments in signature order; `ws` is the workspace buffer (any integer dtype)."""
+    d = dims(problem)
+    i, o = inputs, outputs
+    if stage == "kda_prepare":
+        return [i["q"], i["k"], i["v"], i["a"], i["g"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"],
+                i["chunk_len"], ws, np.float32(d["K"] ** -0.5)]
+    return [ws, o["o"], i["h0"], o["hT"], i["cu_seqlens"], i["chunk_offsets"], i["seq_order"]]
+
+
+def host(x) -> np.ndarray:
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def case_from_inputs(problem: Problem, inputs: dict) -> dict:
+    """The reference's float64 view of (bf16 bit-pattern) inputs: exactly the values the kernel reads."""
+    from ptxbuild.dtypes import to_float
+    d = dims(problem)
+    h = {k: host(v) for k, v in inputs.items()}
+    bf = lambda n: to_float(h[n], "bfloat16", np)
+    cu = h.get("cu_seqlens")
+    if cu is None:
+        cu = np.concatenate([[0], np.cumsum(d["lengths"])]).astype(np.int64)
+    return dict(qf=bf("q"), kf=bf("k"), vf=bf("v"), af=bf("a"), bf=bf("b"), A_log=h["A_log"].astype(np.float64),
+                dt_bias=h["dt_bias"].astype(np.float64), g=h["g"], gate=d["gate"], beta=None,
+                use_qk_l2norm=d["l2norm"], lower_bound=ref.LOWER_BOUND, scale=d["K"] ** -0.5, cu_seqlens=cu,
+                h0=h["h0"].astype(np.float64) if (d["h0"] and "h0" in h) else None)
+
+
+def workspace_chunks(pre: dict, chunk_ids, op_dtype: str) -> np.ndarray:
+    """uint8 [len(chunk_ids), HV, BLOB]: the encoded workspace (workspace.encode of the float64 chunked
+    reference) of the chosen chunks only. `pre` is ref.preprocess() of the whole case. The workspace
+    of a chunk depends only on that chunk's tokens (not on the state), so each chosen chunk is run
+    through ref.chunked as a one-chunk segment of its own."""
+    cs, cl, _ = ref.chunk_layout(pre["cu_seqlens"], CH)
+    ids = np.asarray(chunk_ids, np.int64)
+    tok = np.concatenate([np.arange(cs[c], cs[c] + cl[c]) for c in ids]) if len(ids) else np.zeros(0, np.int64)
+    cu = np.concatenate([[0], np.cumsum(cl[ids])]).astype(np.int64)
+    ch = ref.chunked(pre["q"][tok], pre["k"][tok], pre["v"][tok], pre["g"][tok], pre["beta"][tok], pre["scale"], cu)
+    return workspace.encode(ch, op_dtype)
+
+
+def workspace_all(pre: dict, op_dtype: str, pieces: int | None = None) -> np.ndarray:
+    """uint8 [NC, HV, BLOB] of every chunk, computed in independent pieces on a thread pool (numpy
+    releases the GIL in the large array operations; T = 8192, H = 96 takes ~90 s on one core)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    cs, _, _ = ref.chunk_layout(pre["cu_seqlens"], CH)
+    NC = len(cs)
+    pieces = max(1, min(pieces or os.cpu_count() or 1, NC // 8 or 1))
+    parts = np.array_split(np.arange(NC), pieces)
+    if pieces == 1:
+        return workspace_chunks(pre, parts[0], op_dtype)
+    with ThreadPoolExecutor(pieces) as ex:
+        return np.concatenate(list(ex.map(lambda ids: workspace_chunks(pre, ids, op_dtype), parts)), axis=0)
