@@ -73,9 +73,13 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
     """Configs to try first for `problem`, nearest scope first; and the lessons they came from."""
     rows = cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME])
     cands = [(json.loads(r["scope"]), json.loads(r["rule"])["params"], r["id"], r["confidence"]) for r in rows]
-    if run:  # results of this run's earlier problems count before they become lessons
+    if run:  # the winners of this run's earlier problems count before they become lessons
+        best: dict[str, dict] = {}
         for r in cache.db.query("select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
                                 [op.NAME, run]):
+            if r["problem"] not in best or r["p50_ms"] < best[r["problem"]]["p50_ms"]:
+                best[r["problem"]] = r
+        for r in best.values():
             cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
                           f"run:{r['id']}", 1.0))
     cands.sort(key=lambda c: (_distance(c[0], gpu, problem), -c[3]))

@@ -143,3 +143,17 @@ def test_measured_search_tries_an_exact_scope_lesson_then_the_default_then_neare
     assert order_seeds([near, far], used[1:], default) == [default, near, far]
     assert order_seeds([near, default], used[1:], default) == [default, near]   # no duplicate
     assert order_seeds([near], used[1:2], None) == [near]
+
+
+def test_in_run_seeds_are_the_winners_of_earlier_problems_only(proj):
+    from ptxbuild.kernelfile import load
+    from ptxbuild.oploader import load_op
+    ctx = make_ctx(proj)
+    prob = {"dtype": "float32", "op": "scale", "options": {}, "shape": [64, 1024]}
+    for threads, p50 in ((64, 0.03), (256, 0.01), (128, 0.02)):
+        ctx.cache.add_attempt(run="r1", target="scale@h100", op="scale", gpu="h100", arch="sm_90a", problem=prob,
+                              params={"threads": threads, "vec": 4}, outcome="ok", p50_ms=p50)
+    kf = load(proj / "kernelfile.toml")
+    op = load_op("scale", kf.root)
+    seeds, used = lessons.seeds(ctx.cache, op, Problem.make("scale", "float32", (64, 2048)), kf.gpus["h100"], run="r1")
+    assert seeds == [{"threads": 256, "vec": 4}]
