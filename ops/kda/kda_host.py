@@ -53,6 +53,23 @@ def dims(problem: Problem) -> dict:
                 NC=sum(math.ceil(n / CH) for n in lengths))
 
 
+def problem_error(problem: Problem) -> str | None:
+    """Why neither stage kernel can take this problem (dims, head counts, gate kind), or None."""
+    try:
+        d = dims(problem)
+    except ValueError as exc:
+        return str(exc)
+    if d["K"] % 16 or not 16 <= d["K"] <= 128:
+        return f"K={d['K']}: need a multiple of 16 up to 128"
+    if d["HV"] % d["H"]:
+        return f"hv={d['HV']} is not a multiple of H={d['H']}"
+    if d["gate"] not in GATES:
+        return f"gate={d['gate']!r}: use one of {sorted(GATES)}"
+    if d["NC"] == 0:
+        return "no tokens"
+    return None
+
+
 def smem_bytes(params: dict, problem: Problem) -> int:
     """Dynamic shared memory of kda_recurrence."""
     d = dims(problem)

@@ -68,24 +68,15 @@ def default_params(problem: Problem) -> dict:
 
 
 def check(params: dict, problem: Problem) -> str | None:
-    try:
-        d = host.dims(problem)
-    except ValueError as exc:
-        return str(exc)
-    if d["K"] % 16 or not 16 <= d["K"] <= 128:
-        return f"K={d['K']}: need a multiple of 16 up to 128 (prepare shared memory)"
+    if reason := host.problem_error(problem):
+        return reason
+    d = host.dims(problem)
     if d["V"] % 16:
         return f"V={d['V']} is not a multiple of 16"
-    if d["HV"] % d["H"]:
-        return f"hv={d['HV']} is not a multiple of H={d['H']}"
-    if d["gate"] not in host.GATES:
-        return f"gate={d['gate']!r}: use one of {sorted(host.GATES)}"
     if op_dtype(problem) not in STAGE_RMS:
         return f"op_dtype={op_dtype(problem)!r}: use one of {sorted(STAGE_RMS)}"
     if params["prep_threads"] % 32 or not 32 <= params["prep_threads"] <= 1024:
         return f"prep_threads={params['prep_threads']}: a multiple of 32 up to 1024"
-    if d["NC"] == 0:
-        return "no tokens: nothing to prepare"
     return None
 
 

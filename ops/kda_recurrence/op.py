@@ -67,26 +67,17 @@ def default_params(problem: Problem) -> dict:
 
 
 def check(params: dict, problem: Problem) -> str | None:
-    try:
-        d = host.dims(problem)
-    except ValueError as exc:
-        return str(exc)
-    if d["K"] % 16 or not 16 <= d["K"] <= 128:
-        return f"K={d['K']}: need a multiple of 16 up to 128 (state registers)"
+    if reason := host.problem_error(problem):
+        return reason
+    d = host.dims(problem)
     if d["V"] % (16 * params["split"]):
         return f"V={d['V']} is not a multiple of 16 * split={params['split']}"
-    if d["HV"] % d["H"]:
-        return f"hv={d['HV']} is not a multiple of H={d['H']}"
-    if d["gate"] not in host.GATES:
-        return f"gate={d['gate']!r}: use one of {sorted(host.GATES)}"
     if op_dtype(problem) not in ("f16", "bf16"):
         return f"op_dtype={op_dtype(problem)!r}: use f16 or bf16"
     if params["stages"] < 2:
         return "stages < 2"
     if host.smem_bytes(params, problem) > 227 * 1024:
         return f"shared memory {host.smem_bytes(params, problem)} B > 227 KiB"
-    if d["NC"] == 0:
-        return "no tokens"
     return None
 
 
