@@ -56,23 +56,33 @@ def op_dir(template: str, root: Path) -> Path:
     return cand
 
 
+def load_module(path: Path, name: str) -> ModuleType:
+    """Execute a Python file once under the module name `name`; later calls return that module.
+    Ops use it for their sibling files (a shared host module, a reference) so names never collide."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]   # a broken file is not cached: the next load shows the error again
+            raise
+    return sys.modules[name]
+
+
 def load_op(template: str, root: Path) -> ModuleType:
     folder = op_dir(template, root)
     path = folder / "op.py"
     if not path.is_file():
         raise OpError(f"no op at {path}: create {path} or fix the template name")
-    name = f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    missing = [a for a in REQUIRED if not hasattr(mod, a)]
-    if missing:
-        raise OpError(f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)")
-    mod.FOLDER = folder
-    _attach_baselines(mod, folder)
+    mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
+    if getattr(mod, "FOLDER", None) is None:
+        missing = [a for a in REQUIRED if not hasattr(mod, a)]
+        if missing:
+            raise OpError(f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)")
+        mod.FOLDER = folder
+        _attach_baselines(mod, folder)
     return mod
 
 
@@ -81,9 +91,7 @@ def _attach_baselines(mod: ModuleType, folder: Path) -> None:
     path = folder / "baselines.py"
     if not path.is_file():
         return
-    spec = importlib.util.spec_from_file_location(f"{mod.__name__}_baselines", path)
-    bmod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bmod)
+    bmod = load_module(path, f"{mod.__name__}_baselines")
     mod.baselines = functools.partial(bmod.baselines, defaults=dict(getattr(mod, "OPTIONS", {})))
     mod.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
 

@@ -7,13 +7,12 @@ renders the KDA kernels lists this file in its SOURCES (its build key changes wh
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from ptxbuild.oploader import load_module
 from ptxbuild.problem import Kernel, Launch, Problem
 
 HERE = Path(__file__).resolve().parent
@@ -21,13 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 def load(name: str):
     """A module of this folder under a unique name (kda_<name>): ops may each have a reference.py."""
-    modname = f"kda_{name}"
-    if modname not in sys.modules:
-        spec = importlib.util.spec_from_file_location(modname, HERE / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[modname]
+    return load_module(HERE / f"{name}.py", f"kda_{name}")
 
 
 ref = load("reference")

@@ -13,29 +13,16 @@ The ptxbuild verifier/timer launches one kernel today: running this op needs ben
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-import numpy as np
 
+from ptxbuild.oploader import load_module
 from ptxbuild.problem import Kernel, Launch, Problem
 
 _HERE = Path(__file__).resolve().parent
 
 
-def _load(name: str):
-    """A module of this folder under a unique name (kda_<name>): ops may each have a reference.py."""
-    modname = f"kda_{name}"
-    if modname not in sys.modules:
-        spec = importlib.util.spec_from_file_location(modname, _HERE / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[modname]
-
-
-host = _load("kda_host")   # geometry, defines, launches, argument order: shared with ops/kda_* stage ops
+host = load_module(_HERE / "kda_host.py", "kda_kda_host")   # geometry, defines, launches, argument order: shared with ops/kda_* stage ops
 ref = host.ref
 workspace = host.workspace
 

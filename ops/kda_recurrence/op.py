@@ -20,20 +20,15 @@ finite. The H200 run measured 1.6e-3..1.7e-3 (o) and ~3e-4 (hT) with op_dtype f1
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from ptxbuild.oploader import load_module
 from ptxbuild.problem import Kernel, Launch, Problem
 
 _KDA = Path(__file__).resolve().parent.parent / "kda"
-if "kda_kda_host" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("kda_kda_host", _KDA / "kda_host.py")
-    sys.modules["kda_kda_host"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["kda_kda_host"])
-host = sys.modules["kda_kda_host"]
+host = load_module(_KDA / "kda_host.py", "kda_kda_host")   # shared with ops/kda and the other stage
 ref, workspace = host.ref, host.workspace
 
 NAME = "kda_recurrence"
