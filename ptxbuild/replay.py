@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from types import SimpleNamespace
 from . import lessons
 from .catalog import CATALOG
 from .problem import Problem
-from .search import enumerate_space, run_search
+from .search import run_search
 
 FORMAT = "ptxbuild-recording/1"
 NEAR_BEST = lessons.NEAR_BEST

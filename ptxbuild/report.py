@@ -80,7 +80,7 @@ def markdown(data: dict) -> str:
                                                                   if data["status"] == "interrupted" else ""),
              f"- reproduce: `{s['command']}`",
              f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
-             f"- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+             "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
              f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`",
              "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items())]
     if hw:

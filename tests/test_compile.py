@@ -1,7 +1,6 @@
 """The real compile stage (NVRTC + nvJitLink wheels): PTX and cubin for sm_90a and sm_100a."""
 import json
 import os
-import subprocess
 
 import pytest
 from click.testing import CliRunner

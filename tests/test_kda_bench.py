@@ -3,7 +3,6 @@ kernels emulated by the workspace encoder / simulator (no GPU: this checks the h
 the argument order of stage_args and the verdict logic, not the CUDA code)."""
 from __future__ import annotations
 
-import sys
 import types
 from pathlib import Path
 

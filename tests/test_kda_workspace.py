@@ -2,7 +2,6 @@
 rounded to f16 / bf16, fp32 state) stay inside the 5e-3 relative RMS gate, simulated on the CPU."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -1,6 +1,6 @@
 """A tiny op for tests: y = alpha * x over a [M, N] tensor, with a vector-width and threads space."""
 from ptxbuild.dtypes import from_float, storage_dtype, to_float
-from ptxbuild.problem import Kernel, Launch, Problem
+from ptxbuild.problem import Kernel, Launch
 
 NAME = "scale"
 VERSION = "1"
