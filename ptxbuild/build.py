@@ -246,11 +246,13 @@ class _Evaluator:
         m = cache.get("measurements", mkey)
         if m is None:
             inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
+            t0 = time.perf_counter()
             r = gpu.measure(str(op.FOLDER), cfg, problem, binary, incumbent=inc)
+            measure_s = time.perf_counter() - t0
             m = {"key": mkey, "binary": binary.digest, "fingerprint": json.dumps(self.hw, sort_keys=True),
                  "problem": json.dumps(problem.key()), "outcome": r.outcome.value, "p50_ms": r.p50_ms,
                  "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "samples": r.samples, "floor_ms": r.floor_ms,
-                 "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": 0.0}
+                 "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": round(measure_s, 4)}
             cache.put("measurements", m)
         res.update(measure_s=m["seconds"], p50_ms=m["p50_ms"], measured_on=self.hw.get("name", ""))
         if m["outcome"] != "ok":
@@ -259,6 +261,18 @@ class _Evaluator:
         if self.incumbent is None or score < self.incumbent[2]:
             self.incumbent = (cfg, binary, score)
         return score
+
+
+def search_batch(jobs: int, budget: int) -> int:
+    """Configs compiled together per search step: enough to use the cores, few enough that an
+    evolutionary search gets several generations out of its budget (a third of it, at least 4)."""
+    return max(1, min(jobs, max(4, budget // 3)))
+
+
+def _ignore_sigint() -> None:
+    """Compile processes leave Ctrl-C to the build, which stops them (no traceback per process)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _compile_one(compile_fn, kernel: Kernel, arch: str):
@@ -278,7 +292,8 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     chosen: list[dict] = []
     used_lessons: list[dict] = []
     probs = problems_of(spec)
-    pool = ProcessPoolExecutor(ctx.jobs) if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None
+    pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
+            if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
     interrupted = False
     try:
         for i, problem in enumerate(probs):
@@ -308,7 +323,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
                 ev([s for s in _dedupe(seeds) if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)])
                 hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
                                   seconds=search["seconds"], valid=valid, seeds=seeds, rng_seed=search["seed"],
-                                  batch=max(2, ctx.jobs))
+                                  batch=search_batch(ctx.jobs, search["budget"]))
             winner = next(((c, s) for c, s in hist if math.isfinite(s) and s == min(
                 (x for _, x in hist if math.isfinite(x)), default=math.inf)), None)
             if winner is None:
@@ -333,7 +348,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
         interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
     finally:
         if pool:
-            pool.shutdown()
+            pool.shutdown(wait=not interrupted, cancel_futures=True)
     ok = all(c["params"] is not None for c in chosen) and not interrupted
     summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,

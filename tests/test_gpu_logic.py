@@ -347,3 +347,32 @@ def test_planted_kernels_compile():
     for bad in op.BADS:
         b = compile_kernel(op.render({"BAD": bad, "THREADS": 256}, P, "sm_90a"), "sm_90a")
         assert b.cubin and b.spill_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_compare_matches_whole_array_compare(monkeypatch, dtype):
+    """Outputs past CHUNK elements are compared slice by slice; counts, maxima and the worst element
+    (as an index of the full shape) must be those of one whole-array compare."""
+    rng = np.random.default_rng(7)
+    want = rng.standard_normal((37, 53))
+    got = want.astype(np.float32).copy()
+    got[3, 5] += 0.5
+    got[30, 50] += 2.0            # the worst element, in a late chunk
+    got[11, 0] = np.nan           # NaN where the reference is finite: always bad, reported worst
+    out = from_float(got, "bfloat16", np) if dtype == "bfloat16" else got
+    whole = check.compare(out, want, dtype, 1e-2, 1e-2, np)
+    monkeypatch.setattr(check, "CHUNK", 64)
+    parts = check.compare(out, want, dtype, 1e-2, 1e-2, np)
+    assert parts["bad"] == whole["bad"] >= 3
+    assert parts["worst"] == whole["worst"] == (11, 0)
+    assert parts["max_rel"] == pytest.approx(whole["max_rel"])
+    assert parts["max_abs"] == whole["max_abs"] == float("inf")
+    got[11, 0] = want[11, 0]
+    out = from_float(got, "bfloat16", np) if dtype == "bfloat16" else got
+    monkeypatch.setattr(check, "CHUNK", 1 << 26)
+    whole = check.compare(out, want, dtype, 1e-2, 1e-2, np)
+    monkeypatch.setattr(check, "CHUNK", 64)
+    parts = check.compare(out, want, dtype, 1e-2, 1e-2, np)
+    assert parts["worst"] == whole["worst"] == (30, 50)
+    assert (parts["got"], parts["want"]) == (whole["got"], whole["want"])
+    assert parts["max_abs"] == pytest.approx(whole["max_abs"]) and parts["max_abs"] > 1.9

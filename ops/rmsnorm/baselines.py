@@ -1,9 +1,7 @@
 """RMSNorm baselines timed beside the built kernel: PyTorch eager `rms_norm` and `torch.compile` of it.
 
 Kept apart from op.py on purpose: baselines are not inputs of a kernel build, so editing them must
-not rebuild kernels or break a lockfile. The loader prefers this module's `baselines` over op.py's.
-(op.py still holds an older `baselines` that upcast its outputs to fp32 inside the timed region; it
-is superseded here and goes when op.py next changes for another reason.)
+not rebuild kernels or break a lockfile. The loader binds this module's `baselines` to the op.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -50,7 +51,29 @@ def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
     quiet = xp.errstate(invalid="ignore", over="ignore", divide="ignore") if hasattr(xp, "errstate") \
         else contextlib.nullcontext()   # cupy has no errstate
     with quiet:
-        return _compare(out, ref, dtype, atol, rtol, xp)
+        if out.size <= CHUNK:
+            return _compare(out, ref, dtype, atol, rtol, xp)
+        return _compare_chunked(out, ref, dtype, atol, rtol, xp)
+
+
+CHUNK = 1 << 26   # elements compared at once: float64 temporaries of a 2^31-element output would not fit
+
+
+def _compare_chunked(out, ref, dtype, atol, rtol, xp) -> dict:
+    """compare() over CHUNK-element slices of the flattened arrays (same result, bounded memory)."""
+    o, r = xp.ascontiguousarray(out).reshape(-1), xp.ascontiguousarray(ref).reshape(-1)
+    total = {"bad": 0, "worst": None, "max_abs": 0.0, "max_rel": 0.0}
+    worst_score = -math.inf
+    for start in range(0, o.size, CHUNK):
+        c = _compare(o[start:start + CHUNK], r[start:start + CHUNK], dtype, atol, rtol, xp)
+        total["bad"] += c["bad"]
+        total["max_abs"], total["max_rel"] = max(total["max_abs"], c["max_abs"]), max(total["max_rel"], c["max_rel"])
+        if c["bad"] and (total["worst"] is None or c["score"] > worst_score):
+            worst_score = c["score"]
+            flat = start + c["worst"][0]
+            total["worst"] = tuple(int(i) for i in np.unravel_index(flat, out.shape))
+            total["got"], total["want"] = c["got"], c["want"]
+    return total
 
 
 def _compare(out, ref, dtype, atol, rtol, xp) -> dict:
@@ -70,6 +93,7 @@ def _compare(out, ref, dtype, atol, rtol, xp) -> dict:
     if n:
         score = xp.where(broken, xp.inf, xp.where(xp.isnan(excess), -xp.inf, excess))
         flat = int(xp.argmax(score.reshape(-1)))
+        res["score"] = float(score.reshape(-1)[flat])
         res["worst"] = tuple(int(i) for i in np.unravel_index(flat, bad.shape))
         res["got"], res["want"] = float(o.reshape(-1)[flat]), float(r.reshape(-1)[flat])
     return res
