@@ -44,3 +44,32 @@ def test_default_params_and_checks(op):
     assert launch.grid == (192, 1, 1) and launch.block == (128, 1, 1)
     assert op.bytes_moved(pr) > 0
     assert len(op.verify_problems(pr)) >= 5
+
+
+@pytest.mark.parametrize("op_dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("opts", [{}, {"lengths": (1024,) * 8, "initial_state": False}, {"hv": 192, "l2norm": False},
+                                  {"gate": "canonical"}])
+def test_every_prepare_config_compiles_without_spills(opts, op_dtype):
+    """kda_prepare's whole SPACE (both variants) on the kernelfile's H = 96 shape and variations."""
+    import itertools
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.oploader import load_op
+    prep = load_op("kda_prepare", ROOT)
+    pr = Problem.make("kda_prepare", "bfloat16", (8192, 96), {**opts, "op_dtype": op_dtype})
+    configs = [dict(zip(prep.SPACE, c)) for c in itertools.product(*prep.SPACE.values())]
+    valid = [p for p in configs if prep.check(p, pr) is None]
+    assert {p["prep_variant"] for p in valid} == ({0} if opts.get("gate") else {0, 1})
+    for params in valid:
+        b = compile_kernel(prep.render(params, pr, "sm_90a"), "sm_90a")
+        assert b.spill_bytes == 0 and b.local_bytes == 0, (params, b.log)
+        assert b.registers <= (128 if params["prep_variant"] else 255), params
+
+
+def test_bundled_op_with_the_fast_prepare(op):
+    from ptxbuild.compiler import compile_kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96))
+    params = {**op.default_params(pr), "prep_variant": 1}
+    assert op.check(params, pr) is None
+    assert op.check(params, Problem.make("kda", "bfloat16", (8192, 96), {"gate": "given"})) is not None
+    full = compile_kernel(op.render(params, pr, "sm_90a"), "sm_90a")
+    assert ".entry kda_prepare" in full.ptx and ".entry kda_recurrence" in full.ptx and full.spill_bytes == 0

@@ -30,6 +30,7 @@ OPTIONS = {"lengths": None, "hv": None, "K": 128, "V": 128, "gate": "safe", "l2n
            "initial_state": True, "final_state": True}
 KERNELS = ("kda_prepare", "kda_recurrence")
 FILES = {"kda_prepare": "kda_prepare.cu", "kda_recurrence": "kda_recurrence.cu"}
+PREPARE_FILES = ("kda_prepare.cu", "kda_prepare_fast.cu")   # by params["prep_variant"] (absent: 0)
 CH = 16
 GATES = {"safe": 0, "canonical": 1, "given": 2}
 
@@ -79,9 +80,27 @@ def defines(params: dict, problem: Problem) -> str:
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
+def stage_file(params: dict, stage: str) -> str:
+    """The .cu file of a stage: prepare has two variants with the same signature and workspace."""
+    return PREPARE_FILES[params.get("prep_variant", 0)] if stage == "kda_prepare" else FILES[stage]
+
+
+def prepare_variant_error(params: dict, problem: Problem) -> str | None:
+    """Why prepare variant 1 (kda_prepare_fast.cu) cannot take this problem, or None. It factors
+    exp(G_r - G_s) through the chunk's middle row, which only the safe gate bounds (40 nats)."""
+    if params.get("prep_variant", 0) == 0:
+        return None
+    d = dims(problem)
+    if d["gate"] != "safe" or ref.LOWER_BOUND < -5.0:
+        return f"prep_variant=1 needs the safe gate with lower bound >= -5 (gate={d['gate']!r})"
+    if (d["K"], d["V"]) != (128, 128) or params["prep_threads"] != 128:
+        return "prep_variant=1 is built for K = V = 128 and prep_threads=128"
+    return None
+
+
 def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kernel:
     """One kernel alone: defines + kda_common.cuh + its .cu file."""
-    src = defines(params, problem) + (HERE / "kda_common.cuh").read_text() + (HERE / FILES[stage]).read_text()
+    src = defines(params, problem) + (HERE / "kda_common.cuh").read_text() + (HERE / stage_file(params, stage)).read_text()
     return Kernel(src, stage)
 
 

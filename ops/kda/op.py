@@ -28,10 +28,12 @@ workspace = host.workspace
 
 NAME = "kda"
 VERSION = "0.1"
-SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_recurrence.cu", "reference.py", "workspace.py", "kda_host.py"]
+SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "reference.py", "workspace.py",
+           "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
-SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256]}
+SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
+         "prep_variant": [0, 1]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 CH = host.CH
@@ -53,7 +55,7 @@ def default_params(problem: Problem) -> dict:
     split = next((s for s in (1, 2, 4) if d["N"] * d["HV"] * s >= 132 and d["V"] % (16 * s) == 0), 1)
     while d["V"] % (16 * split):
         split //= 2
-    return {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128}
+    return {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 0}
 
 
 
@@ -71,7 +73,7 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stages < 2"
     if smem_bytes(params, problem) > 227 * 1024:
         return f"shared memory {smem_bytes(params, problem)} B > 227 KiB"
-    return None
+    return host.prepare_variant_error(params, problem)
 
 
 # ---------------------------------------------------------------- rendering and launching
@@ -79,7 +81,7 @@ def check(params: dict, problem: Problem) -> str | None:
 
 def render(params: dict, problem: Problem, arch: str) -> Kernel:
     src = (_defines(params, problem) + (_HERE / "kda_common.cuh").read_text()
-           + (_HERE / "kda_prepare.cu").read_text() + (_HERE / "kda_recurrence.cu").read_text())
+           + (_HERE / host.stage_file(params, "kda_prepare")).read_text() + (_HERE / "kda_recurrence.cu").read_text())
     return Kernel(src, "kda_recurrence")
 
 
