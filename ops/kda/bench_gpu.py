@@ -11,10 +11,13 @@ decoded and compared stage by stage with the chunked reference (small cases); th
 alone on a CPU-encoded workspace; the full pipeline compared with the recurrent reference
 (relative RMS <= 5e-3 on o and the final state, all finite, all written); two runs bit-identical;
 inputs unmodified. Timing: CUDA events, L2 flushed before every call, median / p20 / p80.
+Both prepare variants (prep_variant 0: kda_prepare.cu, 1: kda_prepare_fast.cu, safe gate only) are
+verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps one.
 
     python3 ops/kda/bench_gpu.py --quick                 # < 3 minutes
     python3 ops/kda/bench_gpu.py                         # more cases, every parameter combination
     python3 ops/kda/bench_gpu.py --params split=4,stages=3,op_dtype=bf16
+    python3 ops/kda/bench_gpu.py --quick --prep-variant 1
 """
 from __future__ import annotations
 
@@ -291,6 +294,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time every config of SPACE on each scenario")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prep-variant", choices=("0", "1", "both"), default="both",
+                    help="prepare kernel(s) to verify and time (default: both, one row each)")
     a = ap.parse_args(argv)
     try:
         import cupy as cp
@@ -305,6 +310,12 @@ def main(argv=None) -> int:
     for item in filter(None, a.params.split(",")):
         k, v = item.split("=")
         override[k] = v if k == "op_dtype" else int(v)
+    variants = [override.pop("prep_variant")] if "prep_variant" in override else (
+        [0, 1] if a.prep_variant == "both" else [int(a.prep_variant)])
+
+    def with_variants(params: dict) -> list[dict]:
+        """params once per chosen prepare variant (callers skip those check() rejects)."""
+        return [{**params, "prep_variant": pv} for pv in variants]
     failures = 0
     cache: dict = {}
 
@@ -318,7 +329,7 @@ def main(argv=None) -> int:
     log("\n== correctness (relative RMS vs float64; gate 5e-3) ==")
     for i, (lens, H, kw) in enumerate(small_cases(a.quick)):
         problem, ckw = problem_of(lens, H, kw)
-        configs = [{**kda.default_params(problem), **override}]
+        configs = with_variants({**kda.default_params(problem), **override})
         if not a.quick and i < 12:
             configs += [dict(zip(kda.SPACE, c)) for c in itertools.product(*kda.SPACE.values())]
         elif i < 4:
@@ -341,30 +352,16 @@ def main(argv=None) -> int:
                     log("context is corrupted after an illegal address: stopping")
                     return 1
 
-    # 2. the kda.md scenarios: verify (quick: three of them) and time
+    # 2. the kda.md scenarios: verify (quick: two of them) and time, once per prepare variant
     log("\n== scenarios (ms: median [p20, p80] of n, L2 flushed) ==")
     rows = []
     scen = [(H, name, lens) for H in (96, 64) for name, lens in
             (("1x8192", (8192,)), ("mixed6", MIXED), ("8x1024", (1024,) * 8))]
     for j, (H, name, lens) in enumerate(scen):
         problem = Problem.make("kda", "bfloat16", (sum(lens), H), {"lengths": lens if len(lens) > 1 else None})
-        params = {**kda.default_params(problem), **override}
-        try:
-            built = built_for(problem, params)
-        except Exception as exc:  # noqa: BLE001
-            log(f"H{H} {name}: build failed: {exc}")
-            failures += 1
-            continue
-        if not a.quick or j in (0, 4):  # quick: H96 1x8192 and H64 mixed
-            case = kda.case_for(problem, a.seed + 100 + j)
-            res = verify(cp, built, case, stages=False, label=f"H{H} {name} {params}")
-            log(fmt(res))
-            failures += not res["ok"]
         inputs = gpu_inputs(cp, problem, a.seed + 200 + j)
         outputs = kda.make_outputs(problem, cp)
-        t_all = bench_ms(cp, lambda: built.forward(inputs, outputs))
-        t_prep = bench_ms(cp, lambda: built.run("kda_prepare", inputs, outputs))
-        t_rec = bench_ms(cp, lambda: built.run("kda_recurrence", inputs, outputs))
+        case = kda.case_for(problem, a.seed + 100 + j) if not a.quick or j in (0, 4) else None  # quick: 2 of 6
         fla_ms, fla_note = None, ""
         if not a.no_fla and (not a.quick or name == "1x8192"):  # first call autotunes (slow)
             run, fla_note = fla_runner(problem, inputs, cp)
@@ -377,11 +374,28 @@ def main(argv=None) -> int:
                 except Exception as exc:  # noqa: BLE001
                     fla_note = f"fla failed: {type(exc).__name__}: {str(exc)[:200]}"
         floor_ms = kda.bytes_moved(problem) / 4.27e12 * 1e3
-        rows.append((f"H{H} {name}", params, t_all, t_prep, t_rec, fla_ms, floor_ms))
+        mains = with_variants({**kda.default_params(problem), **override})
+        for params in mains:
+            if why := kda.check(params, problem):
+                log(f"H{H} {name} {params}: skipped ({why})")
+                continue
+            try:
+                built = built_for(problem, params)
+            except Exception as exc:  # noqa: BLE001
+                log(f"H{H} {name} {params}: build failed: {exc}")
+                failures += 1
+                continue
+            if case is not None:
+                res = verify(cp, built, case, stages=False, label=f"H{H} {name} {params}")
+                log(fmt(res))
+                failures += not res["ok"]
+            rows.append((f"H{H} {name}", params, bench_ms(cp, lambda: built.forward(inputs, outputs)),
+                         bench_ms(cp, lambda: built.run("kda_prepare", inputs, outputs)),
+                         bench_ms(cp, lambda: built.run("kda_recurrence", inputs, outputs)), fla_ms, floor_ms))
         if a.sweep:  # timing only: the configs are verified on the small cases (full mode)
             for c in itertools.product(*kda.SPACE.values()):
                 p2 = dict(zip(kda.SPACE, c))
-                if p2 == params or kda.check(p2, problem):
+                if p2 in mains or kda.check(p2, problem):
                     continue
                 b2 = built_for(problem, p2)
                 rows.append((f"H{H} {name}", p2, bench_ms(cp, lambda: b2.forward(inputs, outputs)),
@@ -389,10 +403,10 @@ def main(argv=None) -> int:
                              bench_ms(cp, lambda: b2.run("kda_recurrence", inputs, outputs)), None, floor_ms))
         if fla_note:
             log(f"  ({fla_note})")
-    log(f"\n{'scenario':<14} {'config':<48} {'total ms':>22} {'prepare':>8} {'recur.':>8} {'fla':>8} {'floor':>7}")
+    log(f"\n{'scenario':<14} {'config':<62} {'total ms':>22} {'prepare':>8} {'recur.':>8} {'fla':>8} {'floor':>7}")
     for label, params, t_all, t_prep, t_rec, fla_ms, floor_ms in rows:
         cfg = " ".join(f"{k}={v}" for k, v in params.items())
-        log(f"{label:<14} {cfg:<48} {t_all[0]:7.3f} [{t_all[1]:.3f},{t_all[2]:.3f}] n={t_all[3]:<2} "
+        log(f"{label:<14} {cfg:<62} {t_all[0]:7.3f} [{t_all[1]:.3f},{t_all[2]:.3f}] n={t_all[3]:<2} "
             f"{t_prep[0]:8.3f} {t_rec[0]:8.3f} {fla_ms if fla_ms is not None else float('nan'):8.3f} {floor_ms:7.3f}")
     log("(floor: bytes_moved / 4.27 TB/s, the fused-kernel floor; fla: chunk_kda, same inputs, same run)")
     log(f"\n{'ALL PASS' if failures == 0 else f'{failures} FAILURE(S)'} in {time.perf_counter() - t_start:.0f} s")
