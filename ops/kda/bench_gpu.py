@@ -14,7 +14,7 @@ inputs unmodified. Timing: CUDA events, L2 flushed before every call, median / p
 Both prepare variants (prep_variant 0: kda_prepare.cu, 1: kda_prepare_fast.cu, safe gate only) are
 verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps one.
 
-    python3 ops/kda/bench_gpu.py --quick                 # < 3 minutes
+    python3 ops/kda/bench_gpu.py --quick                 # < 3 minutes per prepare variant
     python3 ops/kda/bench_gpu.py                         # more cases, every parameter combination
     python3 ops/kda/bench_gpu.py --params split=4,stages=3,op_dtype=bf16
     python3 ops/kda/bench_gpu.py --quick --prep-variant 1
@@ -289,7 +289,7 @@ def problem_of(lens, H, kw) -> tuple[Problem, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cases and configs (< 3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer cases and configs (< 3 minutes per prepare variant)")
     ap.add_argument("--params", default="", help="override the default config, e.g. split=4,stages=3")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time every config of SPACE on each scenario")
