@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import signal
+import threading
 import os
 import time
 import uuid
@@ -271,8 +273,14 @@ def search_batch(jobs: int, budget: int) -> int:
 
 def _ignore_sigint() -> None:
     """Compile processes leave Ctrl-C to the build, which stops them (no traceback per process)."""
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _hold_sigint():
+    """Ignore SIGINT until the partial results are written; returns the handler to restore (truthy)."""
+    if threading.current_thread() is not threading.main_thread():
+        return signal.default_int_handler
+    return signal.signal(signal.SIGINT, signal.SIG_IGN) or signal.default_int_handler
 
 
 def _compile_one(compile_fn, kernel: Kernel, arch: str):
@@ -340,12 +348,16 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
                      "source": "measured" if hw else ("lesson" if cfg in [u["params"] for u in used] else "default"),
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
+            t_base = time.perf_counter()
             if hw:
                 entry["baselines"] = _baselines(ctx, op, problem, hw)
             chosen.append(entry)
-            ctx.report("problem_done", target=t, problem=problem, entry=entry)
+            ctx.report("problem_done", target=t, problem=problem, entry=entry,
+                       baseline_s=time.perf_counter() - t_base if hw else None)
     except KeyboardInterrupt:
-        interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
+        # keep what finished: partial artifacts and report, marked interrupted. `timeout -s INT` and a
+        # second Ctrl-C deliver more SIGINTs while those are written; they must not lose the report.
+        interrupted = _hold_sigint()
     finally:
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
@@ -367,6 +379,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     from .report import write_report
     write_report(ctx.kf, ctx.cache, t)
     if interrupted:
+        signal.signal(signal.SIGINT, interrupted)
         raise KeyboardInterrupt
     if not ok:
         reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"

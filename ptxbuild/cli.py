@@ -116,7 +116,12 @@ class Progress:
             end = "\r" if sys.stderr.isatty() else ""
             status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"
             click.echo(f"{end}{self.label}: tried {self.tried}, failed {self.failed}, {status} "
-                       f"({time.monotonic() - self.t0:.1f}s)", err=True)
+                       f"({self._seconds(ev)})", err=True)
+
+    def _seconds(self, ev) -> str:
+        total = f"{time.monotonic() - self.t0:.1f}s"
+        base = ev.get("baseline_s")
+        return total if base is None else f"{total}, of which baselines {base:.1f}s"
 
     def _best(self) -> str:
         if not math.isfinite(self.best):

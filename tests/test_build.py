@@ -170,3 +170,32 @@ def test_metric_and_gates_are_judged_on_measured_builds(proj):
     assert res[0].reason == ("4 gate(s) missed, first: float32[7x100]: p50 0.01 ms > max_time_ms 0.005 "
                              "(ops.scale.gates)")
     assert ctx.cache.last_build("scale@h100")["status"] == "gates_failed"
+
+
+def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(proj, monkeypatch):
+    """`timeout -s INT` signals the build and then its process group: two SIGINTs, the second one
+    arriving while the interrupted build writes its artifacts. The report must still be written."""
+    import os
+    import signal
+
+    import ptxbuild.build as build_mod
+
+    class Interrupting(FakeCompiler):
+        def __call__(self, kernel, arch):
+            if len(self.calls) == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().__call__(kernel, arch)
+
+    real = build_mod.write_artifacts
+
+    def second_signal(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(build_mod, "write_artifacts", second_signal)
+    ctx = make_ctx(proj, Interrupting())
+    with pytest.raises(KeyboardInterrupt):
+        build(ctx, [Target("scale", "b200")])
+    assert ctx.cache.last_build("scale@b200")["status"] == "interrupted"
+    assert "**interrupted**" in (proj / "reports/scale@b200/report.md").read_text()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
