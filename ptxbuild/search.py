@@ -5,7 +5,7 @@ import itertools
 import math
 import random
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 Config = dict
 Score = float  # lower is better; math.inf for a failed candidate
@@ -33,39 +33,74 @@ def _mutate(cfg: Config, space: dict[str, list], rng: random.Random) -> Config:
     return out
 
 
+ENUMERATE_MAX = 100_000   # spaces up to this many combinations are enumerated; larger ones are sampled
+
+
+def valid_configs(space: dict[str, list], valid: Callable[[Config], str | None]) -> list[Config] | None:
+    """Every valid config, or None when the space is too large to enumerate (rmsnorm's has 2.5 M
+    combinations: checking them all cost ~15 s per problem, more than searching it)."""
+    if math.prod(len(v) for v in space.values()) > ENUMERATE_MAX:
+        return None
+    return [c for c in enumerate_space(space) if valid(c) is None]
+
+
+def random_valid(space: dict[str, list], valid: Callable[[Config], str | None], rng: random.Random,
+                 draws: int = 200_000) -> Config | None:
+    """A uniformly random valid config by rejection sampling (None if `draws` draws find none)."""
+    names = sorted(space)
+    for _ in range(draws):
+        c = {n: rng.choice(space[n]) for n in names}
+        if valid(c) is None:
+            return c
+    return None
+
+
+def _lazy_valid(space, valid) -> Iterator[Config]:
+    return (c for c in (dict(zip(sorted(space), v)) for v in itertools.product(*(space[n] for n in sorted(space))))
+            if valid(c) is None)
+
+
 def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[Score]], *, strategy: str,
                budget: int, seconds: float, valid: Callable[[Config], str | None] = lambda c: None,
                seeds: Iterable[Config] = (), rng_seed: int = 0, batch: int = 4) -> list[tuple[Config, Score]]:
     """Evaluate up to `budget` valid configs within `seconds`; returns every (config, score) tried.
 
-    Seeds (lesson predictions, the op's default) are tried first by every strategy.
+    Seeds (lesson predictions, the op's default) are tried first by every strategy. "auto" is
+    exhaustive when the valid configs fit the budget, else evolutionary.
     """
     rng = random.Random(rng_seed)
     start = time.monotonic()
     tried: dict[tuple, Score] = {}
     history: list[tuple[Config, Score]] = []
-    all_valid = [c for c in enumerate_space(space) if valid(c) is None]
+    all_valid = valid_configs(space, valid)
     if strategy == "auto":
-        strategy = "exhaustive" if len(all_valid) <= budget else "evolutionary"
+        strategy = "exhaustive" if all_valid is not None and len(all_valid) <= budget else "evolutionary"
     queue: list[Config] = [c for c in seeds if valid(c) is None]
+    more: Iterator[Config | None] = iter(())
     if strategy == "exhaustive":
-        queue += all_valid
+        more = iter(all_valid) if all_valid is not None else _lazy_valid(space, valid)
     elif strategy == "random":
-        queue += rng.sample(all_valid, len(all_valid))
+        more = iter(rng.sample(all_valid, len(all_valid))) if all_valid is not None else \
+            iter(lambda: random_valid(space, valid, rng), None)
     elif strategy != "evolutionary":
         raise ValueError(f"unknown search strategy {strategy!r}")
+    limit = budget if all_valid is None else min(budget, len(all_valid))
 
     def take(n: int) -> list[Config]:
         out: list[Config] = []
-        while queue and len(out) < n:
-            c = queue.pop(0)
-            if _key(c) not in tried and all(_key(c) != _key(o) for o in out):
+        keys = set(tried)
+        while len(out) < n:
+            c = queue.pop(0) if queue else next(more, None)
+            if c is None:
+                break
+            if _key(c) not in keys:
+                keys.add(_key(c))
                 out.append(c)
         return out
 
     stall = 0
-    while len(tried) < min(budget, len(all_valid)) and time.monotonic() - start < seconds:
-        n = min(batch, budget - len(tried))
+    while len(tried) < limit and time.monotonic() - start < seconds:
+        n = min(batch, limit - len(tried))
         group = take(n)
         if len(group) < n and strategy == "evolutionary":
             group += _breed(history, space, valid, tried, group, rng, n - len(group), all_valid)
@@ -91,7 +126,8 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
         if parents and rng.random() < 0.8:
             child = _mutate(rng.choice(parents), space, rng)
         else:
-            child = rng.choice(all_valid) if all_valid else None
+            child = (rng.choice(all_valid) if all_valid else None) if all_valid is not None \
+                else random_valid(space, valid, rng, draws=20_000)
         if child is None:
             break
         if _key(child) in seen or valid(child) is not None:

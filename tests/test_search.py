@@ -1,5 +1,8 @@
 """Search strategies on a synthetic score: coverage, determinism, seeds first, budgets."""
 import math
+from pathlib import Path
+
+import pytest
 
 from ptxbuild.search import best, enumerate_space, run_search
 
@@ -45,3 +48,48 @@ def test_failed_configs_score_infinite_and_never_win():
         return [math.inf if c["c"] == "x" else score(c) for c in group]
     hist = run_search(SPACE, ev, strategy="exhaustive", budget=1000, seconds=10, valid=valid)
     assert best(hist) == ({"a": 8, "b": 96, "c": "y"}, 2.0)
+
+
+BIG = {f"p{i}": list(range(8)) for i in range(7)}          # 8^7 = 2.1 M combinations: sampled, not enumerated
+
+
+def big_valid(c):
+    return None if c["p0"] == 0 and c["p1"] in (1, 2) and c["p2"] % 4 == 0 else "no"   # 1 in 128 is valid
+
+
+@pytest.mark.parametrize("strategy", ["random", "evolutionary", "exhaustive", "auto"])
+def test_spaces_too_large_to_enumerate_are_searched_without_enumerating(strategy, monkeypatch):
+    import ptxbuild.search as search
+    assert search.valid_configs(BIG, big_valid) is None
+    monkeypatch.setattr(search, "enumerate_space", lambda space: pytest.fail("enumerated a 2 M space"))
+    hist = run_search(BIG, lambda g: [float(sum(c.values())) for c in g], strategy=strategy, budget=20,
+                      seconds=30, valid=big_valid, rng_seed=1)
+    keys = [tuple(sorted(c.items())) for c, _ in hist]
+    assert len(hist) == 20 and len(set(keys)) == 20            # budget met, nothing evaluated twice
+    assert all(big_valid(c) is None for c, _ in hist)
+
+
+def test_random_valid_is_uniform_over_valid_configs():
+    import random
+
+    from ptxbuild.search import random_valid
+    rng = random.Random(0)
+    draws = [random_valid(BIG, big_valid, rng) for _ in range(400)]
+    assert all(big_valid(c) is None for c in draws)
+    assert {c["p1"] for c in draws} == {1, 2} and {c["p2"] for c in draws} == {0, 4}
+    assert 150 < sum(c["p1"] == 1 for c in draws) < 250
+
+
+def test_rmsnorm_space_is_sampled_not_enumerated(monkeypatch):
+    """The rmsnorm space (2.5 M combinations) is not checked config by config before a search
+    (that cost ~15 s per problem on the H200 builds); a random search still finds valid configs."""
+    import ptxbuild.search as search
+    from ptxbuild.oploader import load_op
+    from ptxbuild.problem import Problem
+    op = load_op("rmsnorm", Path(__file__).resolve().parents[1])
+    p = Problem.make("rmsnorm", "bfloat16", (32768, 4096), {})
+    monkeypatch.setattr(search, "enumerate_space", lambda space: pytest.fail("enumerated the rmsnorm space"))
+    hist = run_search(op.SPACE, lambda g: [1.0] * len(g), strategy="random", budget=24, seconds=60,
+                      valid=lambda c: op.check(c, p), rng_seed=7)
+    assert len(hist) == 24 and all(op.check(c, p) is None for c, _ in hist)
+    assert len({c["regime"] for c, _ in hist}) >= 2            # the sample spans regimes
