@@ -86,7 +86,7 @@ def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
 
 def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     """(up to date?, why) for a target whose current build key is `key`."""
-    last = ctx.cache.last_build(str(t))
+    last = ctx.cache.last_build(str(t), ctx.kf.project)
     if last is None:
         return False, "never built"
     if last["status"] != "ok":
@@ -276,11 +276,27 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _hold_sigint():
-    """Ignore SIGINT until the partial results are written; returns the handler to restore (truthy)."""
-    if threading.current_thread() is not threading.main_thread():
-        return signal.default_int_handler
-    return signal.signal(signal.SIGINT, signal.SIG_IGN) or signal.default_int_handler
+class _Interrupts:
+    """SIGINT while a target builds: the first one stops the search (KeyboardInterrupt); the next
+    one, which `timeout -s INT` (the child, then its process group) or a second Ctrl-C sends while
+    the partial results are written, is ignored; a third stops at once."""
+
+    def __init__(self):
+        self.count, self.prev = 0, None
+
+    def _handle(self, signum, frame):
+        self.count += 1
+        if self.count != 2:
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.prev = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            signal.signal(signal.SIGINT, self.prev)
 
 
 def _compile_one(compile_fn, kernel: Kernel, arch: str):
@@ -292,6 +308,11 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
 
 
 def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
+    with _Interrupts():
+        return _build_target_signals_held(ctx, t, key, why)
+
+
+def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     spec = ctx.kf.ops[t.op]
     op = load_op(spec.template, ctx.kf.root)
     gpu = ctx.kf.gpus[t.gpu]
@@ -355,9 +376,7 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
             ctx.report("problem_done", target=t, problem=problem, entry=entry,
                        baseline_s=time.perf_counter() - t_base if hw else None)
     except KeyboardInterrupt:
-        # keep what finished: partial artifacts and report, marked interrupted. `timeout -s INT` and a
-        # second Ctrl-C deliver more SIGINTs while those are written; they must not lose the report.
-        interrupted = _hold_sigint()
+        interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
     finally:
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
@@ -375,11 +394,10 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
     summary["metric"] = {"name": spec.metric, "value_ms": gates.metric_ms(spec.metric, timed), "problems": len(timed)}
     summary["gates"] = {"declared": {k: v for k, v in spec.gates.items() if v is not None}, "failures": missed}
     status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
-    ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary)
+    ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
     from .report import write_report
     write_report(ctx.kf, ctx.cache, t)
     if interrupted:
-        signal.signal(signal.SIGINT, interrupted)
         raise KeyboardInterrupt
     if not ok:
         reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"

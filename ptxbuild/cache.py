@@ -12,7 +12,7 @@ import sqlite_utils
 
 from .problem import Binary
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -45,7 +45,13 @@ def _v2(db: sqlite_utils.Database) -> None:
     db["builds"].create_index(["target", "key"], if_not_exists=True)
 
 
-MIGRATIONS = {1: _v1, 2: _v2}
+def _v3(db: sqlite_utils.Database) -> None:
+    """Builds belong to a kernelfile's project: several kernelfiles may share one cache (and a target name)."""
+    db["builds"].add_column("project", str, not_null_default="")
+    db["builds"].create_index(["project", "target"], if_not_exists=True)
+
+
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3}
 
 
 class Cache:
@@ -125,13 +131,16 @@ class Cache:
         return list(self.db.query(sql, args))
 
     def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
-                  summary: dict) -> None:
+                  summary: dict, project: str = "") -> None:
         self.db["builds"].insert({"target": target, "key": key, "kernelfile": kernelfile, "status": status,
                                   "measured": int(measured), "manifest": manifest,
-                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time()})
+                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time(),
+                                  "project": project})
 
-    def last_build(self, target: str) -> dict | None:
-        rows = list(self.db.query("select * from builds where target = ? order by id desc limit 1", [target]))
+    def last_build(self, target: str, project: str = "") -> dict | None:
+        """The latest build of `target` by the kernelfile whose [project] name is `project`."""
+        rows = list(self.db.query("select * from builds where target = ? and project = ? order by id desc limit 1",
+                                  [target, project]))
         return rows[0] if rows else None
 
     def integrity(self) -> str:

@@ -32,7 +32,7 @@ def environment(root: Path) -> dict:
 
 
 def collect(kf, cache, target) -> dict | None:
-    build = cache.last_build(str(target))
+    build = cache.last_build(str(target), kf.project)
     if build is None:
         return None
     summary = json.loads(build["summary"])

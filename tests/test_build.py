@@ -3,11 +3,13 @@ import json
 
 import pytest
 
-from ptxbuild.build import build, plan
+from ptxbuild.build import Context, build, plan
+from ptxbuild.cache import Cache
+from ptxbuild.kernelfile import load
 from ptxbuild.graph import Target
 
 from .conftest import make_ctx
-from .fakes import FakeCompiler, FakeGpu, fake_match
+from .fakes import FakeCompiler, FakeGpu, FakeToolchain, fake_match
 
 
 def _status(results):
@@ -128,7 +130,7 @@ def test_interrupt_keeps_finished_problems_and_marks_the_build(proj):
     ctx = make_ctx(proj, Interrupting())
     with pytest.raises(KeyboardInterrupt):
         build(ctx, [Target("scale", "b200")])
-    last = ctx.cache.last_build("scale@b200")
+    last = ctx.cache.last_build("scale@b200", ctx.kf.project)
     assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
     assert "problems built: 2/4 (**interrupted**: rerun to finish)" in (proj / "reports/scale@b200/report.md").read_text()
     comp = FakeCompiler()
@@ -159,7 +161,7 @@ def test_metric_and_gates_are_judged_on_measured_builds(proj):
     res = build(ctx, [Target("scale", "h100")])
     # the fake GPU times vec=4 at 0.01 ms; 7x100 only allows vec<=4 too, so every winner is 0.01 ms
     assert res[0].status == "built"
-    summary = json.loads(ctx.cache.last_build("scale@h100")["summary"])
+    summary = json.loads(ctx.cache.last_build("scale@h100", ctx.kf.project)["summary"])
     assert summary["metric"] == {"name": "geomean_time", "value_ms": pytest.approx(0.01), "problems": 4}
     assert summary["gates"] == {"declared": {"max_time_ms": 0.015}, "failures": []}
     assert "- gates: max_time_ms = 0.015: all met" in (proj / "reports/scale@h100/report.md").read_text()
@@ -169,7 +171,7 @@ def test_metric_and_gates_are_judged_on_measured_builds(proj):
     assert res[0].status == "failed"
     assert res[0].reason == ("4 gate(s) missed, first: float32[7x100]: p50 0.01 ms > max_time_ms 0.005 "
                              "(ops.scale.gates)")
-    assert ctx.cache.last_build("scale@h100")["status"] == "gates_failed"
+    assert ctx.cache.last_build("scale@h100", ctx.kf.project)["status"] == "gates_failed"
 
 
 def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(proj, monkeypatch):
@@ -196,6 +198,19 @@ def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(pr
     ctx = make_ctx(proj, Interrupting())
     with pytest.raises(KeyboardInterrupt):
         build(ctx, [Target("scale", "b200")])
-    assert ctx.cache.last_build("scale@b200")["status"] == "interrupted"
+    assert ctx.cache.last_build("scale@b200", ctx.kf.project)["status"] == "interrupted"
     assert "**interrupted**" in (proj / "reports/scale@b200/report.md").read_text()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_kernelfiles_sharing_a_cache_keep_their_own_builds(proj):
+    """benchmarks/*.toml share the repository's cache and target names: one kernelfile's build must
+    not make another's target up to date, nor show up in its report."""
+    text = (proj / "kernelfile.toml").read_text()
+    (proj / "other.toml").write_text(text.replace('name = "toy"', 'name = "other"'))
+    build(make_ctx(proj), [Target("scale", "b200")])
+    kf2 = load(proj / "other.toml")
+    ctx2 = Context(kf=kf2, cache=Cache(kf2.cache_path), toolchain=FakeToolchain(), compile_fn=FakeCompiler(), jobs=1)
+    assert ctx2.cache.last_build("scale@b200", "toy")["status"] == "ok"
+    assert ctx2.cache.last_build("scale@b200", "other") is None
+    assert [(str(t), w) for t, f, w in plan(ctx2, [Target("scale", "b200")])] == [("scale@b200", "never built")]

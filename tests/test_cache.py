@@ -72,7 +72,7 @@ def test_kill_9_mid_build_then_rerun(proj):
     assert cache.integrity() == "ok"
     done = {r["key"] for r in cache.db["compiles"].rows}
     assert len(done) >= 3
-    assert cache.db["builds"].count == 0 or cache.last_build("scale@h100")["status"] == "ok"
+    assert cache.db["builds"].count == 0 or cache.last_build("scale@h100", "toy")["status"] == "ok"
     out = subprocess.run([sys.executable, str(script), str(proj), "0"], capture_output=True, text=True, check=True)
     recompiled = int(out.stdout.strip())
     total = Cache(db).db["compiles"].count

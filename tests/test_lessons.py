@@ -54,7 +54,7 @@ def test_the_next_build_prunes_what_a_failure_rule_covers_without_compiling(proj
     assert pruned and all(json.loads(a["params"])["vec"] == 1 and a["detail"].startswith("lesson ") for a in pruned)
     assert not any(a["outcome"] == "compile_error" for a in run)
     assert not any("#define VEC 1\n" in src for src in comp.calls)       # never compiled
-    summary = json.loads(ctx.cache.last_build("scale@h100")["summary"])
+    summary = json.loads(ctx.cache.last_build("scale@h100", ctx.kf.project)["summary"])
     assert any(u.get("kind") == "fails" for u in summary["lessons_used"])
     report = (proj / "reports/scale@h100/report.md").read_text()
     assert "failure rule `" in report and "candidates pruned by failure rules: " in report
