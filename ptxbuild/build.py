@@ -21,6 +21,7 @@ from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
 from .problem import Binary, Kernel, Problem, digest
+from .report import environment, write_report
 from .search import run_search
 
 REGISTERS_PER_SM = 65536
@@ -384,7 +385,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> T
     summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
-               "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons}
+               "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
+               "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     produced = lessons.derive(ctx.cache, op, t, ctx.run)
     summary["lessons_produced"] = produced
@@ -395,7 +397,6 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> T
     summary["gates"] = {"declared": {k: v for k, v in spec.gates.items() if v is not None}, "failures": missed}
     status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
-    from .report import write_report
     write_report(ctx.kf, ctx.cache, t)
     if interrupted:
         raise KeyboardInterrupt

@@ -41,7 +41,7 @@ def collect(kf, cache, target) -> dict | None:
     by_outcome = Counter(a["outcome"] for a in attempts)
     rejected = Counter((a["outcome"], (a["detail"] or "").split("\n")[0][:100]) for a in attempts if a["outcome"] != "ok")
     return {"target": str(target), "status": build["status"], "built_at": build["created"], "summary": summary,
-            "environment": environment(kf.root), "dispatch": manifest.get("dispatch", []),
+            "environment": summary.get("environment") or environment(kf.root), "dispatch": manifest.get("dispatch", []),
             "variants": manifest.get("variants", {}), "candidates_by_outcome": dict(sorted(by_outcome.items())),
             "attempts": len(attempts),
             "rejected": [{"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)]}

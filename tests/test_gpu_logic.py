@@ -132,6 +132,8 @@ def test_order_unwritten_before_wrong_before_nondeterministic():
     ("CUDA_ERROR_INVALID_VALUE: invalid argument", Outcome.LAUNCH_ERROR, False),
     ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain.", Outcome.LAUNCH_ERROR, False),
     ("cudaErrorSomethingNew: ???", Outcome.LAUNCH_ERROR, True),
+    # cupy's wording, seen on the H200 for a 2^31-element baseline check: not sticky, the call goes on
+    ("Out of memory allocating 17,179,869,184 bytes (allocated so far: 120,527,519,744 bytes).", Outcome.LAUNCH_ERROR, False),
 ])
 def test_cuda_errors_map_to_outcomes(msg, outcome, sticky):
     assert errors.classify(msg) == (outcome, sticky)

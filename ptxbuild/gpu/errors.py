@@ -18,7 +18,7 @@ _RULES = [
     (r"INVALID_VALUE|InvalidValue|INVALID_CONFIGURATION|InvalidConfiguration|invalid argument|"
      r"UNSUPPORTED_PTX_VERSION|UnsupportedPtxVersion|NO_BINARY_FOR_GPU|NoKernelImageForDevice|INVALID_IMAGE|"
      r"InvalidKernelImage|INVALID_PTX|InvalidPtx|NOT_FOUND|SymbolNotFound|INVALID_HANDLE|InvalidResourceHandle|"
-     r"CLUSTER|Cluster|OUT_OF_MEMORY|MemoryAllocation|out of memory", Outcome.LAUNCH_ERROR, False),
+     r"CLUSTER|Cluster|OUT_OF_MEMORY|MemoryAllocation|[Oo]ut of memory", Outcome.LAUNCH_ERROR, False),
 ]
 
 

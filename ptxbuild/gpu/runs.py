@@ -113,6 +113,16 @@ class Gpu:
 
     def release(self) -> None:
         self.cp.get_default_memory_pool().free_all_blocks()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()          # baselines allocate through torch's own caching allocator
+
+    def drop_pool(self, above_bytes: int = 0) -> None:
+        """Free the timing pool if its sets exceed `above_bytes` (a 2^31-element problem's pool plus a
+        float64 reference do not fit together; the pool is rebuilt when next needed)."""
+        if self._pool and sum(nbytes(i) + nbytes(o) for i, o in self._pool) > above_bytes:
+            self._pool, self._pool_key = [], None
+            self.release()
 
     # stages
     def copy_bandwidth(self, max_bytes: int = 1 << 30, reps: int = 20) -> float:
@@ -156,6 +166,7 @@ class Gpu:
         det = det(params) if callable(det) else bool(det)
         seeds = list(seeds or [secrets.randbelow(2**31) for _ in range(3)])
         cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
+        self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
         plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params), seeds[1:])]
         plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params)]
         with self.stream:
@@ -241,6 +252,7 @@ class Gpu:
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}
+        self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
         for name, fn in fns.items():
             try:
                 with self.stream, _torch_stream(self.stream):
