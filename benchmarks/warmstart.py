@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ptxbuild import lessons, replay  # noqa: E402
 from ptxbuild.lessons_io import parse_lessons  # noqa: E402
+from ptxbuild.problem import Problem  # noqa: E402
 
 BAR = 0.25   # warm must reach within 2% in at most this fraction of cold's evaluations (median over shapes)
 
@@ -61,7 +62,7 @@ def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True):
         rand = cold if strategy == "random" else [
             replay.replay_search(rec, op, g, problem, strategy="random", seeds=base, rng_seed=s) for s in range(n_seeds)]
         rp = replay.Replayer(rec, op, g, problem)
-        row = {"problem": problem, "label": f"{problem['dtype']}[{'x'.join(map(str, problem['shape']))}]",
+        row = {"problem": problem, "label": Problem.make(op, problem["dtype"], tuple(problem["shape"]), problem.get("options") or {}).label(),
                "best_ms": rp.best_ms(), "candidates": len(rp.table),
                "cold": {"evaluations": _mean(cold, "evaluations"), "seconds": _mean(cold, "seconds"),
                         "never": sum(r.evaluations is None for r in cold)},

@@ -15,6 +15,7 @@ FAIL_OUTCOMES = ("compile_error", "spill", "resource", "wrong_result")   # what 
 PRUNE_CONFIDENCE = 0.5          # a failure rule prunes only at or above this confidence
 RETIRE_CONFIDENCE = 0.25        # below this a contradicted lesson is retired
 NEAR_BEST = 1.02                # "as good as the best": within 2%
+NEAR_MAX = 6                    # near-best configs a 'best' lesson keeps besides its winner
 LEVELS = ("same GPU", "same architecture", "same family", "other family")
 
 
@@ -70,9 +71,16 @@ def _row(op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence
 
 # -- using lessons ------------------------------------------------------------------------------
 def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4) -> tuple[list[dict], list[dict]]:
-    """Configs to try first for `problem`, nearest scope first; and the lessons they came from."""
+    """Configs to try first for `problem` and the lessons they came from: a lesson of this exact
+    scope first; then configs by support, the sum over other scopes' 'best' lessons of
+    confidence * 2^-distance for each lesson whose winner or near-best set (within 2%) holds the
+    config. A config near-best on both neighbours (N/2 and 2N, or plain and residual) outranks one
+    neighbour's winner: on the H200 recording single winners often did not transfer."""
     rows = cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME])
-    cands = [(json.loads(r["scope"]), json.loads(r["rule"])["params"], r["id"], r["confidence"]) for r in rows]
+    cands = []   # (scope, params, lesson id, confidence, near-best configs)
+    for r in rows:
+        rule = json.loads(r["rule"])
+        cands.append((json.loads(r["scope"]), rule["params"], r["id"], r["confidence"], rule.get("near", [])))
     if run:  # the winners of this run's earlier problems count before they become lessons
         best: dict[str, dict] = {}
         for r in cache.db.query("select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
@@ -81,17 +89,27 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
                 best[r["problem"]] = r
         for r in best.values():
             cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
-                          f"run:{r['id']}", 1.0))
-    cands.sort(key=lambda c: (_distance(c[0], gpu, problem), -c[3]))
-    out, used, seen = [], [], set()
-    for scope, params, lid, _ in cands:
-        k = json.dumps(params, sort_keys=True)
-        if k in seen or op.check(params, problem) is not None:
+                          f"run:{r['id']}", 1.0, []))
+    support: dict[str, float] = defaultdict(float)
+    origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params) of its nearest lesson
+    for scope, params, lid, conf, near in cands:
+        d = _distance(scope, gpu, problem)
+        for p in [params] + list(near):
+            k = json.dumps(p, sort_keys=True)
+            support[k] += conf * 2.0 ** -d if d > 0 else 0.0
+            if k not in origin or d < origin[k][0]:
+                origin[k] = (d, scope, lid, p)
+    exact = list(dict.fromkeys(json.dumps(c[1], sort_keys=True) for c in sorted(cands, key=lambda c: -c[3])
+                               if _distance(c[0], gpu, problem) == 0))     # this scope's winners
+    ranked = exact + sorted((k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k))
+    out, used = [], []
+    for k in ranked:
+        d, scope, lid, params = origin[k]
+        if op.check(params, problem) is not None:
             continue
-        seen.add(k)
         out.append(params)
-        used.append({"lesson": lid, "kind": "best", "scope": scope, "params": params,
-                     "distance": round(_distance(scope, gpu, problem), 3), "level": LEVELS[level(scope, gpu)]})
+        used.append({"lesson": lid, "kind": "best", "scope": scope, "params": params, "distance": round(d, 3),
+                     "level": LEVELS[level(scope, gpu)], "support": round(support[k], 3)})
         if len(out) >= limit:
             break
     return out, used
@@ -140,19 +158,24 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
 
 # -- deriving lessons ---------------------------------------------------------------------------
 def best_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
-    """The fastest verified, measured config of each (GPU, problem) as a 'best' lesson row."""
-    best: dict[tuple, dict] = {}
+    """The fastest verified, measured config of each (GPU, problem) as a 'best' lesson row; its rule
+    also lists (near) up to NEAR_MAX other configs measured within 2% of it on that problem."""
+    by_problem: dict[tuple, list[dict]] = defaultdict(list)
     for r in attempts:
-        if r["outcome"] != "ok" or r.get("p50_ms") is None:
-            continue
-        k = (r["gpu"], r["problem"])
-        if k not in best or r["p50_ms"] < best[k]["p50_ms"]:
-            best[k] = r
+        if r["outcome"] == "ok" and r.get("p50_ms") is not None:
+            by_problem[(r["gpu"], r["problem"])].append(r)
     out = []
-    for (gpu, prob), r in sorted(best.items()):
-        scope = _scope(gpu, r["arch"], json.loads(prob))
-        out.append(_row(op, "best", scope, {"params": json.loads(r["params"]), "p50_ms": r["p50_ms"]},
-                        [r["id"]], 1.0, source))
+    for (gpu, prob), rs in sorted(by_problem.items()):
+        rs = sorted(rs, key=lambda a: (a["p50_ms"], a["id"]))
+        r, near = rs[0], []
+        for a in rs[1:]:
+            p = json.loads(a["params"])
+            if a["p50_ms"] <= r["p50_ms"] * NEAR_BEST and p not in near and p != json.loads(r["params"]):
+                near.append(p)
+        rule = {"params": json.loads(r["params"]), "p50_ms": r["p50_ms"]}
+        if near:
+            rule["near"] = near[:NEAR_MAX]
+        out.append(_row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source))
     return out
 
 

@@ -57,6 +57,7 @@ class Rule(_Strict):
     p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
     outcome: Literal[FAIL_OUTCOMES] | None = None  # type: ignore[valid-type]
     order: Annotated[list[Ident], Field(max_length=64)] | None = None
+    near: Annotated[list[Annotated[dict[Ident, Scalar], Field(max_length=64)]], Field(max_length=8)] | None = None
 
 
 class Evidence(_Strict):
@@ -96,7 +97,9 @@ class Record(_Strict):
     def _consistent(self):
         r = self.rule
         if self.kind == "best" and (r.p50_ms is None or r.outcome or r.order):
-            raise ValueError("a 'best' rule has params and p50_ms only")
+            raise ValueError("a 'best' rule has params, p50_ms and optionally near only")
+        if self.kind != "best" and r.near is not None:
+            raise ValueError("only a 'best' rule has near-best configs (near)")
         if self.kind == "fails" and (r.outcome is None or r.p50_ms is not None or r.order or not r.params):
             raise ValueError("a 'fails' rule has params and outcome only")
         if self.kind == "sensitivity" and (r.order is None or r.outcome or r.p50_ms is not None or

@@ -157,3 +157,32 @@ def test_in_run_seeds_are_the_winners_of_earlier_problems_only(proj):
     op = load_op("scale", kf.root)
     seeds, used = lessons.seeds(ctx.cache, op, Problem.make("scale", "float32", (64, 2048)), kf.gpus["h100"], run="r1")
     assert seeds == [{"threads": 256, "vec": 4}]
+
+
+def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
+    prob = json.dumps(Problem.make("scale", "float32", (64, 1024)).key())
+    mk = lambda i, t, ms, outcome="ok": {"id": i, "gpu": "h200", "arch": "sm_90a", "problem": prob,  # noqa: E731
+                                         "params": json.dumps({"threads": t, "vec": 4}), "outcome": outcome, "p50_ms": ms}
+    rows = lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101), mk(3, 512, 0.0103),
+                                       mk(4, 64, 0.0099, "wrong_result"), mk(5, 256, 0.0101)], "test")
+    (rule,) = [json.loads(r["rule"]) for r in rows]
+    assert rule["params"] == {"threads": 128, "vec": 4}           # a wrong result never wins, however fast
+    assert rule["near"] == [{"threads": 256, "vec": 4}]           # 1% slower: near; 3% slower: not
+
+
+def test_among_equally_near_scopes_a_config_near_best_on_both_neighbours_goes_first(tmp_path):
+    """N = 2048 between lessons of N = 1024 and N = 4096 (same distance): the config within 2% on both
+    is tried before either neighbour's own winner."""
+    cache = Cache(tmp_path / "c.sqlite")
+    target = Problem.make("scale", "float32", (64, 2048))
+    for n, winner, near in ((1024, 1, [{"threads": 3, "vec": 4}]), (4096, 2, [{"threads": 3, "vec": 4}])):
+        scope = lessons._scope("h200", "sm_90a", Problem.make("scale", "float32", (64, n)).key())
+        cache.db["lessons"].insert(lessons._row("scale", "best", scope, {"params": {"threads": winner, "vec": 4},
+                                                                        "p50_ms": 0.01, "near": near}, [1], 1.0, "t"))
+    far = lessons._scope("h200", "sm_90a", Problem.make("scale", "float32", (64, 65536)).key())
+    cache.db["lessons"].insert(lessons._row("scale", "best", far, {"params": {"threads": 9, "vec": 4},
+                                                                  "p50_ms": 0.01, "near": [{"threads": 3, "vec": 4}]},
+                                            [1], 1.0, "t"))
+    seeds, used = lessons.seeds(cache, OP, target, CATALOG["h200"], limit=4)
+    assert [s["threads"] for s in seeds] == [3, 1, 2, 9]          # distance first, then support
+    assert used[0]["support"] > used[1]["support"] == used[2]["support"]

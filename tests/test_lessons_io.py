@@ -49,6 +49,16 @@ def test_round_trip_keeps_every_lesson_and_its_provenance(exported, tmp_path):
     assert [json.loads(x)["id"] for x in again] == [json.loads(x)["id"] for x in lines]
 
 
+def test_near_best_configs_travel_with_a_best_lesson(exported, tmp_path):
+    ctx, path, lines = exported
+    near = [json.loads(x) for x in lines if json.loads(x)["rule"].get("near")]
+    assert near, "the toy build measures configs within 2% of each other: some best lesson has a near set"
+    other = Cache(tmp_path / "other.sqlite")
+    import_lessons(other, path)
+    rules = {r["id"]: json.loads(r["rule"]) for r in _dump(other)}
+    assert all(rules[n["id"]]["near"] == n["rule"]["near"] for n in near)
+
+
 def test_import_merges_without_duplicates(exported, tmp_path):
     ctx, path, lines = exported
     doubled = tmp_path / "doubled.jsonl"
@@ -86,6 +96,9 @@ HOSTILE = {
     "missing field": (["evidence"], KeyError, "evidence: Field required"),
     "forged id": (["id"], "0" * 16, "does not match the lesson's kind, op, scope and rule"),
     "bad format": (["format"], "pickle", "format: Input should be 'ptxbuild-lesson/1'"),
+    "too many near-best configs": (["rule", "near"], [{"threads": i} for i in range(9)],
+                                   "rule.near: List should have at most 8 items"),
+    "code in a near-best config": (["rule", "near"], [{"threads": {"__import__": "os"}}], "rule.near.0.threads"),
 }
 
 
