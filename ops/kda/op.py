@@ -50,12 +50,14 @@ inputs_from_case = host.inputs_from_case
 # ---------------------------------------------------------------- problem geometry
 
 def default_params(problem: Problem) -> dict:
-    """V-split: the smallest of 1, 2, 4 whose blocks (N * HV * split) fill 132 SMs; 2 stages; f16."""
+    """V-split: the smallest of 1, 2, 4 whose blocks (N * HV * split) fill 132 SMs; 2 stages; f16;
+    the fast prepare (variant 1) where it applies (H200: 1.62 ms vs 5.09 ms at H96 1x8192)."""
     d = dims(problem)
     split = next((s for s in (1, 2, 4) if d["N"] * d["HV"] * s >= 132 and d["V"] % (16 * s) == 0), 1)
     while d["V"] % (16 * split):
         split //= 2
-    return {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 0}
+    params = {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
 
 
 
