@@ -228,7 +228,9 @@ def fla_runner(problem: Problem, inputs: dict, cp):
         import torch
         from fla.ops.kda import chunk_kda
     except Exception as exc:  # noqa: BLE001 - any import failure means "no baseline"
-        return None, f"fla not available ({type(exc).__name__}: {exc})"
+        import traceback
+        tb = "".join(traceback.format_exception(exc)[-6:])
+        return None, f"fla not available ({type(exc).__name__}: {exc})\n{tb}"
     import inspect
     d = kda.dims(problem)
     tt = lambda x: torch.as_tensor(cp.asnumpy(x), device="cuda")
@@ -297,6 +299,11 @@ def main(argv=None) -> int:
     ap.add_argument("--prep-variant", choices=("0", "1", "both"), default="both",
                     help="prepare kernel(s) to verify and time (default: both, one row each)")
     a = ap.parse_args(argv)
+    if not a.no_fla:
+        try:   # torch before cupy and numba: imported lazily inside fla_runner it failed on the H200
+            import torch  # noqa: F401    ("partially initialized module 'torch' has no attribute 'library'")
+        except ImportError:
+            pass
     try:
         import cupy as cp
     except ImportError:
