@@ -55,6 +55,22 @@ def random_valid(space: dict[str, list], valid: Callable[[Config], str | None], 
     return None
 
 
+def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]:
+    """Random valid configs, each once; ends when `repeats` draws in a row find none new (a space
+    with fewer valid configs than the budget would otherwise be drawn from forever)."""
+    seen, miss = set(), 0
+    while miss < repeats:
+        c = random_valid(space, valid, rng)
+        if c is None:
+            return
+        if _key(c) in seen:
+            miss += 1
+            continue
+        seen.add(_key(c))
+        miss = 0
+        yield c
+
+
 def _lazy_valid(space, valid) -> Iterator[Config]:
     return (c for c in (dict(zip(sorted(space), v)) for v in itertools.product(*(space[n] for n in sorted(space))))
             if valid(c) is None)
@@ -81,7 +97,7 @@ def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[S
         more = iter(all_valid) if all_valid is not None else _lazy_valid(space, valid)
     elif strategy == "random":
         more = iter(rng.sample(all_valid, len(all_valid))) if all_valid is not None else \
-            iter(lambda: random_valid(space, valid, rng), None)
+            _random_distinct(space, valid, rng)
     elif strategy != "evolutionary":
         raise ValueError(f"unknown search strategy {strategy!r}")
     limit = budget if all_valid is None else min(budget, len(all_valid))

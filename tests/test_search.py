@@ -93,3 +93,24 @@ def test_rmsnorm_space_is_sampled_not_enumerated(monkeypatch):
                       valid=lambda c: op.check(c, p), rng_seed=7)
     assert len(hist) == 24 and all(op.check(c, p) is None for c, _ in hist)
     assert len({c["regime"] for c, _ in hist}) >= 2            # the sample spans regimes
+
+
+def test_random_search_of_a_large_space_ends_when_its_few_valid_configs_are_tried():
+    """Fewer valid configs than the budget in a sampled space: once each is tried, every draw repeats
+    one; the search must end (with each valid config tried once), not draw forever."""
+    import signal
+    space = {"a": list(range(1000)), "b": list(range(200))}     # 200k combinations: sampled
+    few = lambda c: None if c["a"] < 4 and c["b"] < 25 else "no"   # 100 valid, 1 in 2000  # noqa: E731
+
+    def stop(*_):
+        raise TimeoutError("random search did not end")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(20)
+    try:
+        hist = run_search(space, lambda g: [1.0] * len(g), strategy="random", budget=150, seconds=600,
+                          valid=few, rng_seed=2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    keys = [tuple(sorted(c.items())) for c, _ in hist]
+    assert len(keys) == len(set(keys)) and len(keys) >= 95 and all(few(c) is None for c, _ in hist)
