@@ -378,3 +378,40 @@ def test_chunked_compare_matches_whole_array_compare(monkeypatch, dtype):
     assert parts["worst"] == whole["worst"] == (30, 50)
     assert (parts["got"], parts["want"]) == (whole["got"], whole["want"])
     assert parts["max_abs"] == pytest.approx(whole["max_abs"]) and parts["max_abs"] > 1.9
+
+
+def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):
+    """A 2^31-element problem's timing pool and a baseline check's float64 reference do not fit
+    together (cupy 'Out of memory' on the H200): the pool is dropped before each baseline's check,
+    not only the first one's (the first baseline's timing rebuilds it)."""
+    from types import SimpleNamespace
+
+    from ptxbuild.gpu import runs
+
+    g = object.__new__(runs.Gpu)
+    g.cp, g._pool, g._pool_key = np, [], None
+    g.stream = __import__("contextlib").nullcontext()
+    g.sync = g.release = lambda: None
+    held_during_check = []
+
+    def pool(op, problem):
+        if not g._pool:
+            g._pool, g._pool_key = [({"x": SimpleNamespace(nbytes=8 << 30)}, {})], "key"
+        return g._pool
+    g.pool = pool
+
+    def baseline(inputs):
+        held_during_check.append(bool(g._pool))
+        return {"y": np.full(4, 2.0)}
+
+    op = SimpleNamespace(baselines=lambda p: {"eager": baseline, "compiled": baseline},
+                         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+                         reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+                         tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
+    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
+    monkeypatch.setattr(runs.stats, "run", lambda timer, **k: {"candidate": [1.0] * 5})
+    monkeypatch.setattr(runs.stats, "summarize", lambda samples, floor, incumbent=None: {"outcome": "ok"})
+    problem = SimpleNamespace(dtype="float32")
+    res = g.baselines("ops/x", ".", problem)
+    assert res == {"eager": {"outcome": "ok"}, "compiled": {"outcome": "ok"}}
+    assert held_during_check == [False, False]
