@@ -280,14 +280,15 @@ def _ignore_sigint() -> None:
 class _Interrupts:
     """SIGINT while a target builds: the first one stops the search (KeyboardInterrupt); the next
     one, which `timeout -s INT` (the child, then its process group) or a second Ctrl-C sends while
-    the partial results are written, is ignored; a third stops at once."""
+    the partial results are written, is ignored; a third stops at once. A first one that arrives
+    while a finished build is saved (`saving`) is held like a second until the build is recorded."""
 
     def __init__(self):
-        self.count, self.prev = 0, None
+        self.count, self.prev, self.saving = 0, None, False
 
     def _handle(self, signum, frame):
         self.count += 1
-        if self.count != 2:
+        if self.count != 2 and not (self.saving and self.count == 1):
             raise KeyboardInterrupt
 
     def __enter__(self):
@@ -309,11 +310,11 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
 
 
 def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
-    with _Interrupts():
-        return _build_target_signals_held(ctx, t, key, why)
+    with _Interrupts() as irq:
+        return _build_target_signals_held(ctx, t, key, why, irq)
 
 
-def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
+def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq: _Interrupts) -> TargetResult:
     spec = ctx.kf.ops[t.op]
     op = load_op(spec.template, ctx.kf.root)
     gpu = ctx.kf.gpus[t.gpu]
@@ -379,6 +380,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> T
     except KeyboardInterrupt:
         interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
     finally:
+        irq.saving = True
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
     ok = all(c["params"] is not None for c in chosen) and not interrupted
@@ -398,7 +400,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str) -> T
     status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
     write_report(ctx.kf, ctx.cache, t)
-    if interrupted:
+    if interrupted or irq.count:
         raise KeyboardInterrupt
     if not ok:
         reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"

@@ -214,3 +214,27 @@ def test_kernelfiles_sharing_a_cache_keep_their_own_builds(proj):
     assert ctx2.cache.last_build("scale@b200", "toy")["status"] == "ok"
     assert ctx2.cache.last_build("scale@b200", "other") is None
     assert [(str(t), w) for t, f, w in plan(ctx2, [Target("scale", "b200")])] == [("scale@b200", "never built")]
+
+
+def test_a_first_sigint_while_a_finished_build_is_saved_keeps_its_record_and_report(proj, monkeypatch):
+    """A SIGINT that arrives after the last problem, while the artifacts, lessons and build record are
+    written, must not lose them: the build is recorded and reported, then the interrupt goes on."""
+    import os
+    import signal
+
+    import ptxbuild.build as build_mod
+
+    real = build_mod.write_artifacts
+
+    def signal_while_saving(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(build_mod, "write_artifacts", signal_while_saving)
+    ctx = make_ctx(proj)
+    with pytest.raises(KeyboardInterrupt):
+        build(ctx, [Target("scale", "b200")])
+    last = ctx.cache.last_build("scale@b200", ctx.kf.project)
+    assert last is not None and json.loads(last["summary"])["problems_done"] == "4/4"
+    assert (proj / "reports/scale@b200/report.md").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
