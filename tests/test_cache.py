@@ -39,6 +39,34 @@ def test_migrates_a_v1_database_without_dropping_rows(tmp_path):
     assert "idx_attempts_target_problem" in [i.name for i in c.db["attempts"].indexes]
 
 
+
+def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
+    """v3 adds builds.project: a v2 cache's builds survive the upgrade (project ""), and builds of
+    named projects go beside them."""
+    import sqlite3
+
+    import sqlite_utils
+
+    from ptxbuild.cache import MIGRATIONS
+    db = sqlite_utils.Database(sqlite3.connect(tmp_path / "c.sqlite"))
+    MIGRATIONS[1](db)
+    MIGRATIONS[2](db)
+    db["meta"].insert({"key": "schema_version", "value": "2"})
+    db["builds"].insert({"target": "a@b", "key": "k1", "kernelfile": "d", "status": "ok", "measured": 1,
+                         "manifest": "m", "summary": "{}", "created": 1.0})
+    db.conn.commit()
+    db.conn.close()
+    c = Cache(tmp_path / "c.sqlite")
+    assert c.version() == SCHEMA_VERSION == 3
+    old = c.last_build("a@b", "")
+    assert old["key"] == "k1" and old["project"] == "" and old["status"] == "ok"
+    assert c.last_build("a@b", "proj") is None
+    c.add_build("a@b", "k2", "d", "ok", True, "m", {}, "proj")
+    assert c.last_build("a@b", "proj")["key"] == "k2" and c.last_build("a@b", "")["key"] == "k1"
+    assert Cache(tmp_path / "c.sqlite").version() == 3           # reopening migrates nothing again
+    assert ["project", "target"] in [i.columns for i in c.db["builds"].indexes]
+
+
 SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
