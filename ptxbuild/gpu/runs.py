@@ -252,7 +252,9 @@ class Gpu:
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}
-        for name, fn in fns.items():
+        for name in list(fns):
+            fn = fns.pop(name)   # a timed baseline's closure goes, and the torch views of inputs it cached
+            inputs = before = ref = got = pool = timer = None   # nothing of the last baseline stays allocated
             self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)   # the previous baseline's timing rebuilt it
             try:
                 with self.stream, _torch_stream(self.stream):
