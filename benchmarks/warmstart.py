@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import sys
 import time
@@ -86,6 +88,7 @@ def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True):
                                  "never": sum(r.evaluations is None for r in warm),
                                  "unrecorded_seeds": sum(1 for s in seeds if json.dumps(s, sort_keys=True) not in rp.table),
                                  "seeds_from": [{"lesson": u["lesson"], "level": u["level"], "distance": u["distance"],
+                                                 "role": u.get("role", "winner"),
                                                  "params": u["params"]} for u in used],
                                  "rules_used": sorted(set().union(*(r.rules_used for r in warm)))}
         rows.append(row)
@@ -108,8 +111,23 @@ def summarize(rows):
         out["warm"][n] = {"shapes": len(have), "median_evaluations": ev,
                           "median_seconds": statistics.median(r["warm"][n]["seconds"] or 0 for r in have),
                           "median_cold_evaluations": c, "fraction_of_cold": round(ev / c, 3) if c else None,
+                          "fraction_interval_90": interval([(r["warm"][n]["evaluations"], r["cold"]["evaluations"])
+                                                            for r in have]),
                           "meets_bar": bool(c) and ev / c <= BAR}
     return out
+
+
+def interval(pairs, resamples: int = 2000, seed: int = 0) -> list[float]:
+    """5th and 95th percentile of median(warm) / median(cold) over shapes resampled with replacement:
+    how much the verdict depends on which shapes happen to be in the recording."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        pick = [rng.choice(pairs) for _ in pairs]
+        cold = statistics.median(c for _, c in pick)
+        ratios.append(statistics.median(w for w, _ in pick) / cold if cold else math.inf)
+    ratios.sort()
+    return [round(ratios[int(0.05 * (resamples - 1))], 3), round(ratios[int(0.95 * (resamples - 1))], 3)]
 
 
 def markdown(meta, rows, summary):
@@ -130,15 +148,17 @@ def markdown(meta, rows, summary):
               "a config the recording lacks counts as an evaluation that failed",
               f"- bar: median warm evaluations <= {BAR:.0%} of median cold evaluations", "",
               "## Summary (median over shapes)", "",
-              "| start | shapes | evaluations to 2% | seconds to 2% | fraction of cold | bar |", "|---|---:|---:|---:|---:|---|"]
+              "| start | shapes | evaluations to 2% | seconds to 2% | fraction of cold | 90% interval (shapes resampled) | bar |",
+              "|---|---:|---:|---:|---:|---|---|"]
     c = summary["cold"]
-    lines.append(f"| cold | {len(rows)} | {c['median_evaluations']:.1f} | {c['median_seconds']:.2f} | 100% | |")
+    lines.append(f"| cold | {len(rows)} | {c['median_evaluations']:.1f} | {c['median_seconds']:.2f} | 100% | | |")
     c = summary["cold_random"]
     lines.append(f"| cold random (reference) | {len(rows)} | {c['median_evaluations']:.1f} | {c['median_seconds']:.2f} | "
-                 f"{c['median_evaluations'] / summary['cold']['median_evaluations']:.0%} | |")
+                 f"{c['median_evaluations'] / summary['cold']['median_evaluations']:.0%} | | |")
     for n, w in summary["warm"].items():
         lines.append(f"| warm: {n} | {w['shapes']} | {w['median_evaluations']:.1f} | {w['median_seconds']:.2f} | "
-                     f"{w['fraction_of_cold']:.0%} | {'PASS' if w['meets_bar'] else 'FAIL'} |")
+                     f"{w['fraction_of_cold']:.0%} | {w['fraction_interval_90'][0]:.0%}-{w['fraction_interval_90'][1]:.0%} | "
+                     f"{'PASS' if w['meets_bar'] else 'FAIL'} |")
     lines += ["", "## Per shape (evaluations to 2%, mean over seeds; seconds in parentheses)", "",
               "| problem | best p50 (us) | candidates | cold | " + " | ".join(names) + " |",
               "|---|---:|---:|---:|" + "---:|" * len(names)]
@@ -153,7 +173,8 @@ def markdown(meta, rows, summary):
     lines += ["", "## Lessons used (first shape)", ""]
     if rows:
         for n, w in rows[0]["warm"].items():
-            seeds = "; ".join(f"`{s['lesson']}` ({s['level']}, distance {s['distance']})" for s in w["seeds_from"])
+            seeds = "; ".join(f"{s['role']} of `{s['lesson']}` ({s['level']}, distance {s['distance']})"
+                              for s in w["seeds_from"])
             lines.append(f"- {n}: seeds {seeds or 'none'}; failure rules that pruned: "
                          f"{', '.join('`' + x + '`' for x in w['rules_used']) or 'none'}")
     return "\n".join(lines) + "\n"

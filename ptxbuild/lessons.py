@@ -91,25 +91,25 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
             cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
                           f"run:{r['id']}", 1.0, []))
     support: dict[str, float] = defaultdict(float)
-    origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params) of its nearest lesson
+    origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params, role) of its nearest lesson
     for scope, params, lid, conf, near in cands:
         d = _distance(scope, gpu, problem)
-        for p in [params] + list(near):
+        for role, p in [("winner", params)] + [("near-best", x) for x in near]:
             k = json.dumps(p, sort_keys=True)
             support[k] += conf * 2.0 ** -d if d > 0 else 0.0
             if k not in origin or d < origin[k][0]:
-                origin[k] = (d, scope, lid, p)
+                origin[k] = (d, scope, lid, p, role)
     exact = list(dict.fromkeys(json.dumps(c[1], sort_keys=True) for c in sorted(cands, key=lambda c: -c[3])
                                if _distance(c[0], gpu, problem) == 0))     # this scope's winners
     ranked = exact + sorted((k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k))
     out, used = [], []
     for k in ranked:
-        d, scope, lid, params = origin[k]
+        d, scope, lid, params, role = origin[k]
         if op.check(params, problem) is not None:
             continue
         out.append(params)
         used.append({"lesson": lid, "kind": "best", "scope": scope, "params": params, "distance": round(d, 3),
-                     "level": LEVELS[level(scope, gpu)], "support": round(support[k], 3)})
+                     "level": LEVELS[level(scope, gpu)], "support": round(support[k], 3), "role": role})
         if len(out) >= limit:
             break
     return out, used

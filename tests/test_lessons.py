@@ -186,3 +186,4 @@ def test_among_equally_near_scopes_a_config_near_best_on_both_neighbours_goes_fi
     seeds, used = lessons.seeds(cache, OP, target, CATALOG["h200"], limit=4)
     assert [s["threads"] for s in seeds] == [3, 1, 2, 9]          # distance first, then support
     assert used[0]["support"] > used[1]["support"] == used[2]["support"]
+    assert [u["role"] for u in used] == ["near-best", "winner", "winner", "winner"]

@@ -73,3 +73,12 @@ def test_the_benchmark_script_writes_its_report(synthetic, tmp_path):
     assert data["summary"] == json.loads(json.dumps(summary)) and len(data["shapes"]) == 3
     w = summary["warm"]["other shapes, same GPU"]
     assert w["meets_bar"] and w["median_evaluations"] < summary["cold"]["median_evaluations"]
+    lo, hi = w["fraction_interval_90"]
+    assert lo <= w["fraction_of_cold"] <= hi
+
+
+def test_the_resampled_interval_shows_how_fragile_a_median_is():
+    interval = _load("warmstart").interval
+    assert interval([(1.0, 4.0)] * 9) == [0.25, 0.25]                 # every shape agrees: no spread
+    lo, hi = interval([(1.0, 4.0)] * 5 + [(4.0, 4.0)] * 4)             # a median carried by one shape
+    assert lo == 0.25 and hi == 1.0
