@@ -138,10 +138,16 @@ class Cache:
                                   "project": project})
 
     def last_build(self, target: str, project: str = "") -> dict | None:
-        """The latest build of `target` by the kernelfile whose [project] name is `project`."""
-        rows = list(self.db.query("select * from builds where target = ? and project = ? order by id desc limit 1",
-                                  [target, project]))
-        return rows[0] if rows else None
+        """The latest build of `target` by the kernelfile whose [project] name is `project`. A project
+        with no build of its own sees the builds made before schema v3 (project ""), whose kernelfile
+        is unknown: upgrading ptxbuild must not make every target "never built". Their build keys
+        still decide whether a target is up to date."""
+        for p in dict.fromkeys([project, ""]):
+            rows = list(self.db.query("select * from builds where target = ? and project = ? order by id desc limit 1",
+                                      [target, p]))
+            if rows:
+                return rows[0]
+        return None
 
     def integrity(self) -> str:
         return list(self.db.query("PRAGMA integrity_check"))[0]["integrity_check"]

@@ -60,7 +60,7 @@ def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
     assert c.version() == SCHEMA_VERSION == 3
     old = c.last_build("a@b", "")
     assert old["key"] == "k1" and old["project"] == "" and old["status"] == "ok"
-    assert c.last_build("a@b", "proj") is None
+    assert c.last_build("a@b", "proj")["key"] == "k1"           # a project's first look: the pre-v3 build
     c.add_build("a@b", "k2", "d", "ok", True, "m", {}, "proj")
     assert c.last_build("a@b", "proj")["key"] == "k2" and c.last_build("a@b", "")["key"] == "k1"
     assert Cache(tmp_path / "c.sqlite").version() == 3           # reopening migrates nothing again
