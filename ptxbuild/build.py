@@ -422,9 +422,16 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
                      "samples": r.samples, "detail": r.detail}
+    if any(v["outcome"] in RETRY_BASELINE for v in out.values()):
+        return out      # the harness failed (out of memory, a crash, a hang): measure again next build
     ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
                                    "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
     return out
+
+
+# baseline outcomes that say the run failed, not the baseline: not cached
+RETRY_BASELINE = {o.value for o in (Outcome.LAUNCH_ERROR, Outcome.TIMEOUT, Outcome.WORKER_CRASH,
+                                    Outcome.ILLEGAL_ADDRESS, Outcome.RESOURCE)}
 
 
 def _dedupe(cfgs: list[dict]) -> list[dict]:

@@ -238,3 +238,28 @@ def test_a_first_sigint_while_a_finished_build_is_saved_keeps_its_record_and_rep
     assert last is not None and json.loads(last["summary"])["problems_done"] == "4/4"
     assert (proj / "reports/scale@b200/report.md").is_file()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_baseline_the_harness_failed_is_measured_again_next_build(proj):
+    """An out-of-memory or a crashed baseline call says nothing about the baseline: it must not be
+    cached (the H200 run cached one and would never have re-measured those rows)."""
+    from ptxbuild.outcome import Outcome
+
+    from .fakes import _M
+
+    class OomOnce(FakeGpu):
+        calls = 0
+
+        def baselines(self, op_folder, problem):
+            OomOnce.calls += 1
+            if OomOnce.calls <= 4:     # the first build: every problem's baseline call fails
+                return {"*": _M(Outcome.LAUNCH_ERROR, float("nan"), float("nan"), float("nan"))}
+            return super().baselines(op_folder, problem)
+
+    build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match), [Target("scale", "h100")])
+    first = OomOnce.calls
+    build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert OomOnce.calls > first                    # measured again, not read from the cache
+    again = OomOnce.calls
+    build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert OomOnce.calls == again                   # ok baselines are cached
