@@ -142,8 +142,8 @@ def markdown(meta, rows, summary):
               f"first when the recording has it, mean over {meta['seeds']} random seeds; cold random: the same with "
               f"random order; warm: lesson seeds of this exact scope, then the default, then up to 4 nearer-scope lesson seeds, failure rules "
               f"prune, then the same `{meta['strategy']}` search (same random seeds)",
-              *([f"- **without the op default**: cold and warm both start with no hand-written config; this measures "
-                 f"lessons against no prior at all"] if meta.get("without_default") else []),
+              *(["- **without the op default**: cold and warm both start with no hand-written config; this measures "
+                 "lessons against no prior at all"] if meta.get("without_default") else []),
               "- target: the first config within 2% of the best recorded p50 of that problem on this GPU; "
               "a config the recording lacks counts as an evaluation that failed",
               f"- bar: median warm evaluations <= {BAR:.0%} of median cold evaluations", "",

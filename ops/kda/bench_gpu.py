@@ -22,6 +22,7 @@ verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps 
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import math
 import sys
@@ -301,7 +302,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not a.no_fla:
         try:   # torch before cupy and numba: imported lazily inside fla_runner it failed on the H200
-            import torch  # noqa: F401    ("partially initialized module 'torch' has no attribute 'library'")
+            importlib.import_module("torch")   # ("partially initialized module 'torch' has no attribute 'library'")
         except ImportError:
             pass
     try:
