@@ -11,9 +11,13 @@ Config = dict
 Score = float  # lower is better; math.inf for a failed candidate
 
 
-def enumerate_space(space: dict[str, list]) -> list[Config]:
+def iter_space(space: dict[str, list]) -> Iterator[Config]:
     names = sorted(space)
-    return [dict(zip(names, values)) for values in itertools.product(*(space[n] for n in names))]
+    return (dict(zip(names, values)) for values in itertools.product(*(space[n] for n in names)))
+
+
+def enumerate_space(space: dict[str, list]) -> list[Config]:
+    return list(iter_space(space))
 
 
 def _key(cfg: Config) -> tuple:
@@ -71,11 +75,6 @@ def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]
         yield c
 
 
-def _lazy_valid(space, valid) -> Iterator[Config]:
-    return (c for c in (dict(zip(sorted(space), v)) for v in itertools.product(*(space[n] for n in sorted(space))))
-            if valid(c) is None)
-
-
 def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[Score]], *, strategy: str,
                budget: int, seconds: float, valid: Callable[[Config], str | None] = lambda c: None,
                seeds: Iterable[Config] = (), rng_seed: int = 0, batch: int = 4) -> list[tuple[Config, Score]]:
@@ -94,7 +93,7 @@ def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[S
     queue: list[Config] = [c for c in seeds if valid(c) is None]
     more: Iterator[Config | None] = iter(())
     if strategy == "exhaustive":
-        more = iter(all_valid) if all_valid is not None else _lazy_valid(space, valid)
+        more = iter(all_valid) if all_valid is not None else (c for c in iter_space(space) if valid(c) is None)
     elif strategy == "random":
         more = iter(rng.sample(all_valid, len(all_valid))) if all_valid is not None else \
             _random_distinct(space, valid, rng)
@@ -141,9 +140,10 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
             break
         if parents and rng.random() < 0.8:
             child = _mutate(rng.choice(parents), space, rng)
+        elif all_valid is None:      # a sampled space
+            child = random_valid(space, valid, rng, draws=20_000)
         else:
-            child = (rng.choice(all_valid) if all_valid else None) if all_valid is not None \
-                else random_valid(space, valid, rng, draws=20_000)
+            child = rng.choice(all_valid) if all_valid else None
         if child is None:
             break
         if _key(child) in seen or valid(child) is not None:
