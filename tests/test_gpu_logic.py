@@ -380,18 +380,38 @@ def test_chunked_compare_matches_whole_array_compare(monkeypatch, dtype):
     assert parts["max_abs"] == pytest.approx(whole["max_abs"]) and parts["max_abs"] > 1.9
 
 
+def _bare_gpu():
+    """A runs.Gpu with no device: numpy arrays, no stream, no synchronisation."""
+    from ptxbuild.gpu import runs
+    g = object.__new__(runs.Gpu)
+    g.cp, g._pool, g._pool_key = np, [], None
+    g.stream = __import__("contextlib").nullcontext()
+    g.sync = g.release = lambda: None
+    return g
+
+
+def _run_baselines(monkeypatch, g, fns: dict) -> dict:
+    """g.baselines() of a fake op whose baselines are `fns`, timing and summaries stubbed out."""
+    from types import SimpleNamespace
+
+    from ptxbuild.gpu import runs
+    op = SimpleNamespace(baselines=lambda p: fns,
+                         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+                         reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+                         tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
+    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
+    monkeypatch.setattr(runs.stats, "run", lambda timer, **k: {"candidate": [1.0] * 5})
+    monkeypatch.setattr(runs.stats, "summarize", lambda samples, floor, incumbent=None: {"outcome": "ok"})
+    return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"))
+
+
 def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):
     """A 2^31-element problem's timing pool and a baseline check's float64 reference do not fit
     together (cupy 'Out of memory' on the H200): the pool is dropped before each baseline's check,
     not only the first one's (the first baseline's timing rebuilds it)."""
     from types import SimpleNamespace
 
-    from ptxbuild.gpu import runs
-
-    g = object.__new__(runs.Gpu)
-    g.cp, g._pool, g._pool_key = np, [], None
-    g.stream = __import__("contextlib").nullcontext()
-    g.sync = g.release = lambda: None
+    g = _bare_gpu()
     held_during_check = []
 
     def pool(op, problem):
@@ -404,15 +424,7 @@ def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):
         held_during_check.append(bool(g._pool))
         return {"y": np.full(4, 2.0)}
 
-    op = SimpleNamespace(baselines=lambda p: {"eager": baseline, "compiled": baseline},
-                         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
-                         reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
-                         tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
-    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
-    monkeypatch.setattr(runs.stats, "run", lambda timer, **k: {"candidate": [1.0] * 5})
-    monkeypatch.setattr(runs.stats, "summarize", lambda samples, floor, incumbent=None: {"outcome": "ok"})
-    problem = SimpleNamespace(dtype="float32")
-    res = g.baselines("ops/x", ".", problem)
+    res = _run_baselines(monkeypatch, g, {"eager": baseline, "compiled": baseline})
     assert res == {"eager": {"outcome": "ok"}, "compiled": {"outcome": "ok"}}
     assert held_during_check == [False, False]
 
@@ -422,17 +434,11 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
     or a timed baseline's closure keeps its inputs (rmsnorm's caches torch views of every set it ran
     on): at 2^31 elements that pinned ~40 GB through torch_compile's check."""
     import weakref
-    from types import SimpleNamespace
-
-    from ptxbuild.gpu import runs
 
     class Big:
         nbytes = 8 << 30
 
-    g = object.__new__(runs.Gpu)
-    g.cp, g._pool, g._pool_key = np, [], None
-    g.stream = __import__("contextlib").nullcontext()
-    g.sync = g.release = lambda: None
+    g = _bare_gpu()
     made, alive_at_check = [], []
 
     def pool(op, problem):
@@ -453,13 +459,6 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
             return {"y": np.full(4, 2.0)}
         return run
 
-    op = SimpleNamespace(baselines=lambda p: {"eager": make(), "compiled": make()},
-                         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
-                         reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
-                         tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
-    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
-    monkeypatch.setattr(runs.stats, "run", lambda timer, **k: {"candidate": [1.0] * 5})
-    monkeypatch.setattr(runs.stats, "summarize", lambda samples, floor, incumbent=None: {"outcome": "ok"})
-    res = g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"))
+    res = _run_baselines(monkeypatch, g, {"eager": make(), "compiled": make()})
     assert res == {"eager": {"outcome": "ok"}, "compiled": {"outcome": "ok"}}
     assert alive_at_check == [0, 0]
