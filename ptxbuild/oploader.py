@@ -30,6 +30,16 @@ The op contract: an op is a folder `ops/<name>/` with `op.py` defining
     DEPENDS: list[str]              other ops whose targets must be built first
     compare(problem, output, got, want, xp) -> (ok, detail) | None   judges an output instead of the
                                     elementwise tolerance band (e.g. relative RMS); None: use the band
+    SCRATCH: set[str]               outputs that are scratch (a workspace one kernel writes for the next):
+                                    poisoned like every output, never checked (written, determinism)
+  optional, an op of several kernels run in order on one stream (all entries of the one rendered
+  source and cubin; render()'s entry is the main one, whose registers / spills the build reports and
+  whose launch() geometry the build's resource check uses):
+    KERNELS: list[str]              entry names, in launch order
+    launches(params, problem, sm_count) -> dict[str, Launch]          every entry's geometry
+    stage_args(entry, params, problem, inputs, outputs) -> list       every entry's arguments
+                                    (the GPU worker verifies and times the whole sequence; launch() and
+                                    kernel_args() stay those of the main entry)
 """
 from __future__ import annotations
 

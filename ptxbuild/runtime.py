@@ -480,6 +480,9 @@ class BuiltKernel:
                 return self._fallback(problem, arrays, f"{self.target}: no CUDA GPU")
             raise LoaderError(f"{self.target}: no CUDA GPU is visible, and the built kernels need one "
                               f"(or load with allow_fallback=True to run the op's reference on the CPU)")
+        if hasattr(self.op, "KERNELS"):   # one launch below: the other entries would never run
+            raise LoaderError(f"{self.target}: {self.op.NAME} runs several kernels in order (KERNELS); "
+                              f"ptxbuild.load runs single-kernel ops only")
         dev = _device(ordinal)
         fn = self._function(dev, entry["binary"])
         outputs = self._outputs(problem, primary)

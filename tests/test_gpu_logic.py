@@ -462,3 +462,111 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
     res = _run_baselines(monkeypatch, g, {"eager": make(), "compiled": make()})
     assert res == {"eager": {"outcome": "ok"}, "compiled": {"outcome": "ok"}}
     assert alive_at_check == [0, 0]
+
+
+def _two_kernel_op(scratch=()):
+    """A fake op of two entries: 'stage1' writes the scratch output ws, 'main' writes y from it."""
+    from types import SimpleNamespace
+
+    from ptxbuild.problem import Launch
+    geoms = {"stage1": Launch((3, 1, 1), (64, 1, 1), 0), "main": Launch((5, 1, 1), (128, 1, 1), 1024)}
+    return SimpleNamespace(
+        KERNELS=("stage1", "main"), SCRATCH=set(scratch), launches=lambda params, p, sms: geoms,
+        launch=lambda params, p, sms: geoms["main"],
+        stage_args=lambda e, params, p, ins, outs: [e, ins["x"], outs["ws"]] + ([outs["y"]] if e == "main" else []),
+        kernel_args=lambda params, p, ins, outs: pytest.fail("a multi-kernel op's calls go through stage_args"),
+        make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+        make_outputs=lambda p, xp: {"y": np.zeros(4, np.float32), "ws": np.zeros(4, np.float32)},
+        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)}, tolerance=lambda p, name: (1e-3, 1e-3),
+        verify_problems=lambda p: [], check=lambda params, p: None, bytes_moved=lambda p: 16)
+
+
+def _launch_recorder(monkeypatch, write_ws=True):
+    """device.load / device.launch replaced: loads and launches are recorded; 'main' writes y = 2."""
+    from ptxbuild.gpu import runs
+    loaded, launched = [], []
+    monkeypatch.setattr(runs.device, "load", lambda entry, cubin, ptx="": loaded.append((entry, cubin)) or entry)
+
+    def launch(kern, geom, args, stream):
+        launched.append((kern, tuple(geom.grid), tuple(geom.block), args[0]))
+        if kern == "stage1" and write_ws:
+            args[2][:] = 1.0
+        if kern == "main":
+            args[3][:] = 2.0
+    monkeypatch.setattr(runs.device, "launch", launch)
+    return loaded, launched
+
+
+def _gpu_with_sms():
+    from types import SimpleNamespace
+    g = _bare_gpu()
+    g.fingerprint, g.kernels = SimpleNamespace(sm_count=132), {}
+    return g
+
+
+def test_a_multi_kernel_op_launches_every_entry_in_order_in_verify(monkeypatch):
+    from ptxbuild.gpu import runs
+    op = _two_kernel_op(scratch={"ws"})
+    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
+    loaded, launched = _launch_recorder(monkeypatch)
+    g = _gpu_with_sms()
+    binary = {"entry": "main", "digest": "d1", "cubin": b"CUBIN"}
+    P = Problem.make("fake", "float32", (4,))
+    res = g.verify("ops/x", ".", {}, P, binary, seeds=[1])
+    assert res["outcome"] == "ok", res
+    # each entry loaded once from the one cubin; each call launches stage1 then main, own geometry and args
+    assert sorted(loaded) == [("main", b"CUBIN"), ("stage1", b"CUBIN")]
+    assert launched[:2] == [("stage1", (3, 1, 1), (64, 1, 1), "stage1"), ("main", (5, 1, 1), (128, 1, 1), "main")]
+    assert [k for k, *_ in launched] == ["stage1", "main"] * 2          # the determinism run too
+
+
+def test_a_multi_kernel_op_launches_every_entry_in_order_in_measure(monkeypatch):
+    from ptxbuild.gpu import runs
+    op = _two_kernel_op()
+    loaded, launched = _launch_recorder(monkeypatch)
+    g = _gpu_with_sms()
+    pool = [(op.make_inputs(None, i, np), op.make_outputs(None, np)) for i in range(2)]
+    run, n = g._runner(op, {}, None, {"entry": "main", "digest": "d1", "cubin": b"C"}, pool)
+    assert n == 2
+    run(1)
+    assert [(k, grid) for k, grid, *_ in launched] == [("stage1", (3, 1, 1)), ("main", (5, 1, 1))]
+    assert launched[0][3] == "stage1" and pool[1][1]["y"][0] == 2.0     # set 1's buffers, not set 0's
+
+
+def test_scratch_outputs_are_poisoned_but_never_checked(monkeypatch):
+    """A workspace that the first kernel writes only in part is not 'unwritten': the op says it is
+    scratch. Without SCRATCH the same run is reported unwritten."""
+    from ptxbuild.gpu import runs
+    binary = {"entry": "main", "digest": "d2", "cubin": b"C"}
+    P = Problem.make("fake", "float32", (4,))
+    _launch_recorder(monkeypatch, write_ws=False)
+    for scratch, outcome in (({"ws"}, "ok"), ((), "unwritten")):
+        op = _two_kernel_op(scratch=scratch)
+        monkeypatch.setattr(runs, "load_op", lambda folder, root, op=op: op)
+        assert _gpu_with_sms().verify("ops/x", ".", {}, P, binary, seeds=[1])["outcome"] == outcome
+
+
+def test_a_single_kernel_op_launches_its_one_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from ptxbuild.problem import Launch
+    loaded, launched = _launch_recorder(monkeypatch)
+    op = SimpleNamespace(launch=lambda params, p, sms: Launch((7, 1, 1), (32, 1, 1), 0),
+                         kernel_args=lambda params, p, ins, outs: ["k", outs["y"]])
+    calls = _gpu_with_sms().launches(op, {}, None, {"entry": "k", "digest": "d3", "cubin": b"C"}, {}, {"y": 1})
+    assert [(k, tuple(g.grid), a) for k, g, a in calls] == [("k", (7, 1, 1), ["k", 1])]
+
+
+def test_a_big_problem_that_cannot_shrink_is_verified_on_one_seed(monkeypatch):
+    """Above ONE_SEED_ABOVE_BYTES one full-size seed, the other seeds on fewer rows; a problem
+    fewer_rows() cannot shrink (here 1-D; KDA's varlen problems) gets no second full-size seed (at
+    T=8192, H=96 each costs ~10 s of the worker's 60 s call)."""
+    from ptxbuild.gpu import runs
+    op = _two_kernel_op(scratch={"ws"})
+    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
+    _launch_recorder(monkeypatch)
+    P = Problem.make("fake", "float32", (4,))
+    binary = {"entry": "main", "digest": "d4", "cubin": b"C"}
+    assert _gpu_with_sms().verify("ops/x", ".", {}, P, binary, seeds=[1, 2, 3])["cases"] == 3
+    monkeypatch.setattr(runs, "ONE_SEED_ABOVE_BYTES", 0)
+    assert _gpu_with_sms().verify("ops/x", ".", {}, P, binary, seeds=[1, 2, 3])["cases"] == 1
