@@ -90,3 +90,43 @@ def test_verify_catches_a_wrong_state(monkeypatch):
     bench_gpu._MODULES.clear()
     res = bench_gpu.verify(cp, bench_gpu.Built(cp, params, problem), bench_gpu.kda.case_for(problem, 1), True, "t")
     assert not res["ok"] and res["hT_rms"] > 0.1
+
+
+@pytest.mark.parametrize("corrupt,outcome", [(False, "ok"), (True, "wrong_result")])
+def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome):
+    """runs.Gpu.verify on ops/kda: both entries launched in order with the op's geometry and
+    arguments (emulated), ws scratch (not checked), o and hT judged by compare() (relative RMS),
+    the adversarial shapes included (final_state off: hT_unused passed and left alone)."""
+    import contextlib
+
+    from ptxbuild.gpu import runs
+    from ptxbuild.problem import Problem
+    op = bench_gpu.kda
+    seen = {}
+
+    def stage_args(stage, params, problem, inputs, outputs, orig=op.stage_args):
+        seen["problem"] = problem
+        return orig(stage, params, problem, inputs, outputs)
+    monkeypatch.setattr(op, "stage_args", stage_args)
+    monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
+    monkeypatch.setattr(runs.device, "load", lambda entry, cubin, ptx="": entry)
+    launched = []
+
+    def launch(kern, geom, args, stream):
+        launched.append(kern)
+        fake = FakeModule(seen["problem"], "f16", corrupt=corrupt)
+        getattr(fake, kern)(tuple(geom.grid), tuple(geom.block), args)
+    monkeypatch.setattr(runs.device, "launch", launch)
+    g = object.__new__(runs.Gpu)
+    g.cp, g._pool, g._pool_key, g.kernels = np, [], None, {}
+    g.stream, g.sync, g.release = contextlib.nullcontext(), lambda: None, lambda: None
+    g.fingerprint = types.SimpleNamespace(sm_count=132)
+    problem = Problem.make("kda", "bfloat16", (37, 2), {})
+    params = op.default_params(problem)
+    res = g.verify("ops/kda", ".", params, problem, {"entry": "kda_recurrence", "digest": "d", "cubin": b""}, seeds=[1])
+    assert res["outcome"] == outcome, res
+    assert launched[:2] == ["kda_prepare", "kda_recurrence"]
+    if corrupt:
+        assert "output hT: relative RMS" in res["detail"]
+    else:
+        assert res["cases"] == 1 + len(op.verify_problems(problem)) and res["tolerances"]["o"] == [0.0, 5e-3]

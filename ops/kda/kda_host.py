@@ -1,6 +1,6 @@
-"""Host side of the KDA kernels, shared by ops/kda (the bundled two-kernel op used by bench_gpu.py)
+"""Host side of the KDA kernels, shared by ops/kda (the two-kernel op, also driven by bench_gpu.py)
 and the stage ops ops/kda_prepare and ops/kda_recurrence: problem geometry, the #defines the .cu
-files expect, launch geometry, argument order, and inputs from a reference case.
+files expect, launch geometry, argument order, inputs from a reference case, the relative-RMS gate.
 
 Not an op (no op.py here); loaded by path under the module name "kda_kda_host". Every op that
 renders the KDA kernels lists this file in its SOURCES (its build key changes when it does).
@@ -33,6 +33,7 @@ FILES = {"kda_prepare": "kda_prepare.cu", "kda_recurrence": "kda_recurrence.cu"}
 PREPARE_FILES = ("kda_prepare.cu", "kda_prepare_fast.cu")   # by params["prep_variant"] (absent: 0)
 CH = 16
 GATES = {"safe": 0, "canonical": 1, "given": 2}
+GATE_RMS = 5e-3   # kda.md's gate for bf16 I/O: relative RMS of o and of hT vs the float64 reference
 
 
 def dims(problem: Problem) -> dict:
@@ -144,6 +145,16 @@ def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict) ->
 
 def host(x) -> np.ndarray:
     return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def rms_verdict(output: str, got, want) -> tuple[bool, str]:
+    """An op's compare() verdict on o (bf16 bits) or hT (fp32): relative RMS <= GATE_RMS, every value
+    finite (rel_rms is inf otherwise). Shared by ops/kda and ops/kda_recurrence."""
+    from ptxbuild.dtypes import to_float
+    got = host(got)
+    g = to_float(got, "bfloat16", np) if output == "o" else got
+    e = ref.rel_rms(g, host(want))
+    return e <= GATE_RMS, f"relative RMS {e:.3e} (gate {GATE_RMS:g})"
 
 
 def case_from_inputs(problem: Problem, inputs: dict) -> dict:

@@ -5,11 +5,14 @@ hv (value heads, GVA; default H), K, V (128), gate ("safe" | "canonical" | "give
 l2norm, initial_state, final_state. dtype: bfloat16 q, k, v, a, b, o; fp32 A_log, dt_bias, states.
 
 Both kernels live in one source (kda_common.cuh + kda_prepare.cu + kda_recurrence.cu); render()
-returns it with entry "kda_recurrence" (the contract's one kernel); KERNELS / render_stage() /
-launches() / stage_args() describe the two launches, which run in order on one stream:
+returns it with entry "kda_recurrence" (the main kernel: its registers are the build's report);
+KERNELS / launches() / stage_args() describe the two launches, which the GPU worker (and
+bench_gpu.py) runs in order on one stream:
   kda_prepare    grid (NC, HV)                  workspace ws [NC, HV, BLOB] (workspace.py)
   kda_recurrence grid (N * HV * split)          o, hT
-The ptxbuild verifier/timer launches one kernel today: running this op needs bench_gpu.py.
+ws is an output only because the worker allocates outputs: SCRATCH, never checked (its bytes may
+legitimately be 0xFF, the poison). Verified against the float64 token recurrence by compare():
+relative RMS of o and hT each <= 5e-3 (kda.md), all finite. Baselines (FLA chunk_kda): baselines.py.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ ref = host.ref
 workspace = host.workspace
 
 NAME = "kda"
-VERSION = "0.1"
+VERSION = "0.2"   # 0.2: judged by relative RMS (compare), ws scratch, hT only with final_state
 SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "reference.py", "workspace.py",
            "kda_host.py"]
 DTYPES = ["bfloat16"]
@@ -36,6 +39,7 @@ SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "
          "prep_variant": [0, 1]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
+SCRATCH = {"ws"}
 CH = host.CH
 GATES = host.GATES
 dims = host.dims
@@ -62,6 +66,8 @@ def default_params(problem: Problem) -> dict:
 
 
 def check(params: dict, problem: Problem) -> str | None:
+    if reason := host.problem_error(problem):   # e.g. lengths that do not sum to T (fewer_rows' shapes)
+        return reason
     d = dims(problem)
     if d["K"] % 16 or not 16 <= d["K"] <= 128:
         return f"K={d['K']}: need a multiple of 16 up to 128 (state registers, prepare smem)"
@@ -104,18 +110,26 @@ def bytes_moved(problem: Problem) -> int:
 
 
 def make_inputs(problem: Problem, seed: int, xp) -> dict:
-    return inputs_from_case(case_for(problem, seed), xp)
+    """The reference case's inputs (~10 s of CPU at T = 8192, H = 96: make_case rounds ~400M values to
+    bf16); without final_state, hT_unused (fp32 [1]) is the hT pointer the kernel must not write."""
+    ins = inputs_from_case(case_for(problem, seed), xp)
+    if not dims(problem)["hT"]:
+        ins["hT_unused"] = xp.zeros(1, xp.float32)
+    return ins
 
 
 def make_outputs(problem: Problem, xp) -> dict:
     d = dims(problem)
-    return dict(o=xp.zeros((d["T"], d["HV"], d["V"]), xp.uint16),
-                hT=xp.zeros((d["N"], d["HV"], d["V"], d["K"]), xp.float32),
-                ws=xp.zeros(max(d["NC"], 1) * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"], xp.uint8))
+    out = dict(o=xp.zeros((d["T"], d["HV"], d["V"]), xp.uint16),
+               ws=xp.zeros(max(d["NC"], 1) * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"], xp.uint8))
+    if d["hT"]:
+        out["hT"] = xp.zeros((d["N"], d["HV"], d["V"], d["K"]), xp.float32)
+    return out
 
 
 def stage_args(stage: str, params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
-    return host.stage_args(stage, problem, inputs, outputs["ws"], outputs)
+    outs = outputs if "hT" in outputs else {**outputs, "hT": inputs["hT_unused"]}
+    return host.stage_args(stage, problem, inputs, outputs["ws"], outs)
 
 
 def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
@@ -123,18 +137,25 @@ def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> 
 
 
 def reference(problem: Problem, inputs: dict, xp) -> dict:
-    """float64 recurrent reference from the (bf16 bit-pattern) inputs."""
+    """float64 recurrent reference from the (bf16 bit-pattern) inputs (numba: T = 8192, H = 96 in ~1 s
+    on the H200 host, plus the JIT on a worker's first call)."""
     o, hT = ref.reference(host.case_from_inputs(problem, inputs))
-    return {"o": xp.asarray(o), "hT": xp.asarray(hT)}
+    return {"o": xp.asarray(o), "hT": xp.asarray(hT)} if dims(problem)["hT"] else {"o": xp.asarray(o)}
+
+
+def compare(problem: Problem, output: str, got, want, xp):
+    """Relative RMS of o / hT <= 5e-3 (kda.md), all finite: the gate, not an elementwise band."""
+    return host.rms_verdict(output, got, want)
 
 
 def tolerance(problem: Problem, output: str) -> tuple[float, float]:
-    """Elementwise band; the gate that matters is relative RMS <= 5e-3 (kda.md), see bench_gpu.py."""
-    return (2e-2, 2e-2) if output == "o" else (1e-2, 1e-2)
+    """(0, relative-RMS gate): compare() judges o and hT by relative RMS, not elementwise."""
+    return 0.0, host.GATE_RMS
 
 
 def verify_problems(problem: Problem) -> list[Problem]:
     H = problem.shape[1]
     mk = lambda T, **kw: Problem.make(NAME, problem.dtype, (T, H), {**problem.opts, "lengths": None, **kw})
     return [mk(16), mk(17), mk(37), mk(97), mk(24, lengths=(4, 8, 12)), mk(115, lengths=(17, 33, 65)),
-            mk(15, lengths=(0, 15)), mk(287, lengths=(0, 31, 96, 160)), mk(64, initial_state=False)]
+            mk(15, lengths=(0, 15)), mk(287, lengths=(0, 31, 96, 160)), mk(64, initial_state=False),
+            mk(64, final_state=False)]
