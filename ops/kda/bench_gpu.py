@@ -41,6 +41,7 @@ from ptxbuild.problem import Problem  # noqa: E402
 
 kda = load_op(str(HERE), ROOT)
 ref, wsl = kda.ref, kda.workspace
+fla_baseline = kda.host.load("baselines")
 
 GATE_RMS = kda.host.GATE_RMS
 MIXED = (1300, 547, 2048, 963, 271, 3063)
@@ -231,45 +232,15 @@ def gpu_inputs(cp, problem: Problem, seed: int) -> dict:
                 seq_order=cp.asarray(np.argsort(-lens, kind="stable").astype(np.int32)))
 
 
-def fla_runner(problem: Problem, inputs: dict, cp):
-    """A closure running fla's chunk_kda on the same inputs (safe gate, L2 norm, fp32 states), or a reason."""
+def fla_runner(problem: Problem, inputs: dict):
+    """(a closure running fla's chunk_kda on the same inputs, "") or (None, why): baselines.fla_call,
+    the conversion the ptxbuild build's baseline uses too."""
     try:
-        import torch
-        from fla.ops.kda import chunk_kda
-    except Exception as exc:  # noqa: BLE001 - any import failure means "no baseline"
+        return fla_baseline.fla_call(problem, inputs), ""
+    except RuntimeError as exc:
         import traceback
-        tb = "".join(traceback.format_exception(exc)[-6:])
-        return None, f"fla not available ({type(exc).__name__}: {exc})\n{tb}"
-    import inspect
-    d = kda.dims(problem)
-    tt = lambda x: torch.as_tensor(cp.asnumpy(x), device="cuda")
-    bf = lambda x: tt(x.astype(cp.int16)).view(torch.bfloat16) if x.dtype == cp.uint16 else tt(x)
-    q, k, v, a = (bf(inputs[n])[None] for n in ("q", "k", "v", "a"))
-    b = bf(inputs["b"])[None]
-    names = set(inspect.signature(chunk_kda).parameters)
-    kw = dict(scale=d["K"] ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True,
-              use_gate_in_kernel=True, safe_gate=True, lower_bound=ref.LOWER_BOUND,
-              A_log=tt(inputs["A_log"]), dt_bias=tt(inputs["dt_bias"]).reshape(-1),
-              cu_seqlens=tt(inputs["cu_seqlens"]) if d["N"] > 1 else None)
-    h0 = tt(inputs["h0"])  # [N, HV, V, K]
-    if "state_v_first" in names:
-        kw["state_v_first"] = True
-        kw["initial_state"] = h0
-    else:
-        kw["initial_state"] = h0.transpose(-1, -2).contiguous()
-    if "use_beta_sigmoid_in_kernel" in names:
-        kw["use_beta_sigmoid_in_kernel"] = True
-        beta = b
-    else:
-        beta = torch.sigmoid(b.float()).to(torch.bfloat16)
-    if d["N"] > 1 and "cu_seqlens_cpu" in names:
-        kw["cu_seqlens_cpu"] = torch.as_tensor(cp.asnumpy(inputs["cu_seqlens"]))
-
-    def run():
-        with torch.inference_mode():
-            return chunk_kda(q, k, v, a, beta, **kw)
-
-    return run, ""
+        tb = "".join(traceback.format_exception(exc.__cause__ or exc)[-6:])
+        return None, f"fla not available ({exc})\n{tb}"
 
 
 # ---------------------------------------------------------------- main
@@ -380,7 +351,7 @@ def main(argv=None) -> int:
         case = kda.case_for(problem, a.seed + 100 + j) if not a.quick or j in (0, 4) else None  # quick: 2 of 6
         fla_ms, fla_note = None, ""
         if not a.no_fla and (not a.quick or name == "1x8192"):  # first call autotunes (slow)
-            run, fla_note = fla_runner(problem, inputs, cp)
+            run, fla_note = fla_runner(problem, inputs)
             if run is not None:
                 try:
                     import torch
