@@ -23,4 +23,7 @@ $PB record reports/warmstart/rmsnorm-h200.recording.jsonl --op rmsnorm --gpu h20
  step model-repo 300 python3 -m pytest -q -m gpu . -rA -p no:cacheprovider)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 step kda-stages 900 $PB build kda_recurrence@h200
+# the whole forward (prepare + recurrence as one op) verified, timed, beside FLA's chunk_kda: issue #5's
+# report (12 problems; ~30 s of worker CPU per H96/H64 candidate; resumes from the cache if cut short)
+step kda-build 2700 $PB build kda@h200
 tail -n 3 "$logs"/*.log
