@@ -120,17 +120,48 @@ def case_for(problem: Problem, seed: int, **kw) -> dict:
                          use_qk_l2norm=d["l2norm"], initial_state=d["h0"], **kw)
 
 
+def _layout(cu_seqlens: np.ndarray) -> dict:
+    """The chunk layout arrays of the kernels' arguments (host, small)."""
+    cs, cl, co = ref.chunk_layout(cu_seqlens, CH)
+    lens = np.diff(cu_seqlens)
+    return dict(cu_seqlens=cu_seqlens.astype(np.int64), chunk_start=cs.astype(np.int32),
+                chunk_len=cl.astype(np.int32), chunk_offsets=co.astype(np.int32),
+                seq_order=np.argsort(-lens, kind="stable").astype(np.int32))   # longest segments first
+
+
 def inputs_from_case(case: dict, xp=np) -> dict:
-    cs, cl, co = ref.chunk_layout(case["cu_seqlens"], CH)
-    lens = np.diff(case["cu_seqlens"])
     host = dict(q=case["q"], k=case["k"], v=case["v"], a=case["a"], b=case["b"],
                 g=np.asarray(case["g"], np.float32) if case.get("g") is not None else np.zeros(1, np.float32),
                 A_log=case["A_log"].astype(np.float32), dt_bias=case["dt_bias"].astype(np.float32),
                 h0=case["h0"].astype(np.float32) if case["h0"] is not None else np.zeros(1, np.float32),
-                cu_seqlens=case["cu_seqlens"].astype(np.int64),
-                chunk_start=cs.astype(np.int32), chunk_len=cl.astype(np.int32), chunk_offsets=co.astype(np.int32),
-                seq_order=np.argsort(-lens, kind="stable").astype(np.int32))  # longest segments first
+                **_layout(case["cu_seqlens"]))
     return {k: xp.asarray(np.ascontiguousarray(v)) for k, v in host.items()}
+
+
+def make_inputs(problem: Problem, seed: int, xp) -> dict:
+    """The kernels' inputs for `problem` with make_case's default distributions. numpy: exactly
+    inputs_from_case(case_for(problem, seed)) (CPU tests and bench_gpu rely on it). Another xp
+    (cupy): the same distributions drawn on its device, so a T = 8192, H = 96 case (~1 GB, ~10 s of
+    host RNG and bf16 rounding) costs milliseconds per verify and per timing set; the reference
+    reads the same bits back (case_from_inputs), so it stays exact."""
+    if xp is np:
+        return inputs_from_case(case_for(problem, seed), np)
+    from ptxbuild.dtypes import from_float
+    d = dims(problem)
+    T, H, HV, K, V = d["T"], d["H"], d["HV"], d["K"], d["V"]
+    rng = xp.random.default_rng(seed)
+    bf16 = lambda shape: from_float(rng.standard_normal(shape, dtype=xp.float32), "bfloat16", xp)  # noqa: E731
+    out = {"q": bf16((T, H, K)), "k": bf16((T, H, K)), "v": bf16((T, HV, V)), "b": bf16((T, HV)),
+           "a": bf16((T, HV, K))}
+    small = np.random.default_rng(seed)          # the small parameters as make_case draws them
+    host = dict(A_log=np.log(small.uniform(1.0, 16.0, HV)).astype(np.float32),
+                dt_bias=small.standard_normal((HV, K)).astype(np.float32),
+                g=np.zeros((T, HV, K) if d["gate"] == "given" else 1, np.float32),
+                h0=(0.1 * small.standard_normal((d["N"], HV, V, K))).astype(np.float32) if d["h0"]
+                else np.zeros(1, np.float32),
+                **_layout(np.concatenate([[0], np.cumsum(d["lengths"])]).astype(np.int64)))
+    out.update({k: xp.asarray(np.ascontiguousarray(v)) for k, v in host.items()})
+    return out
 
 
 def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict) -> list:

@@ -110,9 +110,9 @@ def bytes_moved(problem: Problem) -> int:
 
 
 def make_inputs(problem: Problem, seed: int, xp) -> dict:
-    """The reference case's inputs (~10 s of CPU at T = 8192, H = 96: make_case rounds ~400M values to
-    bf16); without final_state, hT_unused (fp32 [1]) is the hT pointer the kernel must not write."""
-    ins = inputs_from_case(case_for(problem, seed), xp)
+    """kda_host.make_inputs (drawn on the GPU under cupy); without final_state, hT_unused (fp32 [1])
+    is the hT pointer the kernel must not write."""
+    ins = host.make_inputs(problem, seed, xp)
     if not dims(problem)["hT"]:
         ins["hT_unused"] = xp.zeros(1, xp.float32)
     return ins

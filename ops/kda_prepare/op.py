@@ -101,8 +101,8 @@ KERNEL_INPUTS = ("q", "k", "v", "a", "g", "b", "A_log", "dt_bias", "chunk_start"
 
 
 def make_inputs(problem: Problem, seed: int, xp) -> dict:
-    ins = host.inputs_from_case(host.case_for(problem, seed), np)
-    return {k: xp.asarray(ins[k]) for k in KERNEL_INPUTS}
+    ins = host.make_inputs(problem, seed, xp)        # drawn on the GPU under cupy
+    return {k: ins[k] for k in KERNEL_INPUTS}
 
 
 def _words(problem: Problem) -> tuple[int, int, int]:
