@@ -25,6 +25,16 @@ def fake_cupy():
     return cp
 
 
+class _Fn:
+    """A kernel handle: callable, and takes attributes (max_dynamic_shared_size_bytes) like cupy's."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kw):
+        return self.fn(*args, **kw)
+
+
 class FakeModule:
     """Python stand-ins for kda_prepare / kda_recurrence, taking the same argument lists."""
 
@@ -32,7 +42,7 @@ class FakeModule:
         self.problem, self.op_dtype, self.corrupt = problem, op_dtype, corrupt
 
     def get_function(self, name):
-        return getattr(self, name)
+        return _Fn(getattr(self, name))
 
     def _chunked(self, q, k, v, a, g, b, A_log, dt_bias, cu):
         from ptxbuild.dtypes import to_float

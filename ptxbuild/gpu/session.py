@@ -51,6 +51,12 @@ def _worker_env() -> dict:
     return env
 
 
+# Baselines are third-party code that compiles itself on first use (torch.compile, Triton autotuning
+# in flash-linear-attention: tens of seconds per new shape on a cold machine), so their call may take
+# longer than a candidate's; a hang is still cut off.
+BASELINES_TIMEOUT_S = 600.0
+
+
 class GpuSession:
     """Owns one worker process bound to one GPU. Every call returns a result; a crash or hang is recorded
     (ILLEGAL_ADDRESS / TIMEOUT / WORKER_CRASH), the worker is killed and the next call starts a fresh one."""
@@ -89,11 +95,11 @@ class GpuSession:
             return {"cuda_error": reply["cuda_error"]}
         raise GpuError(f"{cmd} failed in the GPU worker:\n{reply.get('error', reply)}")
 
-    def _run(self, cmd: str, args: dict) -> tuple[dict, float]:
+    def _run(self, cmd: str, args: dict, timeout_s: float | None = None) -> tuple[dict, float]:
         """(reply or {"outcome", "detail"} for a crash/hang/CUDA error, seconds)."""
         t0 = time.perf_counter()
         try:
-            r = self._call(cmd, args, self.timeout_s)
+            r = self._call(cmd, args, timeout_s or self.timeout_s)
             r = r.get("cuda_error", r)
         except WorkerDied as exc:
             if exc.kind == "timeout":
@@ -127,7 +133,8 @@ class GpuSession:
 
     def baselines(self, op_folder: str, problem: Problem, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> dict[str, MeasureResult]:
         r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
-                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms})
+                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms},
+                         max(self.timeout_s, BASELINES_TIMEOUT_S))
         if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung
             return {"*": self._measure_result(r)}
         return {name: self._measure_result(v) for name, v in r.items()}
