@@ -48,7 +48,14 @@ class Problem:
 
     @staticmethod
     def make(op: str, dtype: str, shape, options: dict[str, Any] | None = None) -> "Problem":
-        return Problem(op, dtype, tuple(int(s) for s in shape), tuple(sorted((options or {}).items())))
+        """Options are frozen (lists become tuples: a kernelfile's `lengths = [...]`), so a problem
+        hashes; its key() and JSON are unchanged (a tuple encodes as a list)."""
+        return Problem(op, dtype, tuple(int(s) for s in shape),
+                       tuple(sorted((k, _freeze(v)) for k, v in (options or {}).items())))
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 @dataclass(frozen=True)

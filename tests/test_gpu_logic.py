@@ -570,3 +570,37 @@ def test_a_big_problem_that_cannot_shrink_is_verified_on_one_seed(monkeypatch):
     assert _gpu_with_sms().verify("ops/x", ".", {}, P, binary, seeds=[1, 2, 3])["cases"] == 3
     monkeypatch.setattr(runs, "ONE_SEED_ABOVE_BYTES", 0)
     assert _gpu_with_sms().verify("ops/x", ".", {}, P, binary, seeds=[1, 2, 3])["cases"] == 1
+
+
+def test_problem_options_from_a_kernelfile_list_hash_and_keep_their_key():
+    """A kernelfile mode `lengths = [...]` arrives as a list: the verifier keeps problems in a set
+    (it crashed with "unhashable type: 'list'" on the H200); key() still encodes a list."""
+    from ptxbuild.problem import Problem
+    p = Problem.make("kda", "bfloat16", (24, 2), {"lengths": [4, 8, 12]})
+    assert p in {p} and p == Problem.make("kda", "bfloat16", (24, 2), {"lengths": (4, 8, 12)})
+    assert p.key()["options"] == {"lengths": (4, 8, 12)}
+    import json
+    assert json.loads(json.dumps(p.key()))["options"]["lengths"] == [4, 8, 12]
+
+
+def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
+    """KDA's initial / final state are compile-time flags: the adversarial cases without them need
+    another binary. Run with the main problem's binary they read past a one-element h0 placeholder
+    (every candidate "failed" on the H200). They are left to builds of problems with those options."""
+    from pathlib import Path
+
+    from ptxbuild.gpu import runs
+    from ptxbuild.oploader import load_op
+    from ptxbuild.problem import Problem
+    kda = load_op("ops/kda", Path("."))
+    p = Problem.make("kda", "bfloat16", (8192, 4), {})
+    params = kda.default_params(p)
+    every = kda.verify_problems(p)
+    kept = runs.adversarial(kda, p, params)
+    dropped = [q for q in every if q not in kept]
+    assert dropped and all(not (q.opts.get("initial_state", True) and q.opts.get("final_state", True)) for q in dropped)
+    assert all(kda.render(params, q, "sm_90a").source == kda.render(params, p, "sm_90a").source for q in kept)
+    assert {q.shape[0] for q in kept} >= {16, 17, 37, 97}
+    off = Problem.make("kda", "bfloat16", (8192, 4), {"initial_state": False})
+    assert any(q.shape == (64, 4) and q.opts["initial_state"] is False for q in runs.adversarial(kda, off, params))
+    assert runs.fewer_rows(kda, p, params).shape == (runs.VERIFY_ROWS, 4)

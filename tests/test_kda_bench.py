@@ -139,4 +139,8 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     if corrupt:
         assert "output hT: relative RMS" in res["detail"]
     else:
-        assert res["cases"] == 1 + len(op.verify_problems(problem)) and res["tolerances"]["o"] == [0.0, 5e-3]
+        assert res["cases"] == 1 + len(runs.adversarial(op, problem, params)) and res["tolerances"]["o"] == [0.0, 5e-3]
+        # without a final state the kernels get hT_unused and must leave it alone (its own binary)
+        off = Problem.make("kda", "bfloat16", (37, 2), {"final_state": False})
+        res = g.verify("ops/kda", ".", params, off, {"entry": "kda_recurrence", "digest": "e", "cubin": b""}, seeds=[2])
+        assert res["outcome"] == "ok" and "hT" not in res["tolerances"], res

@@ -40,12 +40,30 @@ def _as_cupy(value, cp):
 VERIFY_ROWS = 512   # extra seeds run on this many rows (same binary: rows are a runtime size)
 
 
-def fewer_rows(op, problem, params: dict):
-    """The problem with at most VERIFY_ROWS rows, if the config accepts it; else the problem itself."""
+def same_binary(op, params: dict, problem, other, arch: str) -> bool:
+    """Whether `other` renders to the same source as `problem` with `params`: only then can the
+    candidate's binary run it. Problem options are often compile-time flags (KDA's initial and
+    final state, rmsnorm's residual): a binary built without h0 reading an h0 it was not built
+    for reads past a one-element placeholder, a failure of the harness, not of the candidate."""
+    try:
+        return op.render(params, other, arch).source == op.render(params, problem, arch).source
+    except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
+        return False
+
+
+def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
+    """The problem with at most VERIFY_ROWS rows, if the config accepts it and the binary runs it;
+    else the problem itself."""
     if len(problem.shape) < 2 or problem.shape[0] <= VERIFY_ROWS:
         return problem
     small = problem.with_shape((VERIFY_ROWS, *problem.shape[1:]))
-    return small if op.check(params, small) is None else problem
+    return small if op.check(params, small) is None and same_binary(op, params, problem, small, arch) else problem
+
+
+def _hidden_options(problem) -> str:
+    """The options a label leaves out (False / None / empty), so a failure names the case exactly."""
+    hidden = {k: v for k, v in problem.options if v in (False, None, "")}
+    return f" {hidden}" if hidden else ""
 
 
 def custom_compare(op, problem, xp):
@@ -54,13 +72,14 @@ def custom_compare(op, problem, xp):
     return None if fn is None else (lambda name, got, want: fn(problem, name, got, want, xp))
 
 
-def adversarial(op, problem, params: dict) -> list:
-    """The op's adversarial shapes for this config (ops may take the config), minus those it cannot run."""
+def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
+    """The op's adversarial shapes for this config (ops may take the config), minus those it cannot
+    run and those that need another binary (same_binary)."""
     import inspect
 
     takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
     shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
-    return [p for p in shapes if op.check(params, p) is None]
+    return [p for p in shapes if op.check(params, p) is None and same_binary(op, params, problem, p, arch)]
 
 
 class Gpu:
@@ -183,8 +202,9 @@ class Gpu:
         seeds = list(seeds or [secrets.randbelow(2**31) for _ in range(3)])
         cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
         self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
-        plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params), seeds[1:])]
-        plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params)]
+        arch = binary.get("arch") or "sm_90a"
+        plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params, arch), seeds[1:])]
+        plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params, arch)]
         big_seen = set()   # one seed per problem above ONE_SEED_ABOVE_BYTES, also when fewer_rows cannot shrink it
         with self.stream:
             for prob, prob_seeds in plan:
@@ -205,7 +225,7 @@ class Gpu:
                     del inputs, before, ref, first, again
                     self.release()
                     if outcome is not Outcome.OK:
-                        return {"outcome": outcome.value, "detail": f"{detail} [{prob.label()}, seed {seed}]",
+                        return {"outcome": outcome.value, "detail": f"{detail} [{prob.label()}{_hidden_options(prob)}, seed {seed}]",
                                 "max_abs_err": max_abs, "max_rel_err": max_rel, "cases": cases, "seeds": seeds}
                     if big:
                         big_seen.add(prob)
