@@ -35,7 +35,7 @@ SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recur
            "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
-SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
+SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
          "prep_variant": [0, 1]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
@@ -54,15 +54,19 @@ inputs_from_case = host.inputs_from_case
 # ---------------------------------------------------------------- problem geometry
 
 def default_params(problem: Problem) -> dict:
-    """V-split: the smallest of 1, 2, 4 whose blocks (N * HV * split) fill 132 SMs; f16; the fast
+    """V-split: the smallest of 1, 2, 4, 8 giving about two blocks per SM (N * HV * split >= 250 on
+    132 SMs), else 8. Measured on the H200 (kernelfile build, 1 x 8192): the recurrence is bound by
+    mma.sync issue per SM sub-partition (50 m16n8k16 per warp per chunk, one warp per 16 state rows,
+    ~32 cycles each fits every row: H16 split 1 puts 2 warps on each busy sub-partition of only 16
+    SMs, 0.8 ms of recurrence, as much as H96 split 2); spreading warps over more SMs is what helps
+    (H96: split 4 1.44 ms vs split 2 1.60; H64: split 4 1.05 vs split 1 1.31). f16; the fast
     prepare (variant 1) where it applies (H200: 1.62 ms vs 5.09 ms at H96 1x8192).
-    3 stages: with 2, one chunk (13-21 KB) is in flight per block while the previous one is
-    computed, ~1.5 blocks per SM at H96 1x8192: ~26 KB per SM in flight against the ~40 KB that
-    Little's law asks at 4.27 TB/s and ~1.3 us of loaded DRAM latency; the recurrence ran at
-    3.3k cycles per chunk (0.85 ms), ~4x its mma critical path. 3 stages double the bytes in
-    flight for 13-21 KB more shared memory per block (no occupancy lost: registers cap it first)."""
+    3 stages (predicted from Little's law to hide DRAM latency: with 2, ~26 KB per SM in flight
+    against ~40 KB needed). The prediction missed: H96 1x8192 split 2 went 1.62 -> 1.60 ms, because
+    the recurrence is bound by mma.sync issue (above), not by its loads; 3 stays the default as it
+    costs no occupancy (registers cap it first)."""
     d = dims(problem)
-    split = next((s for s in (1, 2, 4) if d["N"] * d["HV"] * s >= 132 and d["V"] % (16 * s) == 0), 1)
+    split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
     params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
