@@ -36,12 +36,13 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    assert op.default_params(pr)["split"] == 2
+    assert op.default_params(pr)["split"] == 4                                   # 384 blocks: ~3 per SM
+    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 16)))["split"] == 8   # as many as there are
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64), {"lengths": (1024,) * 8}))["split"] == 1
     assert op.check({"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128},
                     Problem.make("kda", "bfloat16", (64, 4), {"V": 32})) is not None
     launch = op.launch(op.default_params(pr), pr, 132)
-    assert launch.grid == (192, 1, 1) and launch.block == (128, 1, 1)
+    assert launch.grid == (384, 1, 1) and launch.block == (64, 1, 1)
     assert op.bytes_moved(pr) > 0
     assert len(op.verify_problems(pr)) >= 5
 
