@@ -604,3 +604,14 @@ def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
     off = Problem.make("kda", "bfloat16", (8192, 4), {"initial_state": False})
     assert any(q.shape == (64, 4) and q.opts["initial_state"] is False for q in runs.adversarial(kda, off, params))
     assert runs.fewer_rows(kda, p, params).shape == (runs.VERIFY_ROWS, 4)
+
+
+def test_a_problem_sent_to_the_worker_comes_back_hashable_and_equal():
+    """The worker decodes problems from JSON (lists): a varlen KDA problem must hash there too."""
+    from ptxbuild.gpu.worker import decode_problem
+    from ptxbuild.gpu.session import encode_problem
+    from ptxbuild.problem import Problem
+    import json
+    p = Problem.make("kda", "bfloat16", (24, 2), {"lengths": [4, 8, 12], "initial_state": False})
+    q = decode_problem(json.loads(json.dumps(encode_problem(p))))
+    assert q == p and hash(q) == hash(p) and q in {p}

@@ -18,7 +18,7 @@ def encode_problem(p: Problem) -> dict:
 
 
 def decode_problem(d: dict) -> Problem:
-    return Problem(d["op"], d["dtype"], tuple(d["shape"]), tuple(tuple(kv) for kv in d["options"]))
+    return Problem.make(d["op"], d["dtype"], d["shape"], dict(tuple(kv) for kv in d["options"]))   # frozen options
 
 
 def encode_binary(b: Binary) -> dict:
