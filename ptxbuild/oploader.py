@@ -35,7 +35,7 @@ The op contract: an op is a folder `ops/<name>/` with `op.py` defining
   optional, an op of several kernels run in order on one stream (all entries of the one rendered
   source and cubin; render()'s entry is the main one, whose registers / spills the build reports and
   whose launch() geometry the build's resource check uses):
-    KERNELS: list[str]              entry names, in launch order
+    KERNELS: list[str]              every entry the op may launch; launches() returns the ones a config runs, in order
     launches(params, problem, sm_count) -> dict[str, Launch]          every entry's geometry
     stage_args(entry, params, problem, inputs, outputs) -> list       every entry's arguments
                                     (the GPU worker verifies and times the whole sequence; launch() and

@@ -35,8 +35,15 @@ class _Fn:
         return self.fn(*args, **kw)
 
 
+def two_kernel_params(problem):
+    """bench_gpu checks the two kernels stage by stage: the op's default, or its two-kernel twin when
+    the default is the fused kernel (prep_variant 2)."""
+    p = bench_gpu.kda.default_params(problem)
+    return {**p, "prep_variant": 1, "stages": 3} if p["prep_variant"] == 2 else p
+
+
 class FakeModule:
-    """Python stand-ins for kda_prepare / kda_recurrence, taking the same argument lists."""
+    """Python stand-ins for kda_prepare / kda_recurrence / kda_fused, taking the same argument lists."""
 
     def __init__(self, problem, op_dtype, corrupt=False):
         self.problem, self.op_dtype, self.corrupt = problem, op_dtype, corrupt
@@ -75,13 +82,25 @@ class FakeModule:
         if d["hT"]:
             hT[...] = h64 * (1.5 if self.corrupt else 1.0)
 
+    def kda_fused(self, grid, block, args, shared_mem=0):
+        """prepare + recurrence through a private workspace, from the fused kernel's argument list."""
+        q, k, v, a, b, A_log, dt_bias, o, h0, hT, cu, order, scale = args
+        d = bench_gpu.kda.dims(self.problem)
+        split = grid[0] // (d["N"] * d["HV"])
+        assert grid[0] == d["N"] * d["HV"] * split and block[0] == d["V"] // split // 16 * 32 + 128
+        cs, cl, co = ref.chunk_layout(cu)
+        ws = np.zeros(max(len(cs), 1) * d["HV"] * wsl.sizes(d["K"], d["V"])["BLOB"], np.uint8)
+        self.kda_prepare((len(cs), d["HV"], 1), (128, 1, 1), (q, k, v, a, np.zeros(1, np.float32), b, A_log, dt_bias,
+                                                              cs, cl, ws, scale))
+        self.kda_recurrence((grid[0], 1, 1), (block[0] - 128, 1, 1), (ws, o, h0, hT, cu, co, order))
+
 
 @pytest.mark.parametrize("lens,H,kw", [([37], 2, {}), ([0, 31, 20], 2, {"gate": "canonical"}),
                                        ([40], 2, {"HV": 4, "initial_state": False})])
 def test_verify_end_to_end_with_emulated_kernels(monkeypatch, lens, H, kw):
     cp = fake_cupy()
     problem, ckw = bench_gpu.problem_of(lens, H, kw)
-    params = bench_gpu.kda.default_params(problem)
+    params = two_kernel_params(problem)
     monkeypatch.setattr(bench_gpu, "load_module", lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"]), "fake"))
     bench_gpu._MODULES.clear()
     built = bench_gpu.Built(cp, params, problem)
@@ -94,7 +113,7 @@ def test_verify_end_to_end_with_emulated_kernels(monkeypatch, lens, H, kw):
 def test_verify_catches_a_wrong_state(monkeypatch):
     cp = fake_cupy()
     problem, ckw = bench_gpu.problem_of([37], 2, {})
-    params = bench_gpu.kda.default_params(problem)
+    params = two_kernel_params(problem)
     monkeypatch.setattr(bench_gpu, "load_module",
                         lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"], corrupt=True), "fake"))
     bench_gpu._MODULES.clear()
@@ -102,8 +121,9 @@ def test_verify_catches_a_wrong_state(monkeypatch):
     assert not res["ok"] and res["hT_rms"] > 0.1
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("corrupt,outcome", [(False, "ok"), (True, "wrong_result")])
-def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome):
+def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome, fused):
     """runs.Gpu.verify on ops/kda: both entries launched in order with the op's geometry and
     arguments (emulated), ws scratch (not checked), o and hT judged by compare() (relative RMS),
     the adversarial shapes included (final_state off: hT_unused passed and left alone)."""
@@ -132,10 +152,11 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     g.stream, g.sync, g.release = contextlib.nullcontext(), lambda: None, lambda: None
     g.fingerprint = types.SimpleNamespace(sm_count=132)
     problem = Problem.make("kda", "bfloat16", (37, 2), {})
-    params = op.default_params(problem)
+    params = op.default_params(problem) if fused else two_kernel_params(problem)
+    assert (params["prep_variant"] == 2) == fused
     res = g.verify("ops/kda", ".", params, problem, {"entry": "kda_recurrence", "digest": "d", "cubin": b""}, seeds=[1])
     assert res["outcome"] == outcome, res
-    assert launched[:2] == ["kda_prepare", "kda_recurrence"]
+    assert launched[:2] == (["kda_fused", "kda_fused"] if fused else ["kda_prepare", "kda_recurrence"])
     if corrupt:
         assert "output hT: relative RMS" in res["detail"]
     else:

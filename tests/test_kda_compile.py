@@ -36,13 +36,22 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    assert op.default_params(pr)["split"] == 4                                   # 384 blocks: ~3 per SM
-    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 16)))["split"] == 8   # as many as there are
+    # the fused kernel (prep_variant 2) where it applies: at most one block per SM, each its own prepare
+    assert op.default_params(pr) == {"split": 1, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 2}
+    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64)))["split"] == 2
+    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 16)))["split"] == 8
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64), {"lengths": (1024,) * 8}))["split"] == 1
+    assert op.check({**op.default_params(pr), "stages": 3}, pr) is not None      # its own 2-slot ring
+    # elsewhere the two kernels: V-split for ~2 blocks per SM (the recurrence is mma-issue-bound)
+    canon = Problem.make("kda", "bfloat16", (8192, 96), {"gate": "canonical"})
+    assert op.default_params(canon)["prep_variant"] == 0 and op.default_params(canon)["split"] == 4
     assert op.check({"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128},
                     Problem.make("kda", "bfloat16", (64, 4), {"V": 32})) is not None
-    launch = op.launch(op.default_params(pr), pr, 132)
+    launch = op.launch(op.default_params(canon), canon, 132)
     assert launch.grid == (384, 1, 1) and launch.block == (64, 1, 1)
+    fused = op.launches(op.default_params(pr), pr, 132)
+    assert list(fused) == ["kda_fused"] and fused["kda_fused"].grid == (96, 1, 1)
+    assert fused["kda_fused"].block == (256 + 128, 1, 1) and fused["kda_fused"].smem_bytes <= 227 * 1024
     assert op.bytes_moved(pr) > 0
     assert len(op.verify_problems(pr)) >= 5
 
@@ -74,3 +83,18 @@ def test_bundled_op_with_the_fast_prepare(op):
     assert op.check(params, Problem.make("kda", "bfloat16", (8192, 96), {"gate": "given"})) is not None
     full = compile_kernel(op.render(params, pr, "sm_90a"), "sm_90a")
     assert ".entry kda_prepare" in full.ptx and ".entry kda_recurrence" in full.ptx and full.spill_bytes == 0
+
+
+@pytest.mark.parametrize("opts", [{}, {"initial_state": False, "final_state": False}, {"hv": 192}])
+@pytest.mark.parametrize("split,op_dtype", [(1, "f16"), (2, "bf16"), (8, "f16")])
+def test_the_fused_kernel_compiles_without_spills_and_fits_its_block(op, opts, split, op_dtype):
+    """prep_variant 2: one entry, kda_fused; its registers must fit consumers + the 128 producer threads."""
+    from ptxbuild.compiler import compile_kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
+    params = dict(split=split, stages=2, op_dtype=op_dtype, prep_threads=128, prep_variant=2)
+    assert op.check(params, pr) is None
+    b = compile_kernel(op.render(params, pr, "sm_90a"), "sm_90a")
+    assert b.entry == "kda_fused" and ".entry kda_fused" in b.ptx
+    assert b.spill_bytes == 0 and b.local_bytes == 0, b.log
+    threads = op.launch(params, pr, 132).block[0]
+    assert threads == 128 // split // 16 * 32 + 128 and -(-b.registers // 8) * 8 * threads <= 65536

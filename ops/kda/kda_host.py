@@ -31,6 +31,11 @@ OPTIONS = {"lengths": None, "hv": None, "K": 128, "V": 128, "gate": "safe", "l2n
 KERNELS = ("kda_prepare", "kda_recurrence")
 FILES = {"kda_prepare": "kda_prepare.cu", "kda_recurrence": "kda_recurrence.cu"}
 PREPARE_FILES = ("kda_prepare.cu", "kda_prepare_fast.cu")   # by params["prep_variant"] (absent: 0)
+FUSED = 2                 # prep_variant 2: one kernel, kda_fused.cu (prepare fused into the recurrence)
+FUSED_FILES = ("kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu")   # rendered in this order
+# kda_fused.cu's shared memory besides its 2-slot ring of blobs: staged q/k/a/v rows (2 buffers of
+# 4 x 16 x 136 bf16), Kp/Qp/Km (3 x 16 x 132 fp32), CG/CL (2 x 128 fp32), Rq/Rk/B (3 x 16 fp32)
+FUSED_SMEM_EXTRA = 2 * 4 * 16 * 136 * 2 + 3 * 16 * 132 * 4 + 2 * 128 * 4 + 3 * 16 * 4
 CH = 16
 GATES = {"safe": 0, "canonical": 1, "given": 2}
 GATE_RMS = 5e-3   # kda.md's gate for bf16 I/O: relative RMS of o and of hT vs the float64 reference
@@ -66,9 +71,11 @@ def problem_error(problem: Problem) -> str | None:
 
 
 def smem_bytes(params: dict, problem: Problem) -> int:
-    """Dynamic shared memory of kda_recurrence."""
+    """Dynamic shared memory of kda_recurrence (or of kda_fused: its ring and staging)."""
     d = dims(problem)
     sz = workspace.sizes(d["K"], d["V"])
+    if params.get("prep_variant", 0) == FUSED:
+        return 2 * sz["BLOB"] + FUSED_SMEM_EXTRA
     return params["stages"] * (sz["U"] + (d["V"] // params["split"] // 16) * 32 * 32)
 
 
@@ -87,16 +94,25 @@ def stage_file(params: dict, stage: str) -> str:
 
 
 def prepare_variant_error(params: dict, problem: Problem) -> str | None:
-    """Why prepare variant 1 (kda_prepare_fast.cu) cannot take this problem, or None. It factors
-    exp(G_r - G_s) through the chunk's middle row, which only the safe gate bounds (40 nats)."""
-    if params.get("prep_variant", 0) == 0:
+    """Why prepare variant 1 (kda_prepare_fast.cu) or 2 (the same steps fused into the recurrence,
+    kda_fused.cu) cannot take this problem, or None. Both factor exp(G_r - G_s) through the chunk's
+    middle row, which only the safe gate bounds (40 nats). Variant 2 has its own 2-slot ring."""
+    pv = params.get("prep_variant", 0)
+    if pv == 0:
         return None
     d = dims(problem)
     if d["gate"] != "safe" or ref.LOWER_BOUND < -5.0:
-        return f"prep_variant=1 needs the safe gate with lower bound >= -5 (gate={d['gate']!r})"
+        return f"prep_variant={pv} needs the safe gate with lower bound >= -5 (gate={d['gate']!r})"
     if (d["K"], d["V"]) != (128, 128) or params["prep_threads"] != 128:
-        return "prep_variant=1 is built for K = V = 128 and prep_threads=128"
+        return f"prep_variant={pv} is built for K = V = 128 and prep_threads=128"
+    if pv == FUSED and params["stages"] != 2:
+        return "prep_variant=2 double-buffers in lockstep (stages=2 only)"
     return None
+
+
+def main_entry(params: dict) -> str:
+    """The kernel whose registers the build reports: the recurrence, or the fused kernel."""
+    return "kda_fused" if params.get("prep_variant", 0) == FUSED else "kda_recurrence"
 
 
 def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kernel:
@@ -106,7 +122,11 @@ def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kerne
 
 
 def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
+    """The kernels of one call, in launch order: prepare then recurrence, or the fused kernel alone."""
     d = dims(problem)
+    if params.get("prep_variant", 0) == FUSED:
+        return {"kda_fused": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
+                                    (d["V"] // params["split"] // 16 * 32 + 128, 1, 1), smem_bytes(params, problem))}
     return {
         "kda_prepare": Launch((max(d["NC"], 1), d["HV"], 1), (params["prep_threads"], 1, 1), 0),
         "kda_recurrence": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
@@ -171,6 +191,9 @@ def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict) ->
     if stage == "kda_prepare":
         return [i["q"], i["k"], i["v"], i["a"], i["g"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"],
                 i["chunk_len"], ws, np.float32(d["K"] ** -0.5)]
+    if stage == "kda_fused":
+        return [i["q"], i["k"], i["v"], i["a"], i["b"], i["A_log"], i["dt_bias"], o["o"], i["h0"], o["hT"],
+                i["cu_seqlens"], i["seq_order"], np.float32(d["K"] ** -0.5)]
     return [ws, o["o"], i["h0"], o["hT"], i["cu_seqlens"], i["chunk_offsets"], i["seq_order"]]
 
 

@@ -31,12 +31,12 @@ workspace = host.workspace
 
 NAME = "kda"
 VERSION = "0.3"   # 0.3: verified only on cases its binary was built for (runs.same_binary); 0.2: relative RMS, ws scratch
-SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "reference.py", "workspace.py",
+SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu", "reference.py", "workspace.py",
            "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
-         "prep_variant": [0, 1]}
+         "prep_variant": [0, 1, 2]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 SCRATCH = {"ws"}
@@ -70,7 +70,19 @@ def default_params(problem: Problem) -> dict:
     while d["V"] % (16 * split):
         split //= 2
     params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    fused = {**params, "prep_variant": 2, "stages": 2, "split": _fused_split(d)}
+    if check(fused, problem) is None:
+        return fused
     return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
+
+
+def _fused_split(d: dict) -> int:
+    """prep_variant 2: each block runs its own prepare (a V-split repeats it), so split only up to one
+    block per SM: 1 at H96 (96 blocks), 2 at H64, 4 at H32, 8 at H16 for one sequence.
+    Predicted (H200, 1 x 8192, from the two-kernel measurements): per chunk the consumers' mma.sync
+    issue (~3.2k cycles with 8 warps per SM, ~1.6k with 4) against the producer's ~2.5k cycles:
+    ~0.8 ms at H96 (two kernels: 1.44), ~0.65 ms at H64 (1.05)."""
+    return max([s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s <= 132 and d["V"] % (16 * s) == 0] or [1])
 
 
 
@@ -97,14 +109,17 @@ def check(params: dict, problem: Problem) -> str | None:
 
 
 def render(params: dict, problem: Problem, arch: str) -> Kernel:
-    src = (_defines(params, problem) + (_HERE / "kda_common.cuh").read_text()
-           + (_HERE / host.stage_file(params, "kda_prepare")).read_text() + (_HERE / "kda_recurrence.cu").read_text())
-    return Kernel(src, "kda_recurrence")
+    if params.get("prep_variant", 0) == host.FUSED:   # one kernel; it reuses the helpers of both stage files
+        files = host.FUSED_FILES
+    else:
+        files = (host.stage_file(params, "kda_prepare"), "kda_recurrence.cu")
+    src = _defines(params, problem) + (_HERE / "kda_common.cuh").read_text() + "".join((_HERE / f).read_text() for f in files)
+    return Kernel(src, host.main_entry(params))
 
 
 
 def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
-    return launches(params, problem, sm_count)["kda_recurrence"]
+    return launches(params, problem, sm_count)[host.main_entry(params)]
 
 
 def bytes_moved(problem: Problem) -> int:
@@ -142,7 +157,7 @@ def stage_args(stage: str, params: dict, problem: Problem, inputs: dict, outputs
 
 
 def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
-    return stage_args("kda_recurrence", params, problem, inputs, outputs)
+    return stage_args(host.main_entry(params), params, problem, inputs, outputs)
 
 
 def reference(problem: Problem, inputs: dict, xp) -> dict:

@@ -139,9 +139,8 @@ class Gpu:
         if not hasattr(op, "KERNELS"):
             return [(self.kernel(binary), op.launch(params, problem, self.fingerprint.sm_count),
                      op.kernel_args(params, problem, inputs, outputs))]
-        geoms = op.launches(params, problem, self.fingerprint.sm_count)
-        return [(self.kernel(binary, e), geoms[e], op.stage_args(e, params, problem, inputs, outputs))
-                for e in op.KERNELS]
+        geoms = op.launches(params, problem, self.fingerprint.sm_count)   # this config's entries, in order
+        return [(self.kernel(binary, e), geoms[e], op.stage_args(e, params, problem, inputs, outputs)) for e in geoms]
 
     def release(self) -> None:
         self.cp.get_default_memory_pool().free_all_blocks()
