@@ -36,10 +36,10 @@ class _Fn:
 
 
 def two_kernel_params(problem):
-    """bench_gpu checks the two kernels stage by stage: the op's default, or its two-kernel twin when
-    the default is the fused kernel (prep_variant 2)."""
+    """bench_gpu checks the two kernels stage by stage: the op's default (never the fused kernel)."""
     p = bench_gpu.kda.default_params(problem)
-    return {**p, "prep_variant": 1, "stages": 3} if p["prep_variant"] == 2 else p
+    assert p["prep_variant"] != 2
+    return p
 
 
 class FakeModule:
@@ -152,7 +152,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     g.stream, g.sync, g.release = contextlib.nullcontext(), lambda: None, lambda: None
     g.fingerprint = types.SimpleNamespace(sm_count=132)
     problem = Problem.make("kda", "bfloat16", (37, 2), {})
-    params = op.default_params(problem) if fused else two_kernel_params(problem)
+    params = op.fused_params(problem) if fused else two_kernel_params(problem)
     assert (params["prep_variant"] == 2) == fused
     res = g.verify("ops/kda", ".", params, problem, {"entry": "kda_recurrence", "digest": "d", "cubin": b""}, seeds=[1])
     assert res["outcome"] == outcome, res

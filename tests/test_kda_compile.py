@@ -36,20 +36,20 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    # the fused kernel (prep_variant 2) where it applies: at most one block per SM, each its own prepare
-    assert op.default_params(pr) == {"split": 1, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 2}
-    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64)))["split"] == 2
+    # two kernels by default: V-split for ~2 blocks per SM (the recurrence is mma-issue-bound)
+    assert op.default_params(pr) == {"split": 4, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 16)))["split"] == 8
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64), {"lengths": (1024,) * 8}))["split"] == 1
-    assert op.check({**op.default_params(pr), "stages": 3}, pr) is not None      # its own 2-slot ring
-    # elsewhere the two kernels: V-split for ~2 blocks per SM (the recurrence is mma-issue-bound)
     canon = Problem.make("kda", "bfloat16", (8192, 96), {"gate": "canonical"})
     assert op.default_params(canon)["prep_variant"] == 0 and op.default_params(canon)["split"] == 4
+    # the fused kernel (prep_variant 2, measured slower): at most one block per SM, its own 2-slot ring
+    assert op.fused_params(pr)["split"] == 1 and op.fused_params(Problem.make("kda", "bfloat16", (8192, 64)))["split"] == 2
+    assert op.check(op.fused_params(pr), pr) is None and op.check({**op.fused_params(pr), "stages": 3}, pr) is not None
     assert op.check({"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128},
                     Problem.make("kda", "bfloat16", (64, 4), {"V": 32})) is not None
     launch = op.launch(op.default_params(canon), canon, 132)
     assert launch.grid == (384, 1, 1) and launch.block == (64, 1, 1)
-    fused = op.launches(op.default_params(pr), pr, 132)
+    fused = op.launches(op.fused_params(pr), pr, 132)
     assert list(fused) == ["kda_fused"] and fused["kda_fused"].grid == (96, 1, 1)
     assert fused["kda_fused"].block == (256 + 128, 1, 1) and fused["kda_fused"].smem_bytes <= 227 * 1024
     assert op.bytes_moved(pr) > 0

@@ -18,6 +18,17 @@
 // U for all V rows (the block reads its slice). beta logits for chunk j are loaded with its cp.async
 // wave, one iteration early, so no global load sits on a chunk's critical path.
 // Needs: the safe gate, K = V = 128, C = 16, prep_threads = 128 (checked in kda_host.py).
+//
+// Outcome on the H200 (kernelfile build of kda@h200, recording reports/kda/kda-h200.recording.jsonl):
+// correct on every problem and verification case, but SLOWER than the two kernels: 3.04 ms at H96
+// 1 x 8192 (two kernels 1.44), 2.80 ms at H64 (1.05), 2.26 / 1.50 ms on the varlen scenarios
+// (1.29 / 0.86-0.89). Predicted ~0.8 ms. The miss: the prediction took prepare's critical path as
+// ~2.5k cycles per chunk, but one chunk's prepare is a chain of 4 barriers, a 32-deep tf32 mma chain
+// (L), a 16-step serial cumsum of ex2/rcp and the one-warp triangular solve: ~5.9 us per chunk here
+// (11.7k cycles). The standalone prepare hid that latency with 5 blocks (chunks) in flight per SM;
+// a single producer per block serialises it. To win, a block needs several producer groups working
+// on consecutive chunks (3-4 to cover ~6 us with ~1.6 us of consumer work per chunk), which the
+// register budget (161 per thread now, 384 threads) does not leave room for at split 1.
 
 #define FNCONS (NWARP * 32)
 #define FNTHREADS (FNCONS + 128)

@@ -70,20 +70,16 @@ def default_params(problem: Problem) -> dict:
     while d["V"] % (16 * split):
         split //= 2
     params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
-    fused = {**params, "prep_variant": 2, "stages": 2, "split": _fused_split(d)}
-    if check(fused, problem) is None:
-        return fused
     return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
 
 
-def _fused_split(d: dict) -> int:
-    """prep_variant 2: each block runs its own prepare (a V-split repeats it), so split only up to one
-    block per SM: 1 at H96 (96 blocks), 2 at H64, 4 at H32, 8 at H16 for one sequence.
-    Predicted (H200, 1 x 8192, from the two-kernel measurements): per chunk the consumers' mma.sync
-    issue (~3.2k cycles with 8 warps per SM, ~1.6k with 4) against the producer's ~2.5k cycles:
-    ~0.8 ms at H96 (two kernels: 1.44), ~0.65 ms at H64 (1.05)."""
-    return max([s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s <= 132 and d["V"] % (16 * s) == 0] or [1])
-
+def fused_params(problem: Problem) -> dict:
+    """prep_variant 2 (kda_fused.cu), in the space but not the default: verified correct on the
+    H200 and measured 2.1x (H96) to 2.7x (H64) slower than the two kernels at 1 x 8192 (see
+    kda_fused.cu). Split up to one block per SM, since each block runs its own prepare."""
+    d = dims(problem)
+    split = max([s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s <= 132 and d["V"] % (16 * s) == 0] or [1])
+    return {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 2}
 
 
 def check(params: dict, problem: Problem) -> str | None:
