@@ -35,6 +35,8 @@ Int = Annotated[StrictInt, Field(ge=-2**40, le=2**40)]
 Float = Annotated[StrictFloat, Field(ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)]
 Scalar = Union[StrictBool, Int, Float, Word]
 Params = Annotated[dict[Ident, Scalar], Field(max_length=64)]
+# a problem option: a scalar, unset, or a list of integers (KDA's segment lengths), bounded
+OptionValue = Union[Scalar, None, Annotated[list[Int], Field(max_length=4096)]]
 Shape = Annotated[list[Annotated[StrictInt, Field(ge=1, le=2**40)]], Field(min_length=1, max_length=8)]
 
 
@@ -49,7 +51,7 @@ class Scope(_Strict):
     dtype: Literal[DTYPES]  # type: ignore[valid-type]
     shape: Shape | None = None
     bucket: Annotated[str, StringConstraints(pattern=r"^N<=2\^[0-9]{1,2}$")] | None = None
-    options: Annotated[dict[Ident, Scalar], Field(max_length=32)] = {}
+    options: Annotated[dict[Ident, OptionValue], Field(max_length=32)] = {}
 
 
 class Rule(_Strict):

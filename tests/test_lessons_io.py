@@ -1,5 +1,6 @@
 """Lessons JSONL: export -> import round trip with provenance, merging without duplicates, hostile files."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -99,7 +100,23 @@ HOSTILE = {
     "too many near-best configs": (["rule", "near"], [{"threads": i} for i in range(9)],
                                    "rule.near: List should have at most 8 items"),
     "code in a near-best config": (["rule", "near"], [{"threads": {"__import__": "os"}}], "rule.near.0.threads"),
+    "an option list too long": (["scope", "options", "lengths"], list(range(4097)), "scope.options.lengths"),
+    "an option list of strings": (["scope", "options", "lengths"], ["1", "2"], "scope.options.lengths"),
+    "an object as an option": (["scope", "options", "lengths"], {"__class__": 1}, "scope.options.lengths"),
 }
+
+
+def test_the_committed_lessons_file_imports_into_a_fresh_cache(tmp_path):
+    """cache/lessons.jsonl (what a fresh clone starts from) validates, KDA's varlen scopes included
+    (segment lengths are a list option), and a second import adds nothing."""
+    root = Path(__file__).resolve().parents[1]
+    c = Cache(tmp_path / "fresh.sqlite")
+    first = import_lessons(c, root / "cache" / "lessons.jsonl")
+    n = len(list(c.db.query("select id from lessons")))
+    assert n == len((root / "cache" / "lessons.jsonl").read_text().splitlines()) and n > 0
+    assert any(json.loads(r["scope"]).get("options", {}).get("lengths") for r in c.db.query("select scope from lessons"))
+    import_lessons(c, root / "cache" / "lessons.jsonl")
+    assert len(list(c.db.query("select id from lessons"))) == n, first
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
