@@ -24,6 +24,8 @@ $PB record reports/warmstart/rmsnorm-h200.recording.jsonl --op rmsnorm --gpu h20
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 step kda-stages 900 $PB build kda_recurrence@h200
 # the whole forward (prepare + recurrence as one op) verified, timed, beside FLA's chunk_kda: issue #5's
-# report (12 problems; ~30 s of worker CPU per H96/H64 candidate; resumes from the cache if cut short)
+# report (6 problems; FLA's Triton autotuning costs ~80-110 s per new problem on a cold machine, a
+# candidate ~5-10 s; resumes from the cache if cut short), then H32 / H16 at T = 8192
 step kda-build 2700 $PB build kda@h200
+step kda-heads-build 900 $PB build kda_heads@h200
 tail -n 3 "$logs"/*.log

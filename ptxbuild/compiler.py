@@ -80,8 +80,14 @@ _RES = {
 }
 
 
-def parse_resources(log: str) -> dict[str, int]:
-    """Registers, spills, stack and static shared memory from a ptxas verbose log."""
+def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:
+    """Registers, spills, stack and static shared memory from a ptxas verbose log: of `entry`'s
+    section when the log has one (a source with several kernels lists each; the first one listed is
+    not necessarily the entry), else the first figures in the log."""
+    if entry:
+        parts = re.split(r"(?=Compiling entry function ')", log)
+        mine = [p for p in parts if p.startswith(f"Compiling entry function '{entry}'")]
+        log = mine[0] if mine else log
     out = {}
     for name, rx in _RES.items():
         m = rx.search(log)
@@ -115,7 +121,7 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     if f".entry {kernel.entry}(" not in ptx and f".entry {kernel.entry} (" not in ptx:
         raise CompileError(f"entry point {kernel.entry!r} not found in the PTX (is it extern \"C\" __global__?)")
     cubin, link_log = ptx_to_cubin(ptx, arch)
-    res = parse_resources(link_log)
+    res = parse_resources(link_log, kernel.entry)
     return Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
                   spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
                   local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip())

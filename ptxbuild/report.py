@@ -9,6 +9,8 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
+from .problem import Problem
+
 PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
             "torch", "pydantic", "sqlite-utils", "click")
 
@@ -43,8 +45,29 @@ def collect(kf, cache, target) -> dict | None:
     return {"target": str(target), "status": build["status"], "built_at": build["created"], "summary": summary,
             "environment": summary.get("environment") or environment(kf.root), "dispatch": manifest.get("dispatch", []),
             "variants": manifest.get("variants", {}), "candidates_by_outcome": dict(sorted(by_outcome.items())),
-            "attempts": len(attempts),
+            "attempts": len(attempts), "timed": timed_candidates(attempts),
             "rejected": [{"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)]}
+
+
+TIMED_PER_PROBLEM = 6
+
+
+def timed_candidates(attempts) -> list[dict]:
+    """Per problem, the fastest TIMED_PER_PROBLEM verified and timed configs of the run (the losers are
+    evidence too: what was tried, and by how much it lost), and how many more there were."""
+    by_problem: dict[str, dict[str, dict]] = {}
+    for a in attempts:
+        if a["outcome"] != "ok" or not a.get("p50_ms"):
+            continue
+        k = json.loads(a["problem"])
+        label = Problem.make(k["op"], k["dtype"], k["shape"], k.get("options")).label()
+        seen = by_problem.setdefault(label, {})
+        seen.setdefault(a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]})
+    out = []
+    for label, rows in by_problem.items():
+        ranked = sorted(rows.values(), key=lambda r: r["p50_ms"])
+        out.append({"label": label, "best": ranked[:TIMED_PER_PROBLEM], "more": max(0, len(ranked) - TIMED_PER_PROBLEM)})
+    return out
 
 
 def _ms(v) -> str:
@@ -110,6 +133,15 @@ def markdown(data: dict) -> str:
     if data["rejected"]:
         lines += ["", "| outcome | count | first line of evidence |", "|---|---:|---|"]
         lines += [f"| {r['outcome']} | {r['count']} | {r['detail'].replace('|', '/')} |" for r in data["rejected"]]
+    if data.get("timed"):
+        lines += ["", "## Timed candidates (this run, fastest first)", "", "| problem | p50 (us) | vs fastest | config |",
+                  "|---|---:|---:|---|"]
+        for t in data["timed"]:
+            top = t["best"][0]["p50_ms"]
+            lines += [f"| {t['label']} | {_ms(r['p50_ms'])} | {r['p50_ms'] / top:.2f}x | "
+                      + " ".join(f"{k}={v}" for k, v in sorted(r["params"].items())) + " |" for r in t["best"]]
+            if t["more"]:
+                lines.append(f"| {t['label']} | ... | | {t['more']} more |")
     lines += ["", "## Variants", "", "| entry | registers | spills | PTX ISA | files |", "|---|---:|---:|---|---|"]
     lines += [f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
               for v in data["variants"].values()]

@@ -263,3 +263,18 @@ def test_a_baseline_the_harness_failed_is_measured_again_next_build(proj):
     again = OomOnce.calls
     build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
     assert OomOnce.calls == again                   # ok baselines are cached
+
+
+def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
+    """The losers are evidence: each problem's fastest timed configs of the run, with their ratio to
+    the fastest (FakeGpu: threads=256, vec=4 wins at 0.01 ms)."""
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    section = md.split("## Timed candidates (this run, fastest first)")[1].split("\n## ")[0]
+    rows = [r.split(" | ") for r in section.strip().splitlines()[2:] if "..." not in r]
+    assert rows and all(len(r) == 4 for r in rows)
+    firsts = {}
+    for problem, p50, ratio, cfg in rows:
+        firsts.setdefault(problem, (float(p50), ratio, cfg))
+        assert float(ratio[:-1]) >= 1.0
+    assert any(cfg.startswith("threads=256 vec=4") and p50 == 10.0 and ratio == "1.00x" for p50, ratio, cfg in firsts.values())

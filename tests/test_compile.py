@@ -57,3 +57,17 @@ def test_cli_build_twice_second_compiles_nothing(proj):
             ptx = (proj / "build" / t / v["ptx"]).read_text()
             assert f".target {arch}" in ptx
             assert (proj / "build" / t / v["cubin"]).read_bytes()[:4] == b"\x7fELF"
+
+
+def test_parse_resources_reads_the_entrys_own_section():
+    """A source with several kernels: ptxas lists each; the entry's figures are the ones that count
+    (KDA's fused kernel has 161 registers, the prepare kernel beside it 43968 bytes of static smem)."""
+    log = ("ptxas info    : Compiling entry function 'fused' for 'sm_90a'\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 161 registers, used 2 barriers\n"
+           "ptxas info    : Compiling entry function 'prep' for 'sm_90a'\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 80 registers, used 1 barriers, 43968 bytes smem\n")
+    assert parse_resources(log, "fused") == {"registers": 161, "spill_store": 0, "spill_load": 0, "stack": 0, "smem": 0}
+    assert parse_resources(log, "prep") == {"registers": 80, "spill_store": 4, "spill_load": 4, "stack": 8, "smem": 43968}
+    assert parse_resources(log)["registers"] == 161 and parse_resources(log, "absent")["registers"] == 161
