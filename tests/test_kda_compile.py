@@ -98,3 +98,20 @@ def test_the_fused_kernel_compiles_without_spills_and_fits_its_block(op, opts, s
     assert b.spill_bytes == 0 and b.local_bytes == 0, b.log
     threads = op.launch(params, pr, 132).block[0]
     assert threads == 128 // split // 16 * 32 + 128 and -(-b.registers // 8) * 8 * threads <= 65536
+
+
+def test_the_kernels_measured_on_the_h200_still_build_from_this_source(op):
+    """kernelfile.lock's kda@h200 winners were verified and timed on an H200; the current source,
+    compiled with the same wheels, must give byte-identical cubins (a refactor of the .cu files that
+    changes none of them needs no new GPU run). Skipped with another compiler build."""
+    import json
+
+    from ptxbuild.compiler import compile_kernel, toolchain
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())["targets"]["kda@h200"]
+    if {k: v for k, v in toolchain().__dict__.items() if k in lock["toolchain"]} != lock["toolchain"]:
+        pytest.skip(f"the lock was built with {lock['toolchain']}, this machine has {toolchain()}")
+    for d in lock["dispatch"]:
+        pr = d["problem"]
+        problem = Problem.make(pr["op"], pr["dtype"], pr["shape"], pr["options"])
+        b = compile_kernel(op.render(d["params"], problem, lock["arch"]), lock["arch"])
+        assert b.digest == d["binary"], (d["label"], d["params"])

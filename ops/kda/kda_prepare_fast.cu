@@ -52,41 +52,29 @@ __device__ __forceinline__ void mma1688(float* d, u32 a0, u32 a1, u32 a2, u32 a3
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
-extern "C" __global__ void __launch_bounds__(128, 4)
-kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-            const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
-            const float* __restrict__ g_in,      // unused (given gate: variant 0)
-            const bf16_t* __restrict__ b,        // beta logits [T, HV]
-            const float* __restrict__ A_log,     // [HV]
-            const float* __restrict__ dt_bias,   // [HV, K]
-            const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
-            unsigned char* __restrict__ ws, float scale) {
-  __shared__ __align__(16) bf16_t sIn[4][CH][PF_BS];             // q, k, a, v rows as loaded
-  __shared__ __align__(16) float sKp[CH][PF_FS], sQp[CH][PF_FS], sKm[CH][PF_FS];
-  __shared__ float sCG[KDIM], sCL[KDIM], sRq[CH], sRk[CH], sB[CH];
+// 128 threads between the steps of one chunk's prepare: the whole block (BAR 0, kda_prepare) or the
+// producer warps of kda_fused.cu (BAR 1: named barrier 1 of 128 threads; consumers never take it)
+template <int BAR>
+__device__ __forceinline__ void pf_sync() {
+  if (BAR == 0) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+  }
+}
+
+// Steps 1-4 of one chunk's prepare, from its staged rows (sIn: q, k, a, v; the L and T_inv scratch
+// reuses the q rows) and beta (sB) to the workspace blob (global memory here, shared memory in
+// kda_fused.cu). Shared by both kernels; tid is the thread's index among the 128 that run it (lane,
+// warp, g = lane / 4, t = lane % 4 derived from it by the caller).
+template <int BAR>
+__device__ __forceinline__ void pf_chunk(bf16_t (*sIn)[CH][PF_BS], float (*sKp)[PF_FS], float (*sQp)[PF_FS],
+                                         float (*sKm)[PF_FS], float* sCG, float* sCL, float* sRq, float* sRk,
+                                         float* sB, unsigned char* blob, int m, float bias, float A2, float scale,
+                                         int tid, int lane, int warp, int g, int t) {
   // L and T_inv diag(beta) reuse the q rows once step 2 has read them
   float (*sL)[PF_TS] = reinterpret_cast<float (*)[PF_TS]>(&sIn[0][0][0]);
   float (*sTb)[PF_TS] = sL + CH;
-
-  const int c = blockIdx.x, hv = blockIdx.y, h = hv / (HV / H);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int t0 = chunk_start[c], m = chunk_len[c];
-  unsigned char* blob = ws + ((size_t)c * HV + hv) * WS_BLOB;
-
-  // 0. load: 4 tensors x 16 rows x 16 pieces of 16 bytes, 8 per thread, all in flight at once
-#pragma unroll
-  for (int i = tid; i < 4 * CH * 16; i += 128) {
-    const int x = i >> 8, r = (i >> 4) & 15, p = i & 15;
-    const size_t row = t0 + min(r, m - 1);                       // a valid address; zero-filled past m
-    // (a is [T, HV, K], v [T, HV, V]: K = V here)
-    const bf16_t* src = x < 2 ? (x ? k : q) + (row * H + h) * KDIM : (x == 2 ? a : v) + (row * HV + hv) * KDIM;
-    pf_cp_async16(&sIn[x][r][8 * p], src + 8 * p, r < m ? 16 : 0);
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  const float bias = dt_bias[hv * KDIM + tid], A2 = expf(A_log[hv]) * PF_LOG2E;
-  if (tid < CH) sB[tid] = tid < m ? rcp(1.f + ex2(-PF_LOG2E * bf16_to_f32(b[(size_t)(t0 + tid) * HV + hv]))) : 0.f;
-  asm volatile("cp.async.wait_all;" ::: "memory");
-  __syncthreads();
 
   // 1. L2 norms of the q and k rows (one warp per 4 rows, 4 channels per lane); scale folded into q
 #pragma unroll
@@ -115,7 +103,7 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
 #endif
     }
   }
-  __syncthreads();
+  pf_sync<BAR>();
 
   // 2. one thread per channel d: gate (log2 units), cumsum, the factored exponentials
   //    Kp = k^ 2^(G - Gref), Qp = q^ 2^(G - Gref), Km = k^ 2^(Gref - G); per channel 2^Gref and
@@ -141,7 +129,7 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
     sCL[d] = ex2(G[CH - 1] - Gref);
     ((float*)(blob + WS_GAM))[d] = ex2(G[CH - 1]);
   }
-  __syncthreads();
+  pf_sync<BAR>();
 
   // 3. warp 0: L = diag(beta) (Kp Km^T), strictly lower, then T_inv; warp 1: A_qk = Qp Km^T (s <= r)
   //    straight to its fragment; warps 2, 3: the Kd fragments
@@ -204,7 +192,7 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
       ((U4*)(blob + WS_KD))[u] = o;
     }
   }
-  __syncthreads();
+  pf_sync<BAR>();
 
   // 4. each warp: W = Tb (K * Gamma) and Qg for channel blocks 2w, 2w+1; U^T = V^T Tb^T for value
   //    blocks 2w, 2w+1 (Tb = T_inv diag(beta); V is bf16, so exact in tf32)
@@ -269,4 +257,39 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
       dst[j] = o;
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+            const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
+            const float* __restrict__ g_in,      // unused (given gate: variant 0)
+            const bf16_t* __restrict__ b,        // beta logits [T, HV]
+            const float* __restrict__ A_log,     // [HV]
+            const float* __restrict__ dt_bias,   // [HV, K]
+            const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
+            unsigned char* __restrict__ ws, float scale) {
+  __shared__ __align__(16) bf16_t sIn[4][CH][PF_BS];             // q, k, a, v rows as loaded
+  __shared__ __align__(16) float sKp[CH][PF_FS], sQp[CH][PF_FS], sKm[CH][PF_FS];
+  __shared__ float sCG[KDIM], sCL[KDIM], sRq[CH], sRk[CH], sB[CH];
+
+  const int c = blockIdx.x, hv = blockIdx.y, h = hv / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int t0 = chunk_start[c], m = chunk_len[c];
+  unsigned char* blob = ws + ((size_t)c * HV + hv) * WS_BLOB;
+
+  // 0. load: 4 tensors x 16 rows x 16 pieces of 16 bytes, 8 per thread, all in flight at once
+#pragma unroll
+  for (int i = tid; i < 4 * CH * 16; i += 128) {
+    const int x = i >> 8, r = (i >> 4) & 15, p = i & 15;
+    const size_t row = t0 + min(r, m - 1);                       // a valid address; zero-filled past m
+    // (a is [T, HV, K], v [T, HV, V]: K = V here)
+    const bf16_t* src = x < 2 ? (x ? k : q) + (row * H + h) * KDIM : (x == 2 ? a : v) + (row * HV + hv) * KDIM;
+    pf_cp_async16(&sIn[x][r][8 * p], src + 8 * p, r < m ? 16 : 0);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  const float bias = dt_bias[hv * KDIM + tid], A2 = expf(A_log[hv]) * PF_LOG2E;
+  if (tid < CH) sB[tid] = tid < m ? rcp(1.f + ex2(-PF_LOG2E * bf16_to_f32(b[(size_t)(t0 + tid) * HV + hv]))) : 0.f;
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  pf_chunk<0>(sIn, sKp, sQp, sKm, sCG, sCL, sRq, sRk, sB, blob, m, bias, A2, scale, tid, lane, warp, g, t);
 }

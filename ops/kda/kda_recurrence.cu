@@ -29,6 +29,99 @@ __device__ __forceinline__ void issue_stage(unsigned char* dst, const unsigned c
   for (int i = tid * 16; i < STAGE_U; i += NTHREADS * 16) cp_async16(dst + WS_U + i, us + i);
 }
 
+// The warp's 16 rows of the fp32 state, V-first [V, K]: from h0 (zeros without one), and to hT.
+__device__ __forceinline__ void rec_load_state(float (&S)[NT][4], const float* __restrict__ h0, size_t sbase,
+                                               int v0, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#if HAS_H0
+    const F2 lo = *(const F2*)(h0 + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t);
+    const F2 hi = *(const F2*)(h0 + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t);
+    S[nt][0] = lo.x; S[nt][1] = lo.y; S[nt][2] = hi.x; S[nt][3] = hi.y;
+#else
+    S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
+#endif
+  }
+}
+
+__device__ __forceinline__ void rec_store_state(const float (&S)[NT][4], float* __restrict__ hT, size_t sbase,
+                                                int v0, int g, int t) {
+#if HAS_HT
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    F2 lo, hi;
+    lo.x = S[nt][0]; lo.y = S[nt][1]; hi.x = S[nt][2]; hi.y = S[nt][3];
+    *(F2*)(hT + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t) = lo;
+    *(F2*)(hT + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t) = hi;
+  }
+#endif
+}
+
+// One chunk of the recurrence for one warp's 16 state rows (v0 .. v0 + 15): st is the chunk's blob
+// in shared memory (WQ, KD, AQ, GAM at their workspace offsets), us this warp's U^T fragment,
+// tok0 the chunk's first token, *seg_end the end of its segment. Shared with kda_fused.cu.
+__device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char* st, const F4* us,
+                                          bf16_t* __restrict__ o, long long tok0, const long long* seg_end,
+                                          int hv, int v0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float vn[2][4], oc[2][4];
+  {
+    const F4 u0 = us[0], u1 = us[1];
+    vn[0][0] = u0.x; vn[0][1] = u0.y; vn[0][2] = u0.z; vn[0][3] = u0.w;
+    vn[1][0] = u1.x; vn[1][1] = u1.y; vn[1][2] = u1.z; vn[1][3] = u1.w;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.f;
+
+  // V_new^T = U^T + S (-W)^T ;  O^T = S Qg^T
+  const U4* wq = (const U4*)(st + WS_WQ);
+#pragma unroll
+  for (int ks = 0; ks < KDIM / 16; ++ks) {
+    const u32 a0 = pack2(S[2 * ks][0], S[2 * ks][1]), a1 = pack2(S[2 * ks][2], S[2 * ks][3]);
+    const u32 a2 = pack2(S[2 * ks + 1][0], S[2 * ks + 1][1]), a3 = pack2(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+    const U4 w = wq[(ks * 32 + lane) * 2], qg = wq[(ks * 32 + lane) * 2 + 1];
+    mma16816(vn[0], a0, a1, a2, a3, w.x, w.y);
+    mma16816(vn[1], a0, a1, a2, a3, w.z, w.w);
+    mma16816(oc[0], a0, a1, a2, a3, qg.x, qg.y);
+    mma16816(oc[1], a0, a1, a2, a3, qg.z, qg.w);
+  }
+  const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
+  const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
+
+  // O^T += V_new^T A_qk^T, then store rows of this chunk
+  {
+    const U4 aq = ((const U4*)(st + WS_AQ))[lane];
+    mma16816(oc[0], p0, p1, p2, p3, aq.x, aq.y);
+    mma16816(oc[1], p0, p1, p2, p3, aq.z, aq.w);
+    const int m = (int)min((long long)CH, *seg_end - tok0);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * j + 2 * t + e;
+        if (r < m) {
+          bf16_t* orow = o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + g;
+          orow[0] = f32_to_bf16(oc[j][e]);
+          orow[8] = f32_to_bf16(oc[j][2 + e]);
+        }
+      }
+    }
+  }
+
+  // S = S * gamma_last + V_new^T Kd
+  const float* gam = (const float*)(st + WS_GAM);
+  const U4* kd = (const U4*)(st + WS_KD);
+#pragma unroll
+  for (int p = 0; p < NT / 2; ++p) {
+    const U4 b = kd[p * 32 + lane];
+    const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
+    S[2 * p][0] *= ga.x; S[2 * p][1] *= ga.y; S[2 * p][2] *= ga.x; S[2 * p][3] *= ga.y;
+    S[2 * p + 1][0] *= gb.x; S[2 * p + 1][1] *= gb.y; S[2 * p + 1][2] *= gb.x; S[2 * p + 1][3] *= gb.y;
+    mma16816(S[2 * p], p0, p1, p2, p3, b.x, b.y);
+    mma16816(S[2 * p + 1], p0, p1, p2, p3, b.z, b.w);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
                const float* __restrict__ h0, float* __restrict__ hT,
@@ -45,16 +138,7 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
 
   float S[NT][4];                                   // S[v0 + g (+8)][8 nt + 2t (+1)]
   const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-#if HAS_H0
-    const F2 lo = *(const F2*)(h0 + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t);
-    const F2 hi = *(const F2*)(h0 + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t);
-    S[nt][0] = lo.x; S[nt][1] = lo.y; S[nt][2] = hi.x; S[nt][3] = hi.y;
-#else
-    S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
-#endif
-  }
+  rec_load_state(S, h0, sbase, v0, g, t);
 
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
@@ -72,74 +156,10 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
     }
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
 
-    float vn[2][4], oc[2][4];
-    {
-      const F4* us = (const F4*)(st + WS_U) + (warp * 32 + lane) * 2;
-      const F4 u0 = us[0], u1 = us[1];
-      vn[0][0] = u0.x; vn[0][1] = u0.y; vn[0][2] = u0.z; vn[0][3] = u0.w;
-      vn[1][0] = u1.x; vn[1][1] = u1.y; vn[1][2] = u1.z; vn[1][3] = u1.w;
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.f;
-
-    // V_new^T = U^T + S (-W)^T ;  O^T = S Qg^T
-    const U4* wq = (const U4*)(st + WS_WQ);
-#pragma unroll
-    for (int ks = 0; ks < KDIM / 16; ++ks) {
-      const u32 a0 = pack2(S[2 * ks][0], S[2 * ks][1]), a1 = pack2(S[2 * ks][2], S[2 * ks][3]);
-      const u32 a2 = pack2(S[2 * ks + 1][0], S[2 * ks + 1][1]), a3 = pack2(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-      const U4 w = wq[(ks * 32 + lane) * 2], qg = wq[(ks * 32 + lane) * 2 + 1];
-      mma16816(vn[0], a0, a1, a2, a3, w.x, w.y);
-      mma16816(vn[1], a0, a1, a2, a3, w.z, w.w);
-      mma16816(oc[0], a0, a1, a2, a3, qg.x, qg.y);
-      mma16816(oc[1], a0, a1, a2, a3, qg.z, qg.w);
-    }
-    const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
-    const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
-
-    // O^T += V_new^T A_qk^T, then store rows of this chunk
-    {
-      const U4 aq = ((const U4*)(st + WS_AQ))[lane];
-      mma16816(oc[0], p0, p1, p2, p3, aq.x, aq.y);
-      mma16816(oc[1], p0, p1, p2, p3, aq.z, aq.w);
-      const long long tok0 = bos + (long long)i * CH;
-      const int m = (int)min((long long)CH, cu_seqlens[n + 1] - tok0);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int r = 8 * j + 2 * t + e;
-          if (r < m) {
-            bf16_t* orow = o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + g;
-            orow[0] = f32_to_bf16(oc[j][e]);
-            orow[8] = f32_to_bf16(oc[j][2 + e]);
-          }
-        }
-      }
-    }
-
-    // S = S * gamma_last + V_new^T Kd
-    const float* gam = (const float*)(st + WS_GAM);
-    const U4* kd = (const U4*)(st + WS_KD);
-#pragma unroll
-    for (int p = 0; p < NT / 2; ++p) {
-      const U4 b = kd[p * 32 + lane];
-      const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
-      S[2 * p][0] *= ga.x; S[2 * p][1] *= ga.y; S[2 * p][2] *= ga.x; S[2 * p][3] *= ga.y;
-      S[2 * p + 1][0] *= gb.x; S[2 * p + 1][1] *= gb.y; S[2 * p + 1][2] *= gb.x; S[2 * p + 1][3] *= gb.y;
-      mma16816(S[2 * p], p0, p1, p2, p3, b.x, b.y);
-      mma16816(S[2 * p + 1], p0, p1, p2, p3, b.z, b.w);
-    }
+    rec_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
+              hv, v0, lane);
   }
   cp_async_wait();
 
-#if HAS_HT
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    F2 lo, hi;
-    lo.x = S[nt][0]; lo.y = S[nt][1]; hi.x = S[nt][2]; hi.y = S[nt][3];
-    *(F2*)(hT + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t) = lo;
-    *(F2*)(hT + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t) = hi;
-  }
-#endif
+  rec_store_state(S, hT, sbase, v0, g, t);
 }
