@@ -156,9 +156,13 @@ def _check_entry(ctx, t, entry: dict | None, op) -> None:
     for name in sorted(set(files) | set(entry["op_files"])):
         if files.get(name) != entry["op_files"].get(name):
             raise LockError(f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
-                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}")
+                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {_RELOCK.format(t=t)}")
     if entry["op_version"] != op.VERSION:
-        raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}")
+        raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}")
+
+
+_RELOCK = ("the op's sources changed since the lock was written: check out the locked revision, or run "
+           "`ptxbuild build {t}` (on the target's GPU when it was measured) to search, verify and lock again")
 
 
 def _reproduce(ctx, t, entry: dict, op) -> list[dict]:

@@ -118,7 +118,7 @@ def test_drift_fails_loudly(proj, drift):
     elif drift == "op":
         cu = proj / "ops" / "scale" / "scale.cu"
         cu.write_text(cu.read_text() + "\n// edited\n")
-        match = r"op drift: scale/scale.cu"
+        match = r"op drift: scale/scale.cu locked sha256 \w+, now \w+; the op.s sources changed .* run `ptxbuild build scale@h100`"
     elif drift == "toolchain":
         from .fakes import FakeToolchain
         ctx.toolchain = FakeToolchain("fake-2")
