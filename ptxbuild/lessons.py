@@ -54,7 +54,7 @@ def _distance(scope: dict, gpu, problem: Problem) -> float:
     """How far a lesson's scope is from this problem: same GPU < same arch < same family; shape in log2."""
     d = (0.0, 1.0, 2.0, 3.0)[level(scope, gpu)]
     d += 0.0 if scope.get("dtype") == problem.dtype else 1.5
-    d += 0.0 if scope.get("options") == problem.opts else 1.0
+    d += 0.0 if scope.get("options") == problem.opts_json else 1.0
     shape = scope.get("shape") or []
     if len(shape) == len(problem.shape):
         d += 0.5 * sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(shape, problem.shape))
@@ -125,7 +125,7 @@ def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> li
 
 
 def _in_scope(scope: dict, problem: Problem, arch: str) -> bool:
-    return (scope.get("arch") == arch and scope.get("dtype") == problem.dtype and scope.get("options") == problem.opts
+    return (scope.get("arch") == arch and scope.get("dtype") == problem.dtype and scope.get("options") == problem.opts_json
             and scope.get("shape") in (None, list(problem.shape)))
 
 

@@ -35,6 +35,12 @@ class Problem:
     def opts(self) -> dict[str, Any]:
         return dict(self.options)
 
+    @property
+    def opts_json(self) -> dict[str, Any]:
+        """The options as JSON reads them back (tuples as lists): compare these with options stored in
+        the cache, lessons or a lock, never opts (a frozen `lengths` tuple never equals a stored list)."""
+        return json.loads(canonical_json(dict(self.options)))
+
     def key(self) -> dict[str, Any]:
         return {"op": self.op, "dtype": self.dtype, "shape": list(self.shape), "options": dict(self.options)}
 

@@ -179,7 +179,8 @@ def lessons_section(s: dict, data: dict) -> list[str]:
         for d in picked:
             u = d.get("lesson")
             why = "no lesson applied; the op's documented default" if not u else (
-                f"lesson `{u['lesson']}`: best on {u['scope'].get('gpu')} ({u['scope'].get('arch')}) for "
+                f"lesson `{u['lesson']}`: " + ("within 2% of the best" if u.get("role") == "near-best" else "best")
+                + f" on {u['scope'].get('gpu')} ({u['scope'].get('arch')}) for "
                 f"{u['scope'].get('dtype')} {u['scope'].get('shape')}, nearest scope ({u.get('level', '?')}, "
                 f"distance {u['distance']})")
             lines.append(f"- {d['label']}: " + " ".join(f"{k}={v}" for k, v in sorted(d["params"].items())) + f" — {why}")

@@ -409,7 +409,7 @@ class BuiltKernel:
         if key in self._choice:
             return self._choice[key]
         same = [e for e in self.entries if e["problem"]["dtype"] == problem.dtype
-                and e["problem"]["options"] == problem.opts]
+                and e["problem"]["options"] == problem.opts_json]
         exact = [e for e in same if tuple(e["problem"]["shape"]) == problem.shape]
         choice = exact[0] if exact else None
         if choice is None:

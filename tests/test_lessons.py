@@ -187,3 +187,17 @@ def test_among_equally_near_scopes_a_config_near_best_on_both_neighbours_goes_fi
     assert [s["threads"] for s in seeds] == [3, 1, 2, 9]          # distance first, then support
     assert used[0]["support"] > used[1]["support"] == used[2]["support"]
     assert [u["role"] for u in used] == ["near-best", "winner", "winner", "winner"]
+
+
+def test_a_varlen_lesson_is_in_the_exact_scope_of_its_own_problem():
+    """Scopes come back from JSON with lists; problems hold frozen tuples (KDA's segment lengths).
+    The H100 compile-only KDA build chose lessons of other scopes because the two never compared equal."""
+    gpu = CATALOG["h200"]
+    problem = Problem.make("kda", "bfloat16", (8192, 96), {"lengths": [1300, 547, 2048, 963, 271, 3063]})
+    scope = json.loads(json.dumps({"gpu": "h200", "arch": gpu.arch, "family": gpu.family, "dtype": "bfloat16",
+                                   "shape": [8192, 96], "options": problem.opts_json}))
+    assert scope["options"]["lengths"] == [1300, 547, 2048, 963, 271, 3063]
+    assert lessons._distance(scope, gpu, problem) == 0.0
+    assert lessons._in_scope(scope, problem, gpu.arch)
+    other = {**scope, "options": {"lengths": [1024] * 8}}
+    assert lessons._distance(other, gpu, problem) == 1.0
