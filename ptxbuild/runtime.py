@@ -469,7 +469,7 @@ class BuiltKernel:
         entry = self.select(problem)
         if entry is None:
             msg = (f"{self.target}: no built variant covers {problem.label()}; built shapes for {problem.dtype}: "
-                   f"{self._built_shapes(problem.dtype, problem.opts)} (add the shape to kernelfile.toml and rebuild)")
+                   f"{self._built_shapes(problem.dtype, problem.opts_json)} (add the shape to kernelfile.toml and rebuild)")
             if not self.allow_fallback:
                 raise LoaderError(msg + " or load with allow_fallback=True to run the op's reference")
             return self._fallback(problem, arrays, msg)
