@@ -418,6 +418,7 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     row = ctx.cache.get("measurements", key)
     if row is not None:
         return json.loads(row["detail"])
+    ctx.report("baselines_start", problem=problem)   # third-party code may compile or autotune for minutes
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,

@@ -112,6 +112,13 @@ class Progress:
             if sys.stderr.isatty():
                 click.echo(f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}   ",
                            err=True, nl=False)
+        elif kind == "baselines_start":
+            note = "timing the baselines (a first call may compile or autotune them)"
+            if sys.stderr.isatty():
+                click.echo(f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}; {note}   ",
+                           err=True, nl=False)
+            else:
+                click.echo(f"{self.label}: tried {self.tried}, best {self._best()}; {note} ...", err=True)
         elif kind in ("problem_done", "problem_fail"):
             end = "\r" if sys.stderr.isatty() else ""
             status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"

@@ -278,3 +278,18 @@ def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
         firsts.setdefault(problem, (float(p50), ratio, cfg))
         assert float(ratio[:-1]) >= 1.0
     assert any(cfg.startswith("threads=256 vec=4") and p50 == 10.0 and ratio == "1.00x" for p50, ratio, cfg in firsts.values())
+
+
+def test_untimed_baselines_are_announced_before_they_run_and_not_when_cached(proj):
+    """Baselines are third-party code that may compile or autotune for minutes (FLA: ~100 s per new
+    problem on the H200): the build says so before the silence, and only when it really times them."""
+    events = []
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, report=lambda kind, **kw: events.append(kind))
+    build(ctx, [Target("scale", "h100")])
+    done = events.count("problem_done")
+    assert done > 0 and events.count("baselines_start") == done
+    assert events.index("baselines_start") < events.index("problem_done")
+    events.clear()
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True,
+                   report=lambda kind, **kw: events.append(kind)), [Target("scale", "h100")])
+    assert events.count("problem_done") == done and "baselines_start" not in events
