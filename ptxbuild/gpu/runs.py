@@ -40,15 +40,19 @@ def _as_cupy(value, cp):
 VERIFY_ROWS = 512   # extra seeds run on this many rows (same binary: rows are a runtime size)
 
 
-def same_binary(op, params: dict, problem, other, arch: str) -> bool:
-    """Whether `other` renders to the same source as `problem` with `params`: only then can the
-    candidate's binary run it. Problem options are often compile-time flags (KDA's initial and
+def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
+    """The problems of `others` that render to the same source as `problem` with `params`: only those
+    can the candidate's binary run. Problem options are often compile-time flags (KDA's initial and
     final state, rmsnorm's residual): a binary built without h0 reading an h0 it was not built
     for reads past a one-element placeholder, a failure of the harness, not of the candidate."""
-    try:
-        return op.render(params, other, arch).source == op.render(params, problem, arch).source
-    except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
-        return False
+    source = op.render(params, problem, arch).source
+
+    def renders_alike(p) -> bool:
+        try:
+            return op.render(params, p, arch).source == source
+        except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
+            return False
+    return [p for p in others if renders_alike(p)]
 
 
 def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
@@ -57,7 +61,7 @@ def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
     if len(problem.shape) < 2 or problem.shape[0] <= VERIFY_ROWS:
         return problem
     small = problem.with_shape((VERIFY_ROWS, *problem.shape[1:]))
-    return small if op.check(params, small) is None and same_binary(op, params, problem, small, arch) else problem
+    return small if op.check(params, small) is None and same_binary(op, params, problem, [small], arch) else problem
 
 
 def _hidden_options(problem) -> str:
@@ -79,7 +83,7 @@ def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
 
     takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
     shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
-    return [p for p in shapes if op.check(params, p) is None and same_binary(op, params, problem, p, arch)]
+    return same_binary(op, params, problem, [p for p in shapes if op.check(params, p) is None], arch)
 
 
 class Gpu:
