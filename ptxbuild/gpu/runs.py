@@ -45,14 +45,13 @@ def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
     can the candidate's binary run. Problem options are often compile-time flags (KDA's initial and
     final state, rmsnorm's residual): a binary built without h0 reading an h0 it was not built
     for reads past a one-element placeholder, a failure of the harness, not of the candidate."""
-    source = op.render(params, problem, arch).source
-
-    def renders_alike(p) -> bool:
+    def source(p) -> str | None:
         try:
-            return op.render(params, p, arch).source == source
+            return op.render(params, p, arch).source
         except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
-            return False
-    return [p for p in others if renders_alike(p)]
+            return None
+    own = source(problem)
+    return [p for p in others if own is not None and source(p) == own]
 
 
 def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
