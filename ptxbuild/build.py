@@ -390,6 +390,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
+    m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
+    summary["report_manifest"] = {"dispatch": m.get("dispatch", []), "variants": m.get("variants", {})}
     produced = lessons.derive(ctx.cache, op, t, ctx.run)
     summary["lessons_produced"] = produced
     summary["problems_done"] = f"{len(chosen)}/{len(probs)}"

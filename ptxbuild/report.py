@@ -38,7 +38,9 @@ def collect(kf, cache, target) -> dict | None:
     if build is None:
         return None
     summary = json.loads(build["summary"])
-    manifest = json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {}
+    # the build's artifacts stay on the machine that built them; the cache carries their dispatch table
+    manifest = (json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file()
+                else summary.get("report_manifest", {}))
     attempts = cache.attempts(str(target), summary["run"])
     by_outcome = Counter(a["outcome"] for a in attempts)
     rejected = Counter((a["outcome"], (a["detail"] or "").split("\n")[0][:100]) for a in attempts if a["outcome"] != "ok")

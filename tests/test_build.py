@@ -293,3 +293,19 @@ def test_untimed_baselines_are_announced_before_they_run_and_not_when_cached(pro
     build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True,
                    report=lambda kind, **kw: events.append(kind)), [Target("scale", "h100")])
     assert events.count("problem_done") == done and "baselines_start" not in events
+
+
+def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(proj):
+    """A GPU machine builds, its cache comes back, its build/ folder does not: `ptxbuild report`
+    still has the results table (the dispatch travels in the build's summary)."""
+    import shutil
+
+    from ptxbuild.report import write_report
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [Target("scale", "h100")])
+    before = (proj / "reports/scale@h100/report.md").read_text()
+    shutil.rmtree(proj / "build")
+    (proj / "reports/scale@h100/report.md").unlink()
+    write_report(ctx.kf, ctx.cache, Target("scale", "h100"))
+    after = (proj / "reports/scale@h100/report.md").read_text()
+    assert after == before and "threads=256 vec=4" in after.split("## Results")[1].split("##")[0]
