@@ -21,6 +21,7 @@ step sweep-cross 600 $PB -f benchmarks/rmsnorm_sweep.toml build rmsnorm@h200 --f
 $PB record reports/warmstart/rmsnorm-h200.recording.jsonl --op rmsnorm --gpu h200 > "$logs/record.log" 2>&1
 (cd examples/model_repo && step model-repo-build 300 $PB build rmsnorm@h200 &&
  step model-repo 300 python3 -m pytest -q -m gpu . -rA -p no:cacheprovider)
+step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 step kda-stages 900 $PB build kda_recurrence@h200
 # the whole forward (prepare + recurrence as one op) verified, timed, beside FLA's chunk_kda: issue #5's
