@@ -11,7 +11,9 @@ bench_gpu.py) runs in order on one stream:
   kda_prepare    grid (NC, HV)                  workspace ws [NC, HV, BLOB] (workspace.py)
   kda_recurrence grid (N * HV * split)          o, hT
 ws is an output only because the worker allocates outputs: SCRATCH, never checked (its bytes may
-legitimately be 0xFF, the poison). Verified against the float64 token recurrence by compare():
+legitimately be 0xFF, the poison). prep_variant 2 is one launch instead, kda_fused (grid as the
+recurrence, +128 producer threads per block; kda_fused.cu), the entry of its render(); it leaves ws
+untouched. Measured slower than the two kernels on the H200, it is in the space, not the default. Verified against the float64 token recurrence by compare():
 relative RMS of o and hT each <= 5e-3 (kda.md), all finite. Baselines (FLA chunk_kda): baselines.py.
 """
 from __future__ import annotations
