@@ -53,6 +53,12 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def declaration_digest(spec) -> str:
+    """sha256 of an op's own section of the kernelfile (OpSpec.config()): what a lock entry depends on;
+    editing another op's section leaves it valid."""
+    return _sha(canonical_json(spec.config()).encode())
+
+
 def entry_digest(entry: dict) -> str:
     return _sha(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}).encode())
 
@@ -90,7 +96,8 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
                             "ptx_isa": v.get("ptx_isa"), "registers": v.get("registers"),
                             "spill_bytes": v.get("spill_bytes"), "compiler": v.get("compiler", "")}
     entry = {"target": str(target), "op": m["op"], "op_version": m["op_version"], "template": spec.template,
-             "kernelfile_digest": m["kernelfile_digest"], "arch": m["arch"], "gpu": m["gpu"],
+             "kernelfile_digest": m["kernelfile_digest"], "declaration_sha256": declaration_digest(spec),
+             "arch": m["arch"], "gpu": m["gpu"],
              "toolchain": m["toolchain"], "wheels": wheel_versions(),
              "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
              "measured_on_hardware": m["measured_on_hardware"], "hardware": m.get("hardware"),
@@ -134,7 +141,12 @@ def _check_entry(ctx, t, entry: dict | None, op) -> None:
     if entry.get("entry_sha256") != entry_digest(entry):
         raise LockError(f"{t}: its {LOCK_NAME} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
                         f"content {entry_digest(entry)[:16]}); refusing it; restore the lock or rebuild unlocked")
-    if entry["kernelfile_digest"] != kf.digest:
+    if "declaration_sha256" in entry:   # entries written before it: the whole file below
+        now = declaration_digest(kf.ops[t.op]) if t.op in kf.ops else "(no such op)"
+        if entry["declaration_sha256"] != now:
+            raise LockError(f"{t}: [ops.{t.op}] in {kf.path.name} changed since the lock (locked sha256 "
+                            f"{entry['declaration_sha256'][:16]}, now {now[:16]}); rebuild unlocked to relock")
+    elif entry["kernelfile_digest"] != kf.digest:
         raise LockError(f"{t}: {kf.path.name} changed since the lock (locked sha256 {entry['kernelfile_digest'][:16]}, "
                         f"now {kf.digest[:16]}); rebuild unlocked to relock")
     if entry["gpu"] != kf.gpus[t.gpu].as_dict():

@@ -114,7 +114,7 @@ def test_drift_fails_loudly(proj, drift):
         kf = proj / "kernelfile.toml"
         kf.write_text(kf.read_text().replace("budget = 6", "budget = 7"))
         ctx = make_ctx(proj)
-        match = "kernelfile.toml changed since the lock"
+        match = r"\[ops.scale\] in kernelfile.toml changed since the lock"
     elif drift == "op":
         cu = proj / "ops" / "scale" / "scale.cu"
         cu.write_text(cu.read_text() + "\n// edited\n")
@@ -187,3 +187,17 @@ def test_compiler_is_deterministic(proj):
     kernel = op.render({"threads": 256, "vec": 4}, problem, "sm_90a")
     a, b = compile_kernel(kernel, "sm_90a"), compile_kernel(kernel, "sm_90a")
     assert a.ptx == b.ptx and a.cubin == b.cubin
+
+
+def test_editing_another_ops_section_leaves_a_lock_entry_valid(proj):
+    """A lock entry depends on its own op's declaration, not on the whole kernelfile: a model repo
+    adding an op does not have to re-verify every other one on its GPU."""
+    from ptxbuild.graph import Target
+    _built(proj)
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text() + '\n[ops.other]\ntemplate = "scale"\ndtypes = ["float32"]\nshapes = [[8, 64]]\n')
+    res = build_locked(make_ctx(proj), [Target("scale", "h100"), Target("scale", "b200")])
+    assert [str(r.target) for r in res] == ["scale@h100", "scale@b200"] and all(r.status == "built" for r in res)
+    kf.write_text(kf.read_text().replace("budget = 6", "budget = 5"))
+    with pytest.raises(LockError, match=r"\[ops.scale\] in kernelfile.toml changed"):
+        build_locked(make_ctx(proj), [Target("scale", "h100")])
