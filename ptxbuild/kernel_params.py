@@ -17,3 +17,20 @@ def param(arg) -> np.ndarray:
     if isinstance(arg, np.generic):
         return np.array([arg])
     raise TypeError(f"kernel argument of type {type(arg).__name__} is neither an array nor a numpy scalar")
+
+
+def launch_attributes(cu, geom) -> list:
+    """The cuLaunchKernelEx attributes of a Launch (cu: cuda.bindings.driver): its cluster shape, and
+    programmatic stream serialization for a programmatic dependent launch (geom.pdl)."""
+    attrs = []
+    if tuple(geom.cluster) != (1, 1, 1):
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (int(v) for v in geom.cluster)
+        attrs.append(attr)
+    if getattr(geom, "pdl", False):
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
+    return attrs

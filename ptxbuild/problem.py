@@ -81,6 +81,14 @@ class Launch:
     block: tuple[int, int, int]
     smem_bytes: int = 0
     cluster: tuple[int, int, int] = (1, 1, 1)
+    # programmatic dependent launch: may start before the previous kernel on the stream has finished
+    # (once all its blocks ran griddepcontrol.launch_dependents); the kernels synchronize themselves
+    pdl: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """No launch attributes: cuLaunchKernel does (no cluster, no programmatic dependency)."""
+        return tuple(self.cluster) == (1, 1, 1) and not self.pdl
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernel_params import param
+from .kernel_params import launch_attributes, param
 from .oploader import load_op, op_dir, source_files
 from .problem import Problem
 
@@ -584,7 +584,7 @@ class BuiltKernel:
 
 
 def _launch(fn, geom, args: list, stream: int) -> None:
-    """cuLaunchKernel on `stream`, or cuLaunchKernelEx with a cluster-dimension attribute."""
+    """cuLaunchKernel on `stream`, or cuLaunchKernelEx with launch attributes (cluster, PDL)."""
     cu = _cu()
     if 0 in tuple(geom.grid):
         return                                                     # nothing to do (e.g. M = 0)
@@ -595,7 +595,7 @@ def _launch(fn, geom, args: list, stream: int) -> None:
     params = [_param(a) for a in args]
     ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
     hstream = cu.CUstream(int(stream))
-    if tuple(geom.cluster) == (1, 1, 1):
+    if geom.plain:
         _ok(cu.cuLaunchKernel(fn, *(int(v) for v in geom.grid), *(int(v) for v in geom.block), smem, hstream,
                               ptrs.ctypes.data, 0), "cuLaunchKernel")
         return
@@ -606,8 +606,6 @@ def _launch(fn, geom, args: list, stream: int) -> None:
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in geom.grid)
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in geom.block)
     cfg.sharedMemBytes, cfg.hStream = smem, hstream
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (int(v) for v in geom.cluster)
-    cfg.attrs, cfg.numAttrs = [attr], 1
+    attrs = launch_attributes(cu, geom)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
     _ok(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0), "cuLaunchKernelEx")

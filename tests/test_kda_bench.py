@@ -66,10 +66,25 @@ class FakeModule:
         cu = np.concatenate([[0], np.cumsum(bench_gpu.kda.dims(self.problem)["lengths"])])
         ch = self._chunked(q, k, v, a, g, b, A_log, dt_bias, cu)
         assert grid[0] == len(cs) and np.array_equal(ch.chunk_start, cs) and np.array_equal(ch.chunk_len, cl)
-        ws[...] = wsl.encode(ch, self.op_dtype).ravel()
+        enc = wsl.encode(ch, self.op_dtype).ravel()
+        ws[:enc.size] = enc                 # ops/kda's buffer has variant 3's flags after the blobs
         self.ch = ch
 
+    def kda_prepare_ovl(self, grid, block, args, shared_mem=0):
+        """variant 3's persistent prepare: every (chunk, head) of chunk_order, then its flags set."""
+        q, k, v, a, b, A_log, dt_bias, cs, cl, order, ws, flags, ntasks, scale = args
+        d = bench_gpu.kda.dims(self.problem)
+        assert ntasks == d["NC"] * d["HV"] and 0 < grid[0] <= ntasks and sorted(order) == list(range(d["NC"]))
+        blobs = d["NC"] * d["HV"] * wsl.sizes(d["K"], d["V"])["BLOB"]
+        assert flags.size == 4 * ntasks and ws.size == blobs + 4 * ntasks   # the flags are the workspace's tail
+        self.kda_prepare((d["NC"], d["HV"], 1), (128, 1, 1), (q, k, v, a, np.zeros(1, np.float32), b, A_log, dt_bias,
+                                                              cs, cl, ws[:blobs], scale))
+        flags.view(np.uint32)[...] = 1
+
     def kda_recurrence(self, grid, block, args, shared_mem=0):
+        if len(args) == 8:          # variant 3: every flag published before the recurrence reads a blob
+            *args, flags = args
+            assert (flags.view(np.uint32) == 1).all()
         ws, o, h0, hT, cu, co, order = args
         d = bench_gpu.kda.dims(self.problem)
         assert grid[0] == d["N"] * d["HV"] * (d["V"] // (block[0] // 32 * 16)) and sorted(order) == list(range(d["N"]))
@@ -102,6 +117,9 @@ def test_verify_end_to_end_with_emulated_kernels(monkeypatch, lens, H, kw):
     problem, ckw = bench_gpu.problem_of(lens, H, kw)
     params = two_kernel_params(problem)
     monkeypatch.setattr(bench_gpu, "load_module", lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"]), "fake"))
+    from ptxbuild.gpu import device        # variant 3's recurrence is a programmatic dependent launch
+    monkeypatch.setattr(device, "launch", lambda fn, geom, args, stream: fn(tuple(geom.grid), tuple(geom.block), tuple(args)))
+    monkeypatch.setattr(cp.cuda, "get_current_stream", lambda: None, raising=False)
     bench_gpu._MODULES.clear()
     built = bench_gpu.Built(cp, params, problem)
     case = bench_gpu.kda.case_for(problem, 1, **ckw)
@@ -116,14 +134,17 @@ def test_verify_catches_a_wrong_state(monkeypatch):
     params = two_kernel_params(problem)
     monkeypatch.setattr(bench_gpu, "load_module",
                         lambda cp, kernel, params, problem: (FakeModule(problem, params["op_dtype"], corrupt=True), "fake"))
+    from ptxbuild.gpu import device
+    monkeypatch.setattr(device, "launch", lambda fn, geom, args, stream: fn(tuple(geom.grid), tuple(geom.block), tuple(args)))
+    monkeypatch.setattr(cp.cuda, "get_current_stream", lambda: None, raising=False)
     bench_gpu._MODULES.clear()
     res = bench_gpu.verify(cp, bench_gpu.Built(cp, params, problem), bench_gpu.kda.case_for(problem, 1), True, "t")
     assert not res["ok"] and res["hT_rms"] > 0.1
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("variant", [1, 2, 3])
 @pytest.mark.parametrize("corrupt,outcome", [(False, "ok"), (True, "wrong_result")])
-def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome, fused):
+def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome, variant):
     """runs.Gpu.verify on ops/kda: both entries launched in order with the op's geometry and
     arguments (emulated), ws scratch (not checked), o and hT judged by compare() (relative RMS),
     the adversarial shapes included (final_state off: hT_unused passed and left alone)."""
@@ -143,7 +164,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     launched = []
 
     def launch(kern, geom, args, stream):
-        launched.append(kern)
+        launched.append(kern + ("+pdl" if geom.pdl else ""))
         fake = FakeModule(seen["problem"], "f16", corrupt=corrupt)
         getattr(fake, kern)(tuple(geom.grid), tuple(geom.block), args)
     monkeypatch.setattr(runs.device, "launch", launch)
@@ -152,11 +173,14 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     g.stream, g.sync, g.release = contextlib.nullcontext(), lambda: None, lambda: None
     g.fingerprint = types.SimpleNamespace(sm_count=132)
     problem = Problem.make("kda", "bfloat16", (37, 2), {})
-    params = op.fused_params(problem) if fused else two_kernel_params(problem)
-    assert (params["prep_variant"] == 2) == fused
+    params = op.fused_params(problem) if variant == 2 else {**two_kernel_params(problem), "prep_variant": variant}
+    if variant == 3:
+        params["stages"] = 2
+    assert op.check(params, problem) is None
     res = g.verify("ops/kda", ".", params, problem, {"entry": "kda_recurrence", "digest": "d", "cubin": b""}, seeds=[1])
     assert res["outcome"] == outcome, res
-    assert launched[:2] == (["kda_fused", "kda_fused"] if fused else ["kda_prepare", "kda_recurrence"])
+    assert launched[:2] == {1: ["kda_prepare", "kda_recurrence"], 2: ["kda_fused", "kda_fused"],
+                            3: ["kda_prepare_ovl", "kda_recurrence+pdl"]}[variant]
     if corrupt:
         assert "output hT: relative RMS" in res["detail"]
     else:

@@ -36,8 +36,15 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    # two kernels by default: V-split for ~2 blocks per SM (the recurrence is mma-issue-bound)
-    assert op.default_params(pr) == {"split": 4, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    # two kernels side by side by default (variant 3: persistent prepare + recurrence as its PDL
+    # dependent), V-split for ~2 blocks per SM, 2 stages so that both kernels' blocks share an SM
+    assert op.default_params(pr) == {"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 3}
+    ovl = op.launches(op.default_params(pr), pr, 132)
+    assert list(ovl) == ["kda_prepare_ovl", "kda_recurrence"] and ovl["kda_recurrence"].pdl
+    assert ovl["kda_prepare_ovl"].grid == (2 * 132, 1, 1) and not ovl["kda_prepare_ovl"].pdl
+    # both fit on one SM together: 2 prepare blocks + the recurrence's ~3 (smem per SM 228 KB, 1 KB per block)
+    per_block = lambda L: L.smem_bytes + 1024  # noqa: E731
+    assert 2 * per_block(ovl["kda_prepare_ovl"]) + 3 * per_block(ovl["kda_recurrence"]) <= 228 * 1024
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 16)))["split"] == 8
     assert op.default_params(Problem.make("kda", "bfloat16", (8192, 64), {"lengths": (1024,) * 8}))["split"] == 1
     canon = Problem.make("kda", "bfloat16", (8192, 96), {"gate": "canonical"})

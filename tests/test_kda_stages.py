@@ -28,7 +28,12 @@ def small(op, T=37, H=2, **opts):
 
 
 def signature_arity(source: str, entry: str) -> int:
+    """Parameters of `entry`'s signature, with its `#if NAME ... #endif` parts kept or dropped as the
+    source's own #defines say (kda_recurrence takes a flags pointer under PDL_FLAGS only)."""
     code = re.sub(r"//[^\n]*", "", source)
+    defs = dict(re.findall(r"^#define (\w+) (\S+)", code, re.M))
+    code = re.sub(r"^#if (\w+)\n(.*?)^#endif\n", lambda m: m.group(2) if defs.get(m.group(1), "0") != "0" else "",
+                  code, flags=re.M | re.S)
     m = re.search(r'extern "C" __global__ void\b.*?\b' + entry + r"\s*\(([^)]*)\)", code, re.S)
     assert m, f"no extern \"C\" __global__ {entry}"
     return len([a for a in m.group(1).split(",") if a.strip()])

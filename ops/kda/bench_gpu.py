@@ -66,7 +66,8 @@ def load_module(cp, kernel, params: dict, problem: Problem):
             b = compile_kernel(kernel, "sm_90a")
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
                 f.write(b.cubin)
-            regs = {s: compile_kernel(kda.render_stage(params, problem, "sm_90a", s), "sm_90a") for s in kda.KERNELS}
+            from ptxbuild.problem import Kernel
+            regs = {s: compile_kernel(Kernel(kernel.source, s), "sm_90a") for s in kda.launches(params, problem, 132)}
             info = " ".join(f"{s[4:]}:{r.registers}regs/{r.spill_bytes}B-spill" for s, r in regs.items())
             return cp.RawModule(path=f.name), info
         except ToolchainMissing:
@@ -88,22 +89,27 @@ class Built:
             _MODULES[kernel.source] = load_module(cp, kernel, params, problem)
             log(f"  built {' '.join(f'{k}={v}' for k, v in params.items())}: {_MODULES[kernel.source][1]}")
         self.mod, self.info = _MODULES[kernel.source]
-        self.fn = {s: self.mod.get_function(s) for s in kda.KERNELS}
-        self.launch = kda.launches(params, problem, 132)
-        smem = self.launch["kda_recurrence"].smem_bytes
-        if smem > 48 * 1024:
-            self.fn["kda_recurrence"].max_dynamic_shared_size_bytes = smem
+        self.launch = kda.launches(params, problem, 132)      # entry -> geometry, in launch order
+        self.fn = {s: self.mod.get_function(s) for s in self.launch}
+        self.prepare = next(iter(self.launch))              # kda_prepare, or kda_prepare_ovl (variant 3)
 
     def run(self, stage: str, inputs: dict, outputs: dict):
-        L = self.launch[stage]
-        if stage == "kda_prepare" and int(inputs["chunk_start"].size) == 0:
+        if stage == "kda_prepare" and self.prepare != stage:
+            stage = self.prepare
+        if stage.startswith("kda_prepare") and int(inputs["chunk_start"].size) == 0:
             return
-        self.fn[stage](L.grid, L.block, tuple(kda.stage_args(stage, self.params, self.problem, inputs, outputs)),
-                       shared_mem=L.smem_bytes)
+        L, args = self.launch[stage], kda.stage_args(stage, self.params, self.problem, inputs, outputs)
+        if L.plain:
+            if L.smem_bytes > 48 * 1024:
+                self.fn[stage].max_dynamic_shared_size_bytes = L.smem_bytes
+            self.fn[stage](L.grid, L.block, tuple(args), shared_mem=L.smem_bytes)
+        else:                      # variant 3's recurrence: a programmatic dependent launch
+            from ptxbuild.gpu import device
+            device.launch(self.fn[stage], L, args, self.cp.cuda.get_current_stream())
 
     def forward(self, inputs: dict, outputs: dict):
-        self.run("kda_prepare", inputs, outputs)
-        self.run("kda_recurrence", inputs, outputs)
+        for stage in self.launch:
+            self.run(stage, inputs, outputs)
 
 
 def make_outputs(cp, problem: Problem) -> dict:
@@ -154,7 +160,7 @@ def verify(cp, built: Built, case: dict, stages: bool, label: str) -> dict:
         ch = ref.chunked(**args)
         NC = len(ch.chunk_start)
         if NC:
-            dec = wsl.decode(cp.asnumpy(outputs["ws"]), NC, d["HV"], d["K"], d["V"], params["op_dtype"])
+            dec = wsl.decode(cp.asnumpy(kda.host.blobs_of(problem, outputs["ws"])), NC, d["HV"], d["K"], d["V"], params["op_dtype"])
             worst = 0.0
             for name in ("W", "Qg", "Kd", "A_qk", "U"):
                 e = ref.rel_rms(dec[name], wsl.per_chunk(getattr(ch, name), ch))
@@ -166,7 +172,10 @@ def verify(cp, built: Built, case: dict, stages: bool, label: str) -> dict:
             # stage 2 alone: the recurrence on a CPU-built workspace
             out2 = make_outputs(cp, problem)
             poison(cp, out2)
-            out2["ws"][...] = cp.asarray(wsl.encode(ch, params["op_dtype"]).ravel())
+            kda.host.blobs_of(problem, out2["ws"])[...] = cp.asarray(wsl.encode(ch, params["op_dtype"]).ravel())
+            # variant 3's recurrence waits for its flags: published (uint32 1, little-endian bytes)
+            kda.host.flags_of(problem, out2["ws"])[...] = cp.asarray(np.tile(np.array([1, 0, 0, 0], np.uint8),
+                                                                              kda.host.overlap_tasks(problem)))
             built.run("kda_recurrence", inputs, out2)
             cp.cuda.runtime.deviceSynchronize()
             res["rec_o_rms"] = ref.rel_rms(host_o(cp, out2["o"]), o_ref)
@@ -220,16 +229,12 @@ def gpu_inputs(cp, problem: Problem, seed: int) -> dict:
     rs = cp.random.RandomState(seed)
     bf = lambda *s: from_float(rs.standard_normal(s, dtype=cp.float32), "bfloat16", cp)
     cu = np.concatenate([[0], np.cumsum(d["lengths"])]).astype(np.int64)
-    cs, cl, co = ref.chunk_layout(cu, kda.CH)
-    lens = np.diff(cu)
+    layout = {k: cp.asarray(v) for k, v in kda.host._layout(cu).items()}   # the op's own chunk layout arrays
     return dict(q=bf(d["T"], d["H"], d["K"]), k=bf(d["T"], d["H"], d["K"]), v=bf(d["T"], d["HV"], d["V"]),
                 a=bf(d["T"], d["HV"], d["K"]), b=bf(d["T"], d["HV"]), g=cp.zeros(1, cp.float32),
                 A_log=cp.log(rs.uniform(1, 16, d["HV"]).astype(cp.float32)),
                 dt_bias=rs.standard_normal((d["HV"], d["K"]), dtype=cp.float32),
-                h0=0.1 * rs.standard_normal((d["N"], d["HV"], d["V"], d["K"]), dtype=cp.float32),
-                cu_seqlens=cp.asarray(cu), chunk_start=cp.asarray(cs.astype(np.int32)),
-                chunk_len=cp.asarray(cl.astype(np.int32)), chunk_offsets=cp.asarray(co.astype(np.int32)),
-                seq_order=cp.asarray(np.argsort(-lens, kind="stable").astype(np.int32)))
+                h0=0.1 * rs.standard_normal((d["N"], d["HV"], d["V"], d["K"]), dtype=cp.float32), **layout)
 
 
 def fla_runner(problem: Problem, inputs: dict):

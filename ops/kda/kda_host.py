@@ -36,6 +36,11 @@ FUSED_FILES = ("kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu")   # r
 # kda_fused.cu's shared memory besides its 2-slot ring of blobs: staged q/k/a/v rows (2 buffers of
 # 4 x 16 x 136 bf16), Kp/Qp/Km (3 x 16 x 132 fp32), CG/CL (2 x 128 fp32), Rq/Rk/B (3 x 16 fp32)
 FUSED_SMEM_EXTRA = 2 * 4 * 16 * 136 * 2 + 3 * 16 * 132 * 4 + 2 * 128 * 4 + 3 * 16 * 4
+OVERLAP = 3               # prep_variant 3: a persistent prepare beside the recurrence (kda_prepare_ovl.cu, PDL)
+OVERLAP_FILES = ("kda_prepare_fast.cu", "kda_recurrence.cu", "kda_prepare_ovl.cu")   # rendered in this order
+# kda_prepare_ovl.cu's dynamic shared memory (OVL_SMEM): 2 buffers of staged rows, Kp/Qp/Km, CG/CL, Rq/Rk/B
+OVERLAP_SMEM = 2 * 4 * 16 * 136 * 2 + 3 * 16 * 132 * 4 + (2 * 128 + 3 * 16) * 4
+OVERLAP_BLOCKS_PER_SM = 2 # its grid: 2 x 62 KB per SM leaves ~100 KB for the recurrence's blocks beside it
 CH = 16
 GATES = {"safe": 0, "canonical": 1, "given": 2}
 GATE_RMS = 5e-3   # kda.md's gate for bf16 I/O: relative RMS of o and of hT vs the float64 reference
@@ -85,6 +90,8 @@ def defines(params: dict, problem: Problem) -> str:
                 L2NORM=int(d["l2norm"]), LOWER_BOUND=f"({ref.LOWER_BOUND}f)", PREP_THREADS=params["prep_threads"],
                 OP_BF16=int(params["op_dtype"] == "bf16"), SPLIT=params["split"], STAGES=params["stages"],
                 HAS_H0=int(d["h0"]), HAS_HT=int(d["hT"]))
+    if params.get("prep_variant", 0) == OVERLAP:   # only then: the other variants' sources stay as measured
+        defs["PDL_FLAGS"] = 1
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
@@ -107,6 +114,8 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
         return f"prep_variant={pv} is built for K = V = 128 and prep_threads=128"
     if pv == FUSED and params["stages"] != 2:
         return "prep_variant=2 double-buffers in lockstep (stages=2 only)"
+    if pv not in (0, 1, FUSED, OVERLAP):
+        return f"prep_variant={pv}: use 0, 1, {FUSED} or {OVERLAP}"
     return None
 
 
@@ -121,9 +130,21 @@ def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kerne
     return Kernel(src, stage)
 
 
-def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
-    """The kernels of one call, in launch order: prepare then recurrence, or the fused kernel alone."""
+def overlap_tasks(problem: Problem) -> int:
+    """kda_prepare_ovl's tasks: one per (chunk, value head); also the length of its flags array."""
     d = dims(problem)
+    return d["NC"] * d["HV"]
+
+
+def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
+    """The kernels of one call, in launch order: prepare then recurrence, the fused kernel alone, or
+    (variant 3) the persistent prepare then the recurrence as its programmatic dependent."""
+    d = dims(problem)
+    if params.get("prep_variant", 0) == OVERLAP:
+        rec = Launch((d["N"] * d["HV"] * params["split"], 1, 1), (d["V"] // params["split"] // 16 * 32, 1, 1),
+                     smem_bytes(params, problem), pdl=True)
+        grid = max(1, min(OVERLAP_BLOCKS_PER_SM * sm_count, overlap_tasks(problem)))
+        return {"kda_prepare_ovl": Launch((grid, 1, 1), (128, 1, 1), OVERLAP_SMEM), "kda_recurrence": rec}
     if params.get("prep_variant", 0) == FUSED:
         return {"kda_fused": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
                                     (d["V"] // params["split"] // 16 * 32 + 128, 1, 1), smem_bytes(params, problem))}
@@ -144,9 +165,16 @@ def _layout(cu_seqlens: np.ndarray) -> dict:
     """The chunk layout arrays of the kernels' arguments (host, small)."""
     cs, cl, co = ref.chunk_layout(cu_seqlens, CH)
     lens = np.diff(cu_seqlens)
+    order = np.argsort(-lens, kind="stable")                      # longest segments first
+    rank = np.empty(len(lens), np.int64)
+    rank[order] = np.arange(len(lens))
+    seg = np.repeat(np.arange(len(lens)), np.diff(co))            # each chunk's segment
+    local = np.arange(len(cs)) - co[:-1][seg]                     # its position in the segment
     return dict(cu_seqlens=cu_seqlens.astype(np.int64), chunk_start=cs.astype(np.int32),
                 chunk_len=cl.astype(np.int32), chunk_offsets=co.astype(np.int32),
-                seq_order=np.argsort(-lens, kind="stable").astype(np.int32))   # longest segments first
+                seq_order=order.astype(np.int32),
+                # the persistent prepare's order (variant 3): chunk j of every segment before chunk j + 1
+                chunk_order=np.lexsort((rank[seg], local)).astype(np.int32))
 
 
 def inputs_from_case(case: dict, xp=np) -> dict:
@@ -184,17 +212,36 @@ def make_inputs(problem: Problem, seed: int, xp) -> dict:
     return out
 
 
-def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict) -> list:
-    """The kernel's arguments in signature order; `ws` is the workspace buffer (any integer dtype)."""
+def blobs_of(problem: Problem, ws):
+    """The blobs [NC * HV * BLOB bytes] of ops/kda's workspace buffer (uint8), without variant 3's flags."""
+    d = dims(problem)
+    return ws[:d["NC"] * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]]
+
+
+def flags_of(problem: Problem, ws):
+    """Variant 3's flags: the uint32 [NC * HV] tail of ops/kda's workspace buffer (uint8), after the blobs."""
+    d = dims(problem)
+    off = d["NC"] * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]
+    return ws[off:off + 4 * overlap_tasks(problem)]
+
+
+def stage_args(stage: str, problem: Problem, inputs: dict, ws, outputs: dict, overlap: bool = False) -> list:
+    """The kernel's arguments in signature order; `ws` is the workspace buffer (any integer dtype;
+    uint8 with the flags tail when `overlap`, prep_variant 3)."""
     d = dims(problem)
     i, o = inputs, outputs
+    if stage == "kda_prepare_ovl":
+        return [i["q"], i["k"], i["v"], i["a"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"], i["chunk_len"],
+                i["chunk_order"], ws, flags_of(problem, ws), np.int32(overlap_tasks(problem)),
+                np.float32(d["K"] ** -0.5)]
     if stage == "kda_prepare":
         return [i["q"], i["k"], i["v"], i["a"], i["g"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"],
                 i["chunk_len"], ws, np.float32(d["K"] ** -0.5)]
     if stage == "kda_fused":
         return [i["q"], i["k"], i["v"], i["a"], i["b"], i["A_log"], i["dt_bias"], o["o"], i["h0"], o["hT"],
                 i["cu_seqlens"], i["seq_order"], np.float32(d["K"] ** -0.5)]
-    return [ws, o["o"], i["h0"], o["hT"], i["cu_seqlens"], i["chunk_offsets"], i["seq_order"]]
+    rec = [ws, o["o"], i["h0"], o["hT"], i["cu_seqlens"], i["chunk_offsets"], i["seq_order"]]
+    return rec + [flags_of(problem, ws)] if overlap else rec
 
 
 def host(x) -> np.ndarray:

@@ -5,7 +5,9 @@
 //   V_new^T = U^T - S W^T            (A = S as operand: accumulators 2j, 2j+1 form k-step j)
 //   O^T     = S Qg^T + V_new^T A^T   (V_new^T accumulators become the A operand directly)
 //   S       = S * gamma_last + V_new^T Kd
-// Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16.
+// Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16; PDL_FLAGS (prep_variant 3,
+// kda_prepare_ovl.cu): this kernel runs beside prepare and acquires flags[chunk * HV + hv] before it
+// copies a chunk's blob.
 
 #define VS (VDIM / SPLIT)                 // V rows per block
 #define NWARP (VS / 16)
@@ -28,6 +30,19 @@ __device__ __forceinline__ void issue_stage(unsigned char* dst, const unsigned c
   const unsigned char* us = blob + WS_U + vg0 * 32 * 32;
   for (int i = tid * 16; i < STAGE_U; i += NTHREADS * 16) cp_async16(dst + WS_U + i, us + i);
 }
+
+#if PDL_FLAGS
+// Wait until prepare has published a chunk's blob (kda_prepare_ovl.cu: fence, barrier, release store).
+// Every thread acquires for itself, so its own cp.async reads are ordered after the flag.
+__device__ __forceinline__ void rec_acquire(const unsigned* flag) {
+  unsigned x;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(x) : "l"(flag) : "memory");
+    if (x == 1u) break;
+    __nanosleep(64);
+  }
+}
+#endif
 
 // The warp's 16 rows of the fp32 state, V-first [V, K]: from h0 (zeros without one), and to hT.
 __device__ __forceinline__ void rec_load_state(float (&S)[NT][4], const float* __restrict__ h0, size_t sbase,
@@ -126,7 +141,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS)
 kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
                const float* __restrict__ h0, float* __restrict__ hT,
                const long long* __restrict__ cu_seqlens, const int* __restrict__ chunk_offsets,
-               const int* __restrict__ seq_order) {
+               const int* __restrict__ seq_order
+#if PDL_FLAGS
+               , const unsigned* __restrict__ flags
+#endif
+               ) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int sp = blockIdx.x % SPLIT, hv = (blockIdx.x / SPLIT) % HV;
@@ -142,7 +161,12 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
 
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < nc) issue_stage(smem + i * STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, tid);
+    if (i < nc) {
+#if PDL_FLAGS
+      rec_acquire(flags + (size_t)(c0 + i) * HV + hv);
+#endif
+      issue_stage(smem + i * STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, tid);
+    }
     cp_async_commit();
   }
 
@@ -151,7 +175,12 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
     __syncthreads();
     {
       const int j = i + STAGES - 1;
-      if (j < nc) issue_stage(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, tid);
+      if (j < nc) {
+#if PDL_FLAGS
+        rec_acquire(flags + (size_t)(c0 + j) * HV + hv);
+#endif
+        issue_stage(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, tid);
+      }
       cp_async_commit();
     }
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;

@@ -33,12 +33,12 @@ workspace = host.workspace
 
 NAME = "kda"
 VERSION = "0.3"   # 0.3: verified only on cases its binary was built for (runs.same_binary); 0.2: relative RMS, ws scratch
-SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu", "reference.py", "workspace.py",
-           "kda_host.py"]
+SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu",
+           "kda_prepare_ovl.cu", "reference.py", "workspace.py", "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
-         "prep_variant": [0, 1, 2]}
+         "prep_variant": [0, 1, 2, 3]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 SCRATCH = {"ws"}
@@ -71,8 +71,11 @@ def default_params(problem: Problem) -> dict:
     split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
-    params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
-    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
+    params = {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": host.OVERLAP}
+    if check(params, problem) is None:
+        return params
+    params = {**params, "stages": 3, "prep_variant": 1}
+    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variants 1, 3: safe gate only
 
 
 def fused_params(problem: Problem) -> dict:
@@ -109,6 +112,8 @@ def check(params: dict, problem: Problem) -> str | None:
 def render(params: dict, problem: Problem, arch: str) -> Kernel:
     if params.get("prep_variant", 0) == host.FUSED:   # one kernel; it reuses the helpers of both stage files
         files = host.FUSED_FILES
+    elif params.get("prep_variant", 0) == host.OVERLAP:   # the persistent prepare reuses pf_chunk
+        files = host.OVERLAP_FILES
     else:
         files = (host.stage_file(params, "kda_prepare"), "kda_recurrence.cu")
     src = _defines(params, problem) + (_HERE / "kda_common.cuh").read_text() + "".join((_HERE / f).read_text() for f in files)
@@ -142,8 +147,9 @@ def make_inputs(problem: Problem, seed: int, xp) -> dict:
 
 def make_outputs(problem: Problem, xp) -> dict:
     d = dims(problem)
+    blobs = max(d["NC"], 1) * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]
     out = dict(o=xp.zeros((d["T"], d["HV"], d["V"]), xp.uint16),
-               ws=xp.zeros(max(d["NC"], 1) * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"], xp.uint8))
+               ws=xp.zeros(blobs + 4 * max(d["NC"], 1) * d["HV"], xp.uint8))   # + variant 3's flags
     if d["hT"]:
         out["hT"] = xp.zeros((d["N"], d["HV"], d["V"], d["K"]), xp.float32)
     return out
@@ -151,7 +157,8 @@ def make_outputs(problem: Problem, xp) -> dict:
 
 def stage_args(stage: str, params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
     outs = outputs if "hT" in outputs else {**outputs, "hT": inputs["hT_unused"]}
-    return host.stage_args(stage, problem, inputs, outputs["ws"], outs)
+    return host.stage_args(stage, problem, inputs, outputs["ws"], outs,
+                           overlap=params.get("prep_variant", 0) == host.OVERLAP)
 
 
 def kernel_args(params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:

@@ -118,7 +118,7 @@ def encode(ch, op_dtype: str = "f16") -> np.ndarray:
 def decode(ws, NC: int, HV: int, K: int, V: int, op_dtype: str = "f16") -> dict[str, np.ndarray]:
     """Matrices [NC, HV, 16, X] (W, Qg, Kd, A_qk, U) and gamma_last [NC, HV, K] from a workspace."""
     sz = sizes(K, V)
-    ws = np.asarray(ws, np.uint8).reshape(NC, HV, sz["BLOB"])
+    ws = np.asarray(ws, np.uint8)[:NC * HV * sz["BLOB"]].reshape(NC, HV, sz["BLOB"])   # any tail (flags) ignored
     out = {n: np.zeros((NC, HV, CH, X)) for n, X in (("W", K), ("Qg", K), ("Kd", K), ("A_qk", CH), ("U", V))}
     frag = from_bits(np.ascontiguousarray(ws[:, :, sz["WQ"]:sz["KD"]]).view(np.uint16), op_dtype)
     frag = frag.reshape(NC, HV, K // 16, 32, 2, 4, 2)

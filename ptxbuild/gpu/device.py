@@ -6,7 +6,7 @@ import tempfile
 
 import numpy as np
 
-from ..kernel_params import param
+from ..kernel_params import launch_attributes, param
 from ..problem import Launch
 from .errors import CudaError
 
@@ -45,11 +45,11 @@ def _check(result) -> None:
 
 
 def launch(kernel, geom: Launch, args: list, stream) -> None:
-    """Launch on `stream`; clusters go through cuLaunchKernelEx with a cluster-dimension attribute."""
+    """Launch on `stream`; clusters and programmatic dependent launches go through cuLaunchKernelEx."""
     smem = int(geom.smem_bytes)
     if smem > SMEM_DEFAULT_BYTES:
         kernel.max_dynamic_shared_size_bytes = smem
-    if tuple(geom.cluster) == (1, 1, 1):
+    if geom.plain:
         with stream:
             kernel(tuple(geom.grid), tuple(geom.block), tuple(args), shared_mem=smem)
         return
@@ -62,10 +62,8 @@ def launch(kernel, geom: Launch, args: list, stream) -> None:
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in geom.grid)
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in geom.block)
     cfg.sharedMemBytes, cfg.hStream = smem, cu.CUstream(stream.ptr)
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = (int(v) for v in geom.cluster)
-    cfg.attrs, cfg.numAttrs = [attr], 1
+    attrs = launch_attributes(cu, geom)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
     params = [param(a) for a in args]
     ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
     _check(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0))
