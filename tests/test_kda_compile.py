@@ -36,10 +36,15 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    # two kernels side by side by default (variant 3: persistent prepare + recurrence as its PDL
-    # dependent), V-split for ~2 blocks per SM, 2 stages so that both kernels' blocks share an SM
-    assert op.default_params(pr) == {"split": 4, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 3}
-    ovl = op.launches(op.default_params(pr), pr, 132)
+    # two kernels by default: V-split for ~2 blocks per SM (the recurrence is instruction-latency-bound)
+    assert op.default_params(pr) == {"split": 4, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    # variant 3 (measured slower, in the space): persistent prepare + the recurrence as its PDL dependent,
+    # 2 stages so that both kernels' blocks share an SM
+    v3 = {**op.default_params(pr), "prep_variant": 3, "stages": 2}
+    assert op.check(v3, pr) is None and op.check({**v3, "rec_copy": "bulk"}, pr) is not None
+    assert op.check({**op.default_params(pr), "rec_copy": "bulk"}, pr) is None
+    assert op.check({**op.default_params(pr), "rec_copy": "tma"}, pr) is not None
+    ovl = op.launches(v3, pr, 132)
     assert list(ovl) == ["kda_prepare_ovl", "kda_recurrence"] and ovl["kda_recurrence"].pdl
     assert ovl["kda_prepare_ovl"].grid == (2 * 132, 1, 1) and not ovl["kda_prepare_ovl"].pdl
     # both fit on one SM together: 2 prepare blocks + the recurrence's ~3 (smem per SM 228 KB, 1 KB per block)

@@ -92,6 +92,8 @@ def defines(params: dict, problem: Problem) -> str:
                 HAS_H0=int(d["h0"]), HAS_HT=int(d["hT"]))
     if params.get("prep_variant", 0) == OVERLAP:   # only then: the other variants' sources stay as measured
         defs["PDL_FLAGS"] = 1
+    if params.get("rec_copy", "cp_async") == "bulk":   # likewise: absent, the measured sources are unchanged
+        defs["REC_BULK"] = 1
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
@@ -105,6 +107,10 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
     kda_fused.cu) cannot take this problem, or None. Both factor exp(G_r - G_s) through the chunk's
     middle row, which only the safe gate bounds (40 nats). Variant 2 has its own 2-slot ring."""
     pv = params.get("prep_variant", 0)
+    if params.get("rec_copy", "cp_async") not in ("cp_async", "bulk"):
+        return f"rec_copy={params['rec_copy']!r}: use 'cp_async' or 'bulk'"
+    if pv == OVERLAP and params.get("rec_copy") == "bulk":
+        return "prep_variant=3 (flags acquired per thread) copies with cp.async only (rec_copy='cp_async')"
     if pv == 0:
         return None
     d = dims(problem)

@@ -5,7 +5,8 @@
 //   V_new^T = U^T - S W^T            (A = S as operand: accumulators 2j, 2j+1 form k-step j)
 //   O^T     = S Qg^T + V_new^T A^T   (V_new^T accumulators become the A operand directly)
 //   S       = S * gamma_last + V_new^T Kd
-// Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16; PDL_FLAGS (prep_variant 3,
+// Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16; REC_BULK (rec_copy "bulk":
+// TMA bulk copies on mbarriers instead of cp.async); PDL_FLAGS (prep_variant 3,
 // kda_prepare_ovl.cu): this kernel runs beside prepare and acquires flags[chunk * HV + hv] before it
 // copies a chunk's blob.
 
@@ -30,6 +31,30 @@ __device__ __forceinline__ void issue_stage(unsigned char* dst, const unsigned c
   const unsigned char* us = blob + WS_U + vg0 * 32 * 32;
   for (int i = tid * 16; i < STAGE_U; i += NTHREADS * 16) cp_async16(dst + WS_U + i, us + i);
 }
+
+#if REC_BULK
+// rec_copy "bulk": one thread copies a chunk's stage with two cp.async.bulk (the shared WQ/KD/AQ/GAM
+// part and this block's U^T rows), completion counted in bytes on the stage's mbarrier; instead of
+// STAGE_BYTES / 16 cp.async spread over the block (15 per thread and chunk at split 4, 28 per lane
+// at split 8: ~60-110 of the ~490 warp instructions a chunk costs, ncu on the H200).
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bulk_issue(unsigned char* dst, const unsigned char* blob, int vg0,
+                                           unsigned long long* bar) {
+  const u32 b = smem_u32(bar), d = smem_u32(dst);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(STAGE_BYTES) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d), "l"(blob), "r"(WS_U), "r"(b) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d + WS_U), "l"(blob + WS_U + vg0 * 32 * 32), "r"(STAGE_U), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, u32 parity) {
+  asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+#endif
 
 #if PDL_FLAGS
 // Wait until prepare has published a chunk's blob (kda_prepare_ovl.cu: fence, barrier, release store).
@@ -159,6 +184,28 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
   const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
   rec_load_state(S, h0, sbase, v0, g, t);
 
+#if REC_BULK
+  __shared__ __align__(8) unsigned long long bars[STAGES];   // one per stage: the k-th fill is phase k
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i)
+      if (i < nc) bulk_issue(smem + i * STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, &bars[i]);
+  }
+  __syncthreads();
+  for (int i = 0; i < nc; ++i) {
+    bulk_wait(&bars[i % STAGES], (i / STAGES) & 1);
+    __syncthreads();                 // every warp is done with chunk i - 1, whose stage is refilled now
+    const int j = i + STAGES - 1;
+    if (tid == 0 && j < nc)
+      bulk_issue(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, &bars[j % STAGES]);
+    const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+    rec_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
+              hv, v0, lane);
+  }
+#else
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (i < nc) {
@@ -189,6 +236,7 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
               hv, v0, lane);
   }
   cp_async_wait();
+#endif
 
   rec_store_state(S, hT, sbase, v0, g, t);
 }

@@ -38,7 +38,7 @@ SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recur
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
-         "prep_variant": [0, 1, 2, 3]}
+         "prep_variant": [0, 1, 2, 3], "rec_copy": ["cp_async", "bulk"]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 SCRATCH = {"ws"}
@@ -71,11 +71,8 @@ def default_params(problem: Problem) -> dict:
     split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
-    params = {"split": split, "stages": 2, "op_dtype": "f16", "prep_threads": 128, "prep_variant": host.OVERLAP}
-    if check(params, problem) is None:
-        return params
-    params = {**params, "stages": 3, "prep_variant": 1}
-    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variants 1, 3: safe gate only
+    params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
 
 
 def fused_params(problem: Problem) -> dict:
