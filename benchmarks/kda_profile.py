@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     params = dict(bench_gpu.kda.default_params(problem))
     for item in filter(None, a.params.split(",")):
         key, val = item.split("=")
-        params[key] = val if key == "op_dtype" else int(val)
+        params[key] = int(val) if val.lstrip("-").isdigit() else val
     built = bench_gpu.Built(cp, params, problem)
     if a.prep_cap:
         import dataclasses

@@ -301,7 +301,7 @@ def main(argv=None) -> int:
     override = {}
     for item in filter(None, a.params.split(",")):
         k, v = item.split("=")
-        override[k] = v if k == "op_dtype" else int(v)
+        override[k] = int(v) if v.lstrip("-").isdigit() else v
     variants = [override.pop("prep_variant")] if "prep_variant" in override else (
         [0, 1] if a.prep_variant == "both" else [int(a.prep_variant)])
 
