@@ -175,7 +175,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     problem = Problem.make("kda", "bfloat16", (37, 2), {})
     params = op.fused_params(problem) if variant == 2 else {**two_kernel_params(problem), "prep_variant": variant}
     if variant == 3:
-        params["stages"] = 2
+        params.update(stages=2, rec_copy="cp_async")
     assert op.check(params, problem) is None
     res = g.verify("ops/kda", ".", params, problem, {"entry": "kda_recurrence", "digest": "d", "cubin": b""}, seeds=[1])
     assert res["outcome"] == outcome, res

@@ -37,13 +37,15 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
     # two kernels by default: V-split for ~2 blocks per SM (the recurrence is instruction-latency-bound)
-    assert op.default_params(pr) == {"split": 4, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    assert op.default_params(pr) == {"split": 4, "stages": 4, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1,
+                                     "rec_copy": "bulk", "o_store": "rows"}
     # variant 3 (measured slower, in the space): persistent prepare + the recurrence as its PDL dependent,
     # 2 stages so that both kernels' blocks share an SM
-    v3 = {**op.default_params(pr), "prep_variant": 3, "stages": 2}
+    v3 = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async"}
     assert op.check(v3, pr) is None and op.check({**v3, "rec_copy": "bulk"}, pr) is not None
     assert op.check({**op.default_params(pr), "rec_copy": "bulk"}, pr) is None
     assert op.check({**op.default_params(pr), "rec_copy": "tma"}, pr) is not None
+    assert op.check({**op.default_params(pr), "o_store": "tiles"}, pr) is not None
     ovl = op.launches(v3, pr, 132)
     assert list(ovl) == ["kda_prepare_ovl", "kda_recurrence"] and ovl["kda_recurrence"].pdl
     assert ovl["kda_prepare_ovl"].grid == (2 * 132, 1, 1) and not ovl["kda_prepare_ovl"].pdl

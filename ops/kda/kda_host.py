@@ -94,6 +94,8 @@ def defines(params: dict, problem: Problem) -> str:
         defs["PDL_FLAGS"] = 1
     if params.get("rec_copy", "cp_async") == "bulk":   # likewise: absent, the measured sources are unchanged
         defs["REC_BULK"] = 1
+    if params.get("o_store", "cols") == "rows":
+        defs["REC_OROWS"] = 1
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
@@ -107,6 +109,8 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
     kda_fused.cu) cannot take this problem, or None. Both factor exp(G_r - G_s) through the chunk's
     middle row, which only the safe gate bounds (40 nats). Variant 2 has its own 2-slot ring."""
     pv = params.get("prep_variant", 0)
+    if params.get("o_store", "cols") not in ("cols", "rows"):
+        return f"o_store={params['o_store']!r}: use 'cols' or 'rows'"
     if params.get("rec_copy", "cp_async") not in ("cp_async", "bulk"):
         return f"rec_copy={params['rec_copy']!r}: use 'cp_async' or 'bulk'"
     if pv == OVERLAP and params.get("rec_copy") == "bulk":

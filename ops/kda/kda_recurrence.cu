@@ -6,7 +6,8 @@
 //   O^T     = S Qg^T + V_new^T A^T   (V_new^T accumulators become the A operand directly)
 //   S       = S * gamma_last + V_new^T Kd
 // Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16; REC_BULK (rec_copy "bulk":
-// TMA bulk copies on mbarriers instead of cp.async); PDL_FLAGS (prep_variant 3,
+// TMA bulk copies on mbarriers instead of cp.async); REC_OROWS (o_store "rows": O = Qg S^T + A_qk V_new
+// with tokens as rows, stored as bf16 pairs, instead of O^T's 2-byte stores); PDL_FLAGS (prep_variant 3,
 // kda_prepare_ovl.cu): this kernel runs beside prepare and acquires flags[chunk * HV + hv] before it
 // copies a chunk's blob.
 
@@ -97,6 +98,15 @@ __device__ __forceinline__ void rec_store_state(const float (&S)[NT][4], float* 
 #endif
 }
 
+#if REC_OROWS
+// two floats -> bf16x2 (the output type, whatever the mma operand type); `lo` at the lower address
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#endif
+
 // One chunk of the recurrence for one warp's 16 state rows (v0 .. v0 + 15): st is the chunk's blob
 // in shared memory (WQ, KD, AQ, GAM at their workspace offsets), us this warp's U^T fragment,
 // tok0 the chunk's first token, *seg_end the end of its segment. Shared with kda_fused.cu.
@@ -122,12 +132,38 @@ __device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char
     const U4 w = wq[(ks * 32 + lane) * 2], qg = wq[(ks * 32 + lane) * 2 + 1];
     mma16816(vn[0], a0, a1, a2, a3, w.x, w.y);
     mma16816(vn[1], a0, a1, a2, a3, w.z, w.w);
+#if REC_OROWS
+    // O = Qg S^T: the Qg fragment is this product's A operand (registers x, z, y, w), S's packed
+    // registers its B operand (v rows 0-7: a0, a2; rows 8-15: a1, a3)
+    mma16816(oc[0], qg.x, qg.z, qg.y, qg.w, a0, a2);
+    mma16816(oc[1], qg.x, qg.z, qg.y, qg.w, a1, a3);
+#else
     mma16816(oc[0], a0, a1, a2, a3, qg.x, qg.y);
     mma16816(oc[1], a0, a1, a2, a3, qg.z, qg.w);
+#endif
   }
   const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
   const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
 
+#if REC_OROWS
+  // O += A_qk V_new (A_qk's fragment as A: x, z, y, w; V_new^T's accumulators as B), then each thread
+  // stores two bf16 pairs per token row g, g + 8: v0 + 8 vt + 2t (+1)
+  {
+    const U4 aq = ((const U4*)(st + WS_AQ))[lane];
+    mma16816(oc[0], aq.x, aq.z, aq.y, aq.w, p0, p2);
+    mma16816(oc[1], aq.x, aq.z, aq.y, aq.w, p1, p3);
+    const int m = (int)min((long long)CH, *seg_end - tok0);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = g + 8 * e;
+      if (r < m) {
+        u32* orow = (u32*)(o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + 2 * t);
+        orow[0] = pack_bf16x2(oc[0][2 * e], oc[0][2 * e + 1]);
+        orow[4] = pack_bf16x2(oc[1][2 * e], oc[1][2 * e + 1]);
+      }
+    }
+  }
+#else
   // O^T += V_new^T A_qk^T, then store rows of this chunk
   {
     const U4 aq = ((const U4*)(st + WS_AQ))[lane];
@@ -147,6 +183,7 @@ __device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char
       }
     }
   }
+#endif
 
   // S = S * gamma_last + V_new^T Kd
   const float* gam = (const float*)(st + WS_GAM);

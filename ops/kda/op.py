@@ -32,13 +32,13 @@ ref = host.ref
 workspace = host.workspace
 
 NAME = "kda"
-VERSION = "0.3"   # 0.3: verified only on cases its binary was built for (runs.same_binary); 0.2: relative RMS, ws scratch
+VERSION = "0.4"   # 0.4: rec_copy, o_store, prep_variant 3 (FLA re-timed beside it); 0.3: verified only on cases its binary was built for (runs.same_binary); 0.2: relative RMS, ws scratch
 SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu",
            "kda_prepare_ovl.cu", "reference.py", "workspace.py", "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
-SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
-         "prep_variant": [0, 1, 2, 3], "rec_copy": ["cp_async", "bulk"]}
+SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4, 5], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
+         "prep_variant": [0, 1, 2, 3], "rec_copy": ["cp_async", "bulk"], "o_store": ["cols", "rows"]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 SCRATCH = {"ws"}
@@ -57,21 +57,21 @@ inputs_from_case = host.inputs_from_case
 
 def default_params(problem: Problem) -> dict:
     """V-split: the smallest of 1, 2, 4, 8 giving about two blocks per SM (N * HV * split >= 250 on
-    132 SMs), else 8. Measured on the H200 (kernelfile build, 1 x 8192): the recurrence is bound by
-    mma.sync issue per SM sub-partition (50 m16n8k16 per warp per chunk, one warp per 16 state rows,
-    ~32 cycles each fits every row: H16 split 1 puts 2 warps on each busy sub-partition of only 16
-    SMs, 0.8 ms of recurrence, as much as H96 split 2); spreading warps over more SMs is what helps
-    (H96: split 4 1.44 ms vs split 2 1.60; H64: split 4 1.05 vs split 1 1.31). f16; the fast
-    prepare (variant 1) where it applies (H200: 1.62 ms vs 5.09 ms at H96 1x8192).
-    3 stages (predicted from Little's law to hide DRAM latency: with 2, ~26 KB per SM in flight
-    against ~40 KB needed). The prediction missed: H96 1x8192 split 2 went 1.62 -> 1.60 ms, because
-    the recurrence is bound by mma.sync issue (above), not by its loads; 3 stays the default as it
-    costs no occupancy (registers cap it first)."""
+    132 SMs), else 8. The recurrence is bound by each warp's instruction latency, not by mma.sync or
+    memory (ncu, H96 1 x 8192: 1.2 instructions issued per SM-cycle, 1.5 warps per scheduler, ~490
+    warp instructions per chunk; benchmarks/mma_probe.py: m16n8k16 takes 24 cycles dependent, 6
+    cycles issue with 4+ chains), so the default cuts instructions per chunk:
+      - rec_copy "bulk": one thread fills a stage with two cp.async.bulk instead of ~15-28 cp.async per
+        thread (H200, benchmarks/kda_profile.py: recurrence 0.70 -> 0.57 ms at H96, 0.56 -> 0.43 at H64);
+      - 4 stages (0.57 -> 0.53 ms at H96, 0.43 -> 0.39 at H64), split 4 (split 1, 2, 8 slower with bulk);
+      - o_store "rows": O with tokens as rows, stored as bf16 pairs (half the stores of O^T).
+    f16 operands; the fast prepare (variant 1) where it applies (H200: 0.78 ms vs 4.3 ms at H96 1x8192)."""
     d = dims(problem)
     split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
-    params = {"split": split, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    params = {"split": split, "stages": 4, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1,
+              "rec_copy": "bulk", "o_store": "rows"}
     return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
 
 
