@@ -129,3 +129,54 @@ def test_the_kernels_measured_on_the_h200_still_build_from_this_source(op):
         problem = Problem.make(pr["op"], pr["dtype"], pr["shape"], pr["options"])
         b = compile_kernel(op.render(d["params"], problem, lock["arch"]), lock["arch"])
         assert b.digest == d["binary"], (d["label"], d["params"])
+
+
+@pytest.mark.parametrize("opts", [{}, {"lengths": (1024,) * 8, "initial_state": False}, {"hv": 192}])
+@pytest.mark.parametrize("split,stages", [(1, 4), (4, 4), (8, 5)])
+def test_the_bulk_copy_and_row_store_recurrence_compiles(op, opts, split, stages):
+    """rec_copy="bulk" (two cp.async.bulk per stage on an mbarrier, one issuing thread) and
+    o_store="rows" (bf16 pairs): no spills, the instructions they stand for are in the PTX, and the
+    per-thread cp.async loop is gone."""
+    from ptxbuild.compiler import compile_kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
+    params = {**op.default_params(pr), "split": split, "stages": stages}
+    assert params["rec_copy"] == "bulk" and params["o_store"] == "rows" and op.check(params, pr) is None
+    b = compile_kernel(op.render(params, pr, "sm_90a"), "sm_90a")
+    assert b.entry == "kda_recurrence" and b.spill_bytes == 0 and b.local_bytes == 0, b.log
+    rec = b.ptx[b.ptx.index(".entry kda_recurrence"):]
+    # two per fill: the unrolled prologue's STAGES - 1 fills and the loop's one
+    assert rec.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 2 * stages
+    assert "mbarrier.try_wait.parity" in rec and "cp.async.cg.shared.global" not in rec
+    assert "cvt.rn.bf16x2.f32" in rec and "st.global.u32" in rec
+    cols = compile_kernel(op.render({**params, "rec_copy": "cp_async", "o_store": "cols"}, pr, "sm_90a"), "sm_90a")
+    old = cols.ptx[cols.ptx.index(".entry kda_recurrence"):]
+    assert "cp.async.bulk" not in old and "cp.async.cg.shared.global" in old and "st.global.u16" in old
+
+
+def test_new_options_absent_render_the_measured_sources(op):
+    """Configs recorded before rec_copy / o_store existed (the lock, lessons) render exactly as
+    before: the defines appear only when asked for."""
+    pr = Problem.make("kda", "bfloat16", (8192, 96))
+    old = {"split": 4, "stages": 3, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1}
+    src = op.render(old, pr, "sm_90a").source
+    assert src == op.render({**old, "rec_copy": "cp_async", "o_store": "cols"}, pr, "sm_90a").source
+    assert "#define REC_BULK" not in src and "#define REC_OROWS" not in src and "#define PDL_FLAGS" not in src
+    new = op.render({**old, "rec_copy": "bulk", "o_store": "rows"}, pr, "sm_90a").source
+    assert "#define REC_BULK 1" in new and "#define REC_OROWS 1" in new
+
+
+def test_the_overlapped_prepare_compiles_and_publishes_its_flags(op):
+    """prep_variant 3: kda_prepare_ovl clears its flags and triggers the dependent launch before any
+    task, release-stores one flag per task; the recurrence acquires before each stage copy."""
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.problem import Kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96))
+    params = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async"}
+    k = op.render(params, pr, "sm_90a")
+    prep = compile_kernel(Kernel(k.source, "kda_prepare_ovl"), "sm_90a")
+    assert prep.spill_bytes == 0 and prep.registers <= 128, prep.log
+    body = prep.ptx[prep.ptx.index(".entry kda_prepare_ovl"):]
+    assert body.index("griddepcontrol.launch_dependents") < body.index("cp.async.cg.shared.global")
+    assert "st.release.gpu.global.u32" in body
+    rec = compile_kernel(k, "sm_90a")
+    assert rec.spill_bytes == 0 and "ld.acquire.gpu.global.u32" in rec.ptx[rec.ptx.index(".entry kda_recurrence"):]

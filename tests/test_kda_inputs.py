@@ -40,3 +40,19 @@ def test_host_inputs_are_exactly_the_reference_cases():
     p = Problem.make("kda", "bfloat16", (64, 2), {})
     a, b = host.make_inputs(p, 5, np), host.inputs_from_case(host.case_for(p, 5), np)
     assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_chunk_order_runs_every_segment_side_by_side():
+    """The overlapped prepare's task order (chunk_order): a permutation of the chunks, chunk j of
+    every segment before chunk j + 1 of any, segments longest first within a position."""
+    lens = [40, 17, 100, 0, 33]
+    lay = host._layout(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
+    order, co = lay["chunk_order"], lay["chunk_offsets"]
+    assert sorted(order.tolist()) == list(range(co[-1]))
+    seg = np.searchsorted(co, order, side="right") - 1          # each chunk's segment
+    pos = order - co[seg]                                       # its position in the segment
+    assert (np.diff(pos) >= 0).all()
+    rank = {int(n): r for r, n in enumerate(lay["seq_order"])}
+    keys = [(int(p), rank[int(s)]) for p, s in zip(pos, seg)]
+    assert keys == sorted(keys)
+    assert order[:3].tolist() == [co[2], co[0], co[4]]          # position 0 of the 100-, 40-, 33-token segments

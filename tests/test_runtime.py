@@ -199,3 +199,22 @@ def test_a_tensor_is_an_input_even_when_an_option_has_its_name(built, monkeypatc
         warnings.simplefilter("ignore")
         y = k(x=x)
     assert torch.equal(y, (x.float() * 2).bfloat16())
+
+
+def test_launch_attributes_for_clusters_and_programmatic_dependent_launches():
+    """cuLaunchKernelEx's attributes of a Launch: none for a plain one (cuLaunchKernel does), the
+    cluster shape, and programmatic stream serialization for pdl=True (KDA's prep_variant 3)."""
+    cu = pytest.importorskip("cuda.bindings.driver", reason="needs cuda-bindings")
+    from ptxbuild.kernel_params import launch_attributes
+    from ptxbuild.problem import Launch
+    plain = Launch((4, 1, 1), (128, 1, 1))
+    assert plain.plain and launch_attributes(cu, plain) == []
+    both = Launch((4, 1, 1), (128, 1, 1), 0, (2, 1, 1), pdl=True)
+    attrs = launch_attributes(cu, both)
+    assert not both.plain and [a.id for a in attrs] == [
+        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert (attrs[0].value.clusterDim.x, attrs[0].value.clusterDim.y) == (2, 1)
+    assert attrs[1].value.programmaticStreamSerializationAllowed == 1
+    pdl_only = launch_attributes(cu, Launch((4, 1, 1), (128, 1, 1), pdl=True))
+    assert [a.id for a in pdl_only] == [cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
