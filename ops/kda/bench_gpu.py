@@ -15,7 +15,8 @@ Both prepare variants (prep_variant 0: kda_prepare.cu, 1: kda_prepare_fast.cu, s
 verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps one.
 
     python3 ops/kda/bench_gpu.py --quick                 # < 3 minutes per prepare variant
-    python3 ops/kda/bench_gpu.py                         # more cases, every parameter combination
+    python3 ops/kda/bench_gpu.py --prep-variant 1        # kda.md's whole case list (T up to 131072, H 1-96)
+    python3 ops/kda/bench_gpu.py --all-configs           # also every config of SPACE on 12 cases (hours)
     python3 ops/kda/bench_gpu.py --params split=4,stages=3,op_dtype=bf16
     python3 ops/kda/bench_gpu.py --quick --prep-variant 1
 """
@@ -276,7 +277,9 @@ def problem_of(lens, H, kw) -> tuple[Problem, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cases and configs (< 3 minutes per prepare variant)")
+    ap.add_argument("--quick", action="store_true", help="fewer cases and scenarios (< 3 minutes per prepare variant)")
+    ap.add_argument("--all-configs", action="store_true",
+                    help="also verify every config of SPACE on the first 12 cases (thousands of compiles: hours)")
     ap.add_argument("--params", default="", help="override the default config, e.g. split=4,stages=3")
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also time every config of SPACE on each scenario")
@@ -322,7 +325,7 @@ def main(argv=None) -> int:
     for i, (lens, H, kw) in enumerate(small_cases(a.quick)):
         problem, ckw = problem_of(lens, H, kw)
         configs = with_variants({**kda.default_params(problem), **override})
-        if not a.quick and i < 12:
+        if a.all_configs and i < 12:
             configs += [dict(zip(kda.SPACE, c)) for c in itertools.product(*kda.SPACE.values())]
         elif i < 4:
             configs += [dict(split=s, stages=st, op_dtype=dt, prep_threads=pt)
