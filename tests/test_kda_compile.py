@@ -180,3 +180,22 @@ def test_the_overlapped_prepare_compiles_and_publishes_its_flags(op):
     assert "st.release.gpu.global.u32" in body
     rec = compile_kernel(k, "sm_90a")
     assert rec.spill_bytes == 0 and "ld.acquire.gpu.global.u32" in rec.ptx[rec.ptx.index(".entry kda_recurrence"):]
+
+
+@pytest.mark.parametrize("opts", [{}, {"hv": 192, "l2norm": False}])
+def test_the_compact_prepare_fits_six_blocks_per_sm(op, opts):
+    """prep_compact=1 lays Km over the k and a rows: static smem and registers let 6 blocks of 128
+    threads share an H100/H200 SM (228 KB, 1 KB reserved per block; 64K registers, 8-register
+    allocation granules); the default layout stays at 5. Only prepare variant 1 has it."""
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.problem import Kernel
+    pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
+    base = op.default_params(pr)
+
+    def prep(**kw):
+        return compile_kernel(Kernel(op.render({**base, **kw}, pr, "sm_90a").source, "kda_prepare"), "sm_90a")
+    wide, compact = prep(prep_compact=0), prep(prep_compact=1)
+    blocks = lambda b: min((228 * 1024) // (b.smem_static_bytes + 1024), 65536 // (128 * -(-b.registers // 8) * 8))  # noqa: E731
+    assert (blocks(wide), blocks(compact)) == (5, 6)
+    assert compact.spill_bytes == 0 and compact.local_bytes == 0, compact.log
+    assert op.check({**base, "prep_compact": 1, "prep_variant": 0}, pr) is not None

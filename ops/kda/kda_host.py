@@ -96,6 +96,8 @@ def defines(params: dict, problem: Problem) -> str:
         defs["REC_BULK"] = 1
     if params.get("o_store", "cols") == "rows":
         defs["REC_OROWS"] = 1
+    if params.get("prep_compact", 0):
+        defs["PREP_COMPACT"] = 1
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
@@ -113,6 +115,8 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
         return f"o_store={params['o_store']!r}: use 'cols' or 'rows'"
     if params.get("rec_copy", "cp_async") not in ("cp_async", "bulk"):
         return f"rec_copy={params['rec_copy']!r}: use 'cp_async' or 'bulk'"
+    if params.get("prep_compact", 0) not in (0, 1) or (params.get("prep_compact", 0) and pv != 1):
+        return "prep_compact=1 is a layout of prepare variant 1 (kda_prepare_fast.cu) only"
     if pv == OVERLAP and params.get("rec_copy") == "bulk":
         return "prep_variant=3 (flags acquired per thread) copies with cp.async only (rec_copy='cp_async')"
     if pv == 0:

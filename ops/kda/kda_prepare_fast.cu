@@ -66,8 +66,9 @@ __device__ __forceinline__ void pf_sync() {
 // Steps 1-4 of one chunk's prepare, from its staged rows (sIn: q, k, a, v; the L and T_inv scratch
 // reuses the q rows) and beta (sB) to the workspace blob (global memory here, shared memory in
 // kda_fused.cu). Shared by both kernels; tid is the thread's index among the 128 that run it (lane,
-// warp, g = lane / 4, t = lane % 4 derived from it by the caller).
-template <int BAR>
+// warp, g = lane / 4, t = lane % 4 derived from it by the caller). KM_OVER_ROWS: sKm lies over the k
+// and a rows (prep_compact), so step 2 reads its k and a columns, syncs, then writes.
+template <int BAR, bool KM_OVER_ROWS = false>
 __device__ __forceinline__ void pf_chunk(bf16_t (*sIn)[CH][PF_BS], float (*sKp)[PF_FS], float (*sQp)[PF_FS],
                                          float (*sKm)[PF_FS], float* sCG, float* sCL, float* sRq, float* sRk,
                                          float* sB, unsigned char* blob, int m, float bias, float A2, float scale,
@@ -110,17 +111,19 @@ __device__ __forceinline__ void pf_chunk(bf16_t (*sIn)[CH][PF_BS], float (*sKp)[
   //    2^(G_last - Gref), from which Qg = Qp 2^Gref, K * Gamma = Kp 2^Gref, Kd = Km 2^(G_last - Gref)
   {
     const int d = tid;
-    float G[CH], acc = 0.f;
+    float G[CH], kv[CH], acc = 0.f;
 #pragma unroll
     for (int r = 0; r < CH; ++r) {
       const float x = bf16_to_f32(sIn[2][r][d]) + bias;          // safe gate: lb * sigmoid(A x)
       acc += r < m ? (LOWER_BOUND * PF_LOG2E) * rcp(1.f + ex2(-A2 * x)) : 0.f;
       G[r] = acc;
+      if (KM_OVER_ROWS) kv[r] = bf16_to_f32(sIn[1][r][d]);
     }
+    if (KM_OVER_ROWS) pf_sync<BAR>();      // every column of k and a is read: Km may overwrite them
     const float Gref = G[7];
 #pragma unroll
     for (int r = 0; r < CH; ++r) {
-      const float e = ex2(G[r] - Gref), kh = bf16_to_f32(sIn[1][r][d]) * sRk[r];
+      const float e = ex2(G[r] - Gref), kh = (KM_OVER_ROWS ? kv[r] : bf16_to_f32(sIn[1][r][d])) * sRk[r];
       sKp[r][d] = kh * e;
       sQp[r][d] = bf16_to_f32(sIn[0][r][d]) * sRq[r] * e;
       sKm[r][d] = kh * ex2(Gref - G[r]);
@@ -259,7 +262,15 @@ __device__ __forceinline__ void pf_chunk(bf16_t (*sIn)[CH][PF_BS], float (*sKp)[
   }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4)
+#if PREP_COMPACT
+#define PF_MIN_BLOCKS 6   // 35.5 KB of static smem: 6 blocks share an SM (44 KB: 5), at <= 80 registers
+#define PF_KM_OVER_ROWS true
+#else
+#define PF_MIN_BLOCKS 4
+#define PF_KM_OVER_ROWS false
+#endif
+
+extern "C" __global__ void __launch_bounds__(128, PF_MIN_BLOCKS)
 kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
             const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
             const float* __restrict__ g_in,      // unused (given gate: variant 0)
@@ -269,7 +280,14 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
             const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
             unsigned char* __restrict__ ws, float scale) {
   __shared__ __align__(16) bf16_t sIn[4][CH][PF_BS];             // q, k, a, v rows as loaded
+#if PREP_COMPACT
+  // prep_compact: Km (8448 B) over the k and a rows (8704 B), dead once step 2 has read them
+  static_assert(CH * PF_FS * 4 <= 2 * CH * PF_BS * 2, "Km must fit over the k and a rows");
+  __shared__ __align__(16) float sKp[CH][PF_FS], sQp[CH][PF_FS];
+  float (*sKm)[PF_FS] = reinterpret_cast<float (*)[PF_FS]>(&sIn[1][0][0]);
+#else
   __shared__ __align__(16) float sKp[CH][PF_FS], sQp[CH][PF_FS], sKm[CH][PF_FS];
+#endif
   __shared__ float sCG[KDIM], sCL[KDIM], sRq[CH], sRk[CH], sB[CH];
 
   const int c = blockIdx.x, hv = blockIdx.y, h = hv / (HV / H);
@@ -291,5 +309,5 @@ kda_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf
   if (tid < CH) sB[tid] = tid < m ? rcp(1.f + ex2(-PF_LOG2E * bf16_to_f32(b[(size_t)(t0 + tid) * HV + hv]))) : 0.f;
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
-  pf_chunk<0>(sIn, sKp, sQp, sKm, sCG, sCL, sRq, sRk, sB, blob, m, bias, A2, scale, tid, lane, warp, g, t);
+  pf_chunk<0, PF_KM_OVER_ROWS>(sIn, sKp, sQp, sKm, sCG, sCL, sRq, sRk, sB, blob, m, bias, A2, scale, tid, lane, warp, g, t);
 }
