@@ -81,7 +81,9 @@ def smem_bytes(params: dict, problem: Problem) -> int:
     sz = workspace.sizes(d["K"], d["V"])
     if params.get("prep_variant", 0) == FUSED:
         return 2 * sz["BLOB"] + FUSED_SMEM_EXTRA
-    return params["stages"] * (sz["U"] + (d["V"] // params["split"] // 16) * 32 * 32)
+    groups = d["V"] // params["split"] // 16                     # 16-row groups per block
+    xchg = groups * 2 * 2 * 32 * 16 * 4 if params.get("ksplit", 1) == 2 else 0   # ksplit's exchange buffers
+    return params["stages"] * (sz["U"] + groups * 32 * 32) + xchg
 
 
 def defines(params: dict, problem: Problem) -> str:
@@ -98,6 +100,8 @@ def defines(params: dict, problem: Problem) -> str:
         defs["REC_OROWS"] = 1
     if params.get("prep_compact", 0):
         defs["PREP_COMPACT"] = 1
+    if params.get("ksplit", 1) != 1:
+        defs["KSPLIT"] = params["ksplit"]
     return "".join(f"#define {k} {v}\n" for k, v in defs.items())
 
 
@@ -115,6 +119,11 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
         return f"o_store={params['o_store']!r}: use 'cols' or 'rows'"
     if params.get("rec_copy", "cp_async") not in ("cp_async", "bulk"):
         return f"rec_copy={params['rec_copy']!r}: use 'cp_async' or 'bulk'"
+    if params.get("ksplit", 1) not in (1, 2):
+        return f"ksplit={params['ksplit']}: use 1 or 2"
+    if params.get("ksplit", 1) == 2 and (params.get("rec_copy") != "bulk" or params.get("o_store") != "rows"
+                                         or pv in (FUSED, OVERLAP)):
+        return "ksplit=2 is written for rec_copy='bulk', o_store='rows' and the two-kernel variants 0 and 1"
     if params.get("prep_compact", 0) not in (0, 1) or (params.get("prep_compact", 0) and pv != 1):
         return "prep_compact=1 is a layout of prepare variant 1 (kda_prepare_fast.cu) only"
     if pv == OVERLAP and params.get("rec_copy") == "bulk":
@@ -165,7 +174,8 @@ def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]
     return {
         "kda_prepare": Launch((max(d["NC"], 1), d["HV"], 1), (params["prep_threads"], 1, 1), 0),
         "kda_recurrence": Launch((d["N"] * d["HV"] * params["split"], 1, 1),
-                                 (d["V"] // params["split"] // 16 * 32, 1, 1), smem_bytes(params, problem)),
+                                 (d["V"] // params["split"] // 16 * 32 * params.get("ksplit", 1), 1, 1),
+                                 smem_bytes(params, problem)),
     }
 
 

@@ -7,14 +7,19 @@
 //   S       = S * gamma_last + V_new^T Kd
 // Defines from op.py: KDIM VDIM CH H HV SPLIT STAGES HAS_H0 HAS_HT OP_BF16; REC_BULK (rec_copy "bulk":
 // TMA bulk copies on mbarriers instead of cp.async); REC_OROWS (o_store "rows": O = Qg S^T + A_qk V_new
-// with tokens as rows, stored as bf16 pairs, instead of O^T's 2-byte stores); PDL_FLAGS (prep_variant 3,
+// with tokens as rows, stored as bf16 pairs, instead of O^T's 2-byte stores); KSPLIT (2: two warps per
+// 16 state rows, see rec_chunk_ks); PDL_FLAGS (prep_variant 3,
 // kda_prepare_ovl.cu): this kernel runs beside prepare and acquires flags[chunk * HV + hv] before it
 // copies a chunk's blob.
 
+#ifndef KSPLIT
+#define KSPLIT 1                          // warps per 16 state rows (2: each owns half the channels)
+#endif
 #define VS (VDIM / SPLIT)                 // V rows per block
-#define NWARP (VS / 16)
-#define NTHREADS (NWARP * 32)
+#define NWARP (VS / 16)                   // 16-row groups per block
+#define NTHREADS (NWARP * 32 * KSPLIT)
 #define NT (KDIM / 8)                     // n-tiles of the state
+#define NTL (NT / KSPLIT)                 // n-tiles one warp holds
 #define STAGE_U (NWARP * 32 * 32)         // bytes of U^T this block reads per chunk
 #define STAGE_BYTES (WS_U + STAGE_U)      // WQ, KD, AQ, GAM are contiguous at the blob's start
 
@@ -70,14 +75,16 @@ __device__ __forceinline__ void rec_acquire(const unsigned* flag) {
 }
 #endif
 
-// The warp's 16 rows of the fp32 state, V-first [V, K]: from h0 (zeros without one), and to hT.
-__device__ __forceinline__ void rec_load_state(float (&S)[NT][4], const float* __restrict__ h0, size_t sbase,
-                                               int v0, int g, int t) {
+// The warp's 16 rows of the fp32 state, V-first [V, K], channels col0 .. col0 + 8 N - 1: from h0
+// (zeros without one), and to hT.
+template <int N>
+__device__ __forceinline__ void rec_load_state(float (&S)[N][4], const float* __restrict__ h0, size_t sbase,
+                                               int v0, int g, int t, int col0 = 0) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+  for (int nt = 0; nt < N; ++nt) {
 #if HAS_H0
-    const F2 lo = *(const F2*)(h0 + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t);
-    const F2 hi = *(const F2*)(h0 + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t);
+    const F2 lo = *(const F2*)(h0 + sbase + (size_t)(v0 + g) * KDIM + col0 + 8 * nt + 2 * t);
+    const F2 hi = *(const F2*)(h0 + sbase + (size_t)(v0 + g + 8) * KDIM + col0 + 8 * nt + 2 * t);
     S[nt][0] = lo.x; S[nt][1] = lo.y; S[nt][2] = hi.x; S[nt][3] = hi.y;
 #else
     S[nt][0] = S[nt][1] = S[nt][2] = S[nt][3] = 0.f;
@@ -85,18 +92,33 @@ __device__ __forceinline__ void rec_load_state(float (&S)[NT][4], const float* _
   }
 }
 
-__device__ __forceinline__ void rec_store_state(const float (&S)[NT][4], float* __restrict__ hT, size_t sbase,
-                                                int v0, int g, int t) {
+template <int N>
+__device__ __forceinline__ void rec_store_state(const float (&S)[N][4], float* __restrict__ hT, size_t sbase,
+                                                int v0, int g, int t, int col0 = 0) {
 #if HAS_HT
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+  for (int nt = 0; nt < N; ++nt) {
     F2 lo, hi;
     lo.x = S[nt][0]; lo.y = S[nt][1]; hi.x = S[nt][2]; hi.y = S[nt][3];
-    *(F2*)(hT + sbase + (size_t)(v0 + g) * KDIM + 8 * nt + 2 * t) = lo;
-    *(F2*)(hT + sbase + (size_t)(v0 + g + 8) * KDIM + 8 * nt + 2 * t) = hi;
+    *(F2*)(hT + sbase + (size_t)(v0 + g) * KDIM + col0 + 8 * nt + 2 * t) = lo;
+    *(F2*)(hT + sbase + (size_t)(v0 + g + 8) * KDIM + col0 + 8 * nt + 2 * t) = hi;
   }
 #endif
 }
+
+#if KSPLIT == 2
+#if !REC_BULK || !REC_OROWS || PDL_FLAGS
+#error "ksplit 2 is written for rec_copy bulk and o_store rows"
+#endif
+__device__ __forceinline__ F4 make_f4(const float (&a)[4]) {
+  F4 r;
+  r.x = a[0]; r.y = a[1]; r.z = a[2]; r.w = a[3];
+  return r;
+}
+__device__ __forceinline__ void add_f4(float (&a)[4], const F4& b) {
+  a[0] += b.x; a[1] += b.y; a[2] += b.z; a[3] += b.w;
+}
+#endif
 
 #if REC_OROWS
 // two floats -> bf16x2 (the output type, whatever the mma operand type); `lo` at the lower address
@@ -199,6 +221,90 @@ __device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char
   }
 }
 
+#if KSPLIT == 2
+// ksplit 2: two warps share 16 state rows, warp kh holding channels 64 kh .. 64 kh + 63 (NTL = NT / 2
+// n-tiles). Each computes its half of the k-sums of V_new and O, writes them to its slot of the pair's
+// exchange buffer (xmine: 16 floats per lane; double-buffered by chunk parity, so one barrier per
+// chunk suffices), syncs with its partner on a named barrier and adds the partner's half (xpart).
+// Both then hold V_new; warp kh finishes and stores O's value columns 8 kh .. 8 kh + 7 and updates
+// its own channels of S. Needs REC_OROWS (O with tokens as rows).
+__device__ __forceinline__ void rec_chunk_ks(float (&S)[NTL][4], const unsigned char* st, const F4* us, float* xmine,
+                                             const float* xpart, int bar_id, bf16_t* __restrict__ o, long long tok0,
+                                             const long long* seg_end, int hv, int v0, int lane, int kh) {
+  const int g = lane >> 2, t = lane & 3;
+  float vn[2][4], oc[2][4];
+  if (kh == 0) {                       // U^T enters once, with the first half
+    const F4 u0 = us[0], u1 = us[1];
+    vn[0][0] = u0.x; vn[0][1] = u0.y; vn[0][2] = u0.z; vn[0][3] = u0.w;
+    vn[1][0] = u1.x; vn[1][1] = u1.y; vn[1][2] = u1.z; vn[1][3] = u1.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) vn[j][0] = vn[j][1] = vn[j][2] = vn[j][3] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.f;
+
+  // this half's k-steps: V_new^T = U^T + S (-W)^T and O = Qg S^T, as in rec_chunk
+  const U4* wq = (const U4*)(st + WS_WQ);
+#pragma unroll
+  for (int kl = 0; kl < NTL / 2; ++kl) {
+    const int ks = kh * (NTL / 2) + kl;
+    const u32 a0 = pack2(S[2 * kl][0], S[2 * kl][1]), a1 = pack2(S[2 * kl][2], S[2 * kl][3]);
+    const u32 a2 = pack2(S[2 * kl + 1][0], S[2 * kl + 1][1]), a3 = pack2(S[2 * kl + 1][2], S[2 * kl + 1][3]);
+    const U4 w = wq[(ks * 32 + lane) * 2], qg = wq[(ks * 32 + lane) * 2 + 1];
+    mma16816(vn[0], a0, a1, a2, a3, w.x, w.y);
+    mma16816(vn[1], a0, a1, a2, a3, w.z, w.w);
+    mma16816(oc[0], qg.x, qg.z, qg.y, qg.w, a0, a2);
+    mma16816(oc[1], qg.x, qg.z, qg.y, qg.w, a1, a3);
+  }
+
+  // exchange the halves: 4 x 16 bytes out, barrier, 4 x 16 bytes in ([4][32 lanes] F4: conflict-free)
+  F4* mine = (F4*)xmine + lane;
+  mine[0] = make_f4(vn[0]); mine[32] = make_f4(vn[1]); mine[64] = make_f4(oc[0]); mine[96] = make_f4(oc[1]);
+  asm volatile("bar.sync %0, 64;" ::"r"(bar_id) : "memory");
+  const F4* theirs = (const F4*)xpart + lane;
+  add_f4(vn[0], theirs[0]); add_f4(vn[1], theirs[32]); add_f4(oc[0], theirs[64]); add_f4(oc[1], theirs[96]);
+  const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
+  const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
+
+  // O (value columns 8 kh ..) += A_qk V_new, stored as bf16 pairs for token rows g, g + 8
+  {
+    const U4 aq = ((const U4*)(st + WS_AQ))[lane];
+    float ok[4];                         // this warp's value columns (a select, not a pointer: registers)
+    if (kh == 0) {
+      mma16816(oc[0], aq.x, aq.z, aq.y, aq.w, p0, p2);
+    } else {
+      mma16816(oc[1], aq.x, aq.z, aq.y, aq.w, p1, p3);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ok[e] = kh ? oc[1][e] : oc[0][e];
+    const int m = (int)min((long long)CH, *seg_end - tok0);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = g + 8 * e;
+      if (r < m) {
+        u32* orow = (u32*)(o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + 8 * kh + 2 * t);
+        orow[0] = pack_bf16x2(ok[2 * e], ok[2 * e + 1]);
+      }
+    }
+  }
+
+  // this half of S = S * gamma_last + V_new^T Kd
+  const float* gam = (const float*)(st + WS_GAM);
+  const U4* kd = (const U4*)(st + WS_KD);
+#pragma unroll
+  for (int pl = 0; pl < NTL / 2; ++pl) {
+    const int p = kh * (NTL / 2) + pl;
+    const U4 b = kd[p * 32 + lane];
+    const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
+    S[2 * pl][0] *= ga.x; S[2 * pl][1] *= ga.y; S[2 * pl][2] *= ga.x; S[2 * pl][3] *= ga.y;
+    S[2 * pl + 1][0] *= gb.x; S[2 * pl + 1][1] *= gb.y; S[2 * pl + 1][2] *= gb.x; S[2 * pl + 1][3] *= gb.y;
+    mma16816(S[2 * pl], p0, p1, p2, p3, b.x, b.y);
+    mma16816(S[2 * pl + 1], p0, p1, p2, p3, b.z, b.w);
+  }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
                const float* __restrict__ h0, float* __restrict__ hT,
@@ -213,13 +319,14 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
   const int sp = blockIdx.x % SPLIT, hv = (blockIdx.x / SPLIT) % HV;
   const int n = seq_order[blockIdx.x / (SPLIT * HV)];
   const int vg0 = sp * NWARP;                       // first 16-row group of this block
-  const int v0 = 16 * (vg0 + warp);                 // first state row of this warp
+  const int rg = warp / KSPLIT, kh = warp % KSPLIT; // this warp's row group and channel part
+  const int v0 = 16 * (vg0 + rg);                   // first state row of this warp
   const long long bos = cu_seqlens[n];
   const int c0 = chunk_offsets[n], nc = chunk_offsets[n + 1] - c0;
 
-  float S[NT][4];                                   // S[v0 + g (+8)][8 nt + 2t (+1)]
+  float S[NTL][4];                                  // S[v0 + g (+8)][col0 + 8 nt + 2t (+1)]
   const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
-  rec_load_state(S, h0, sbase, v0, g, t);
+  rec_load_state(S, h0, sbase, v0, g, t, kh * (KDIM / KSPLIT));
 
 #if REC_BULK
   __shared__ __align__(8) unsigned long long bars[STAGES];   // one per stage: the k-th fill is phase k
@@ -239,8 +346,14 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
     if (tid == 0 && j < nc)
       bulk_issue(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, &bars[j % STAGES]);
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
+#if KSPLIT == 2
+    float* xb = (float*)(smem + STAGES * STAGE_BYTES) + (rg * 2 + (i & 1)) * 2 * 512;   // [pair][parity][half][lane x 16]
+    rec_chunk_ks(S, st, (const F4*)(st + WS_U) + (rg * 32 + lane) * 2, xb + kh * 512, xb + (1 - kh) * 512, 1 + rg, o,
+                 bos + (long long)i * CH, cu_seqlens + n + 1, hv, v0, lane, kh);
+#else
     rec_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
               hv, v0, lane);
+#endif
   }
 #else
 #pragma unroll
@@ -275,5 +388,5 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
   cp_async_wait();
 #endif
 
-  rec_store_state(S, hT, sbase, v0, g, t);
+  rec_store_state(S, hT, sbase, v0, g, t, kh * (KDIM / KSPLIT));
 }

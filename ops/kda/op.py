@@ -39,7 +39,7 @@ DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4, 5], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
          "prep_variant": [0, 1, 2, 3], "rec_copy": ["cp_async", "bulk"], "o_store": ["cols", "rows"],
-         "prep_compact": [0, 1]}
+         "prep_compact": [0, 1], "ksplit": [1, 2]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
 SCRATCH = {"ws"}
