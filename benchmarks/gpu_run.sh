@@ -28,8 +28,8 @@ step kda-cases 900 python3 ops/kda/bench_gpu.py --prep-variant 1 --no-fla
 step kda-profile 180 python3 benchmarks/kda_profile.py --H 96   # prepare / recurrence / both, stage by stage
 step kda-compact 300 python3 ops/kda/bench_gpu.py --quick --no-fla --prep-variant 1 --params prep_compact=1   # 6 prepare blocks per SM: verify,
 step kda-compact-profile 180 python3 benchmarks/kda_profile.py --H 96 --params prep_compact=1                 # then time (NOTES.md)
-step kda-ksplit 300 python3 ops/kda/bench_gpu.py --quick --no-fla --prep-variant 1 --params ksplit=2,stages=3   # 2 warps per 16 rows:
-step kda-ksplit-profile 180 python3 benchmarks/kda_profile.py --H 96 --params ksplit=2,stages=3                     # verify, then time
+step kda-ksplit 300 python3 ops/kda/bench_gpu.py --quick --no-fla --prep-variant 1 --params ksplit=2   # 2 warps per 16 rows:
+step kda-ksplit-profile 180 python3 benchmarks/kda_profile.py --H 96 --params ksplit=2                     # verify, then time
 step kda-stages 900 $PB build kda_recurrence@h200
 # the whole forward (prepare + recurrence as one op) verified, timed, beside FLA's chunk_kda: issue #5's
 # report (6 problems; FLA's Triton autotuning costs ~80-110 s per new problem on a cold machine, a

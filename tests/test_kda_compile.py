@@ -204,7 +204,7 @@ def test_the_compact_prepare_fits_six_blocks_per_sm(op, opts):
 @pytest.mark.parametrize("opts", [{}, {"lengths": (1024,) * 8, "initial_state": False}, {"final_state": False}])
 @pytest.mark.parametrize("split", [1, 4, 8])
 def test_the_ksplit_recurrence_compiles_with_half_the_mma_per_warp(op, opts, split):
-    """ksplit=2: two warps per 16 state rows, each with half the channels: the chunk step issues 26
+    """ksplit=2: two warps per 16 state rows, each with half the channels: the chunk step issues 25
     mma.sync instead of 50 per warp, the pair syncs on its own named barrier (bar.sync 1 + pair, 64
     threads), twice the threads per block, the exchange buffers counted in the dynamic smem; only
     with bulk copies and O rows."""
@@ -217,11 +217,17 @@ def test_the_ksplit_recurrence_compiles_with_half_the_mma_per_warp(op, opts, spl
     assert b.spill_bytes == 0 and b.local_bytes == 0 and b.registers <= 128, b.log
     rec = b.ptx[b.ptx.index(".entry kda_recurrence"):]
     one = compile_kernel(op.render(base, pr, "sm_90a"), "sm_90a")
-    assert rec.count("mma.sync") == 26 and one.ptx[one.ptx.index(".entry kda_recurrence"):].count("mma.sync") == 50
+    assert rec.count("mma.sync") == 25 and one.ptx[one.ptx.index(".entry kda_recurrence"):].count("mma.sync") == 50
     import re
     assert re.search(r"bar\.sync\s+%r\d+, 64;", rec)          # the pair's named barrier (id in a register)
     L1, L2 = op.launches(base, pr, 132)["kda_recurrence"], op.launches(ks, pr, 132)["kda_recurrence"]
     assert L2.block[0] == 2 * L1.block[0] and L2.grid == L1.grid
-    assert L2.smem_bytes - L1.smem_bytes == (128 // split // 16) * 8192
+    assert L2.smem_bytes - L1.smem_bytes == (128 // split // 16) * 3072
     for bad in ({"rec_copy": "cp_async"}, {"o_store": "cols"}, {"ksplit": 4}):
         assert op.check({**ks, **bad}, pr) is not None
+    # halves of whole 16-channel k-steps only, and named barriers 1..15 for the pairs
+    v0 = {**ks, "prep_variant": 0}            # variant 1 is built for K = V = 128 only
+    assert op.check(v0, Problem.make("kda", "bfloat16", (64, 4), {"K": 64})) is None
+    assert "K % 32" in op.check(v0, Problem.make("kda", "bfloat16", (64, 4), {"K": 48}))
+    assert "row groups" in op.check({**v0, "split": 1}, Problem.make("kda", "bfloat16", (64, 4), {"V": 256}))
+    assert op.check({**v0, "split": 2}, Problem.make("kda", "bfloat16", (64, 4), {"V": 256})) is None

@@ -82,7 +82,7 @@ def smem_bytes(params: dict, problem: Problem) -> int:
     if params.get("prep_variant", 0) == FUSED:
         return 2 * sz["BLOB"] + FUSED_SMEM_EXTRA
     groups = d["V"] // params["split"] // 16                     # 16-row groups per block
-    xchg = groups * 2 * 2 * 32 * 16 * 4 if params.get("ksplit", 1) == 2 else 0   # ksplit's exchange buffers
+    xchg = groups * 2 * 3 * 32 * 16 if params.get("ksplit", 1) == 2 else 0   # ksplit's exchange slots
     return params["stages"] * (sz["U"] + groups * 32 * 32) + xchg
 
 
@@ -124,6 +124,11 @@ def prepare_variant_error(params: dict, problem: Problem) -> str | None:
     if params.get("ksplit", 1) == 2 and (params.get("rec_copy") != "bulk" or params.get("o_store") != "rows"
                                          or pv in (FUSED, OVERLAP)):
         return "ksplit=2 is written for rec_copy='bulk', o_store='rows' and the two-kernel variants 0 and 1"
+    if params.get("ksplit", 1) == 2:
+        d = dims(problem)
+        if d["K"] % 32 or d["V"] // params["split"] // 16 > 15:
+            return (f"ksplit=2 needs K % 32 == 0 (K={d['K']}) and at most 15 row groups per block "
+                    f"(V / split / 16 = {d['V'] // params['split'] // 16}: use a larger split)")
     if params.get("prep_compact", 0) not in (0, 1) or (params.get("prep_compact", 0) and pv != 1):
         return "prep_compact=1 is a layout of prepare variant 1 (kda_prepare_fast.cu) only"
     if pv == OVERLAP and params.get("rec_copy") == "bulk":

@@ -110,6 +110,9 @@ __device__ __forceinline__ void rec_store_state(const float (&S)[N][4], float* _
 #if !REC_BULK || !REC_OROWS || PDL_FLAGS
 #error "ksplit 2 is written for rec_copy bulk and o_store rows"
 #endif
+#if KDIM % 32 || NWARP > 15
+#error "ksplit 2 halves whole 16-channel k-steps (KDIM % 32 == 0); pairs use named barriers 1..15"
+#endif
 __device__ __forceinline__ F4 make_f4(const float (&a)[4]) {
   F4 r;
   r.x = a[0]; r.y = a[1]; r.z = a[2]; r.w = a[3];
@@ -223,11 +226,12 @@ __device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char
 
 #if KSPLIT == 2
 // ksplit 2: two warps share 16 state rows, warp kh holding channels 64 kh .. 64 kh + 63 (NTL = NT / 2
-// n-tiles). Each computes its half of the k-sums of V_new and O, writes them to its slot of the pair's
-// exchange buffer (xmine: 16 floats per lane; double-buffered by chunk parity, so one barrier per
-// chunk suffices), syncs with its partner on a named barrier and adds the partner's half (xpart).
-// Both then hold V_new; warp kh finishes and stores O's value columns 8 kh .. 8 kh + 7 and updates
-// its own channels of S. Needs REC_OROWS (O with tokens as rows).
+// n-tiles). Each computes its half of the k-sums of V_new and O, writes V_new's and the partner's O
+// half to its slot of the pair's exchange buffer (xmine: 12 floats per lane), syncs with its partner
+// on the pair's named barrier and adds the partner's (xpart). One buffer is enough: the block barrier
+// at the top of the next chunk orders the partner's reads before this warp's next writes. Both then
+// hold V_new; warp kh finishes and stores O's value columns 8 kh .. 8 kh + 7 and updates its own
+// channels of S. Needs REC_OROWS (O with tokens as rows).
 __device__ __forceinline__ void rec_chunk_ks(float (&S)[NTL][4], const unsigned char* st, const F4* us, float* xmine,
                                              const float* xpart, int bar_id, bf16_t* __restrict__ o, long long tok0,
                                              const long long* seg_end, int hv, int v0, int lane, int kh) {
@@ -258,33 +262,33 @@ __device__ __forceinline__ void rec_chunk_ks(float (&S)[NTL][4], const unsigned 
     mma16816(oc[1], qg.x, qg.z, qg.y, qg.w, a1, a3);
   }
 
-  // exchange the halves: 4 x 16 bytes out, barrier, 4 x 16 bytes in ([4][32 lanes] F4: conflict-free)
+  // exchange: V_new's two partial tiles and the O half the partner finishes go out, the partner's
+  // come in (slots [3][32 lanes] x 16 B: conflict-free); fin is the O half this warp finishes
+  float give[4], fin[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    give[e] = kh ? oc[0][e] : oc[1][e];
+    fin[e] = kh ? oc[1][e] : oc[0][e];
+  }
   F4* mine = (F4*)xmine + lane;
-  mine[0] = make_f4(vn[0]); mine[32] = make_f4(vn[1]); mine[64] = make_f4(oc[0]); mine[96] = make_f4(oc[1]);
+  mine[0] = make_f4(vn[0]); mine[32] = make_f4(vn[1]); mine[64] = make_f4(give);
   asm volatile("bar.sync %0, 64;" ::"r"(bar_id) : "memory");
   const F4* theirs = (const F4*)xpart + lane;
-  add_f4(vn[0], theirs[0]); add_f4(vn[1], theirs[32]); add_f4(oc[0], theirs[64]); add_f4(oc[1], theirs[96]);
+  add_f4(vn[0], theirs[0]); add_f4(vn[1], theirs[32]); add_f4(fin, theirs[64]);
   const u32 p0 = pack2(vn[0][0], vn[0][1]), p1 = pack2(vn[0][2], vn[0][3]);
   const u32 p2 = pack2(vn[1][0], vn[1][1]), p3 = pack2(vn[1][2], vn[1][3]);
 
-  // O (value columns 8 kh ..) += A_qk V_new, stored as bf16 pairs for token rows g, g + 8
+  // O (value columns 8 kh .. 8 kh + 7) += A_qk V_new, stored as bf16 pairs for token rows g, g + 8
   {
     const U4 aq = ((const U4*)(st + WS_AQ))[lane];
-    float ok[4];                         // this warp's value columns (a select, not a pointer: registers)
-    if (kh == 0) {
-      mma16816(oc[0], aq.x, aq.z, aq.y, aq.w, p0, p2);
-    } else {
-      mma16816(oc[1], aq.x, aq.z, aq.y, aq.w, p1, p3);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) ok[e] = kh ? oc[1][e] : oc[0][e];
+    mma16816(fin, aq.x, aq.z, aq.y, aq.w, kh ? p1 : p0, kh ? p3 : p2);
     const int m = (int)min((long long)CH, *seg_end - tok0);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = g + 8 * e;
       if (r < m) {
         u32* orow = (u32*)(o + ((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + 8 * kh + 2 * t);
-        orow[0] = pack_bf16x2(ok[2 * e], ok[2 * e + 1]);
+        orow[0] = pack_bf16x2(fin[2 * e], fin[2 * e + 1]);
       }
     }
   }
@@ -347,8 +351,8 @@ kda_recurrence(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o,
       bulk_issue(smem + (j % STAGES) * STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0, &bars[j % STAGES]);
     const unsigned char* st = smem + (i % STAGES) * STAGE_BYTES;
 #if KSPLIT == 2
-    float* xb = (float*)(smem + STAGES * STAGE_BYTES) + (rg * 2 + (i & 1)) * 2 * 512;   // [pair][parity][half][lane x 16]
-    rec_chunk_ks(S, st, (const F4*)(st + WS_U) + (rg * 32 + lane) * 2, xb + kh * 512, xb + (1 - kh) * 512, 1 + rg, o,
+    float* xb = (float*)(smem + STAGES * STAGE_BYTES) + rg * 2 * 384;    // [pair][half][3][32 lanes] x float4
+    rec_chunk_ks(S, st, (const F4*)(st + WS_U) + (rg * 32 + lane) * 2, xb + kh * 384, xb + (1 - kh) * 384, 1 + rg, o,
                  bos + (long long)i * CH, cu_seqlens + n + 1, hv, v0, lane, kh);
 #else
     rec_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
