@@ -47,10 +47,12 @@ def main(argv=None) -> int:
     built = bench_gpu.Built(cp, params, problem)
     if a.prep_cap:
         import dataclasses
-        static, per_sm, reserved = 43968, 233472, 1024   # kda_prepare_fast.cu's static smem; H100/H200 SM
-        pad = per_sm // a.prep_cap - static - reserved
-        built.launch["kda_prepare"] = dataclasses.replace(built.launch["kda_prepare"], smem_bytes=max(pad, 0))
-        built.fn["kda_prepare"].max_dynamic_shared_size_bytes = max(pad, 0)
+        fn, L = built.fn[built.prepare], built.launch[built.prepare]
+        static = fn.attributes["shared_size_bytes"] + L.smem_bytes     # what one prepare block takes now
+        per_sm, reserved = 233472, 1024                                 # H100/H200: 228 KB per SM, 1 KB per block
+        pad = L.smem_bytes + max(per_sm // a.prep_cap - static - reserved, 0)
+        built.launch[built.prepare] = dataclasses.replace(L, smem_bytes=pad)
+        fn.max_dynamic_shared_size_bytes = pad
     inputs, outputs = bench_gpu.gpu_inputs(cp, problem, 0), bench_gpu.make_outputs(cp, problem)
     warm = 0.0 if a.reps < 5 else 0.2
     rows = [("prepare", lambda: built.run("kda_prepare", inputs, outputs)),
