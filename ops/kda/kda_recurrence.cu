@@ -1,7 +1,8 @@
 // KDA forward, stage 2 ("recurrence"): one block per (segment, value head, V-slice), one warp per
-// 16 rows of the V-first state (16 x KDIM fp32 in registers: KDIM / 2 floats per thread). Warps
-// never talk to each other: they share only the workspace ring in shared memory, filled by
-// cp.async STAGES - 1 chunks ahead. Per chunk of 16 tokens (state S^T = S, V-first):
+// 16 rows of the V-first state (16 x KDIM fp32 in registers: KDIM / 2 floats per thread; ksplit 2:
+// two warps, half the channels each). Warps share the workspace ring in shared memory, filled
+// STAGES - 1 chunks ahead (cp.async by every thread, or two cp.async.bulk by one); only a ksplit
+// pair exchanges partial sums. Per chunk of 16 tokens (state S^T = S, V-first):
 //   V_new^T = U^T - S W^T            (A = S as operand: accumulators 2j, 2j+1 form k-step j)
 //   O^T     = S Qg^T + V_new^T A^T   (V_new^T accumulators become the A operand directly)
 //   S       = S * gamma_last + V_new^T Kd
