@@ -133,6 +133,20 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
 }
 #endif
 
+// Channel pair p (n-tiles 2p, 2p + 1, held in sa, sb) of the state update S = S * gamma_last + V_new^T Kd;
+// p0..p3 are V_new^T's packed accumulators (the A operand), Kd's fragment and gamma come from the stage.
+__device__ __forceinline__ void rec_update_pair(float (&sa)[4], float (&sb)[4], const unsigned char* st, int p, int lane,
+                                                u32 p0, u32 p1, u32 p2, u32 p3) {
+  const int t = lane & 3;
+  const float* gam = (const float*)(st + WS_GAM);
+  const U4 b = ((const U4*)(st + WS_KD))[p * 32 + lane];
+  const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
+  sa[0] *= ga.x; sa[1] *= ga.y; sa[2] *= ga.x; sa[3] *= ga.y;
+  sb[0] *= gb.x; sb[1] *= gb.y; sb[2] *= gb.x; sb[3] *= gb.y;
+  mma16816(sa, p0, p1, p2, p3, b.x, b.y);
+  mma16816(sb, p0, p1, p2, p3, b.z, b.w);
+}
+
 // One chunk of the recurrence for one warp's 16 state rows (v0 .. v0 + 15): st is the chunk's blob
 // in shared memory (WQ, KD, AQ, GAM at their workspace offsets), us this warp's U^T fragment,
 // tok0 the chunk's first token, *seg_end the end of its segment. Shared with kda_fused.cu.
@@ -212,17 +226,8 @@ __device__ __forceinline__ void rec_chunk(float (&S)[NT][4], const unsigned char
 #endif
 
   // S = S * gamma_last + V_new^T Kd
-  const float* gam = (const float*)(st + WS_GAM);
-  const U4* kd = (const U4*)(st + WS_KD);
 #pragma unroll
-  for (int p = 0; p < NT / 2; ++p) {
-    const U4 b = kd[p * 32 + lane];
-    const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
-    S[2 * p][0] *= ga.x; S[2 * p][1] *= ga.y; S[2 * p][2] *= ga.x; S[2 * p][3] *= ga.y;
-    S[2 * p + 1][0] *= gb.x; S[2 * p + 1][1] *= gb.y; S[2 * p + 1][2] *= gb.x; S[2 * p + 1][3] *= gb.y;
-    mma16816(S[2 * p], p0, p1, p2, p3, b.x, b.y);
-    mma16816(S[2 * p + 1], p0, p1, p2, p3, b.z, b.w);
-  }
+  for (int p = 0; p < NT / 2; ++p) rec_update_pair(S[2 * p], S[2 * p + 1], st, p, lane, p0, p1, p2, p3);
 }
 
 #if KSPLIT == 2
@@ -295,18 +300,9 @@ __device__ __forceinline__ void rec_chunk_ks(float (&S)[NTL][4], const unsigned 
   }
 
   // this half of S = S * gamma_last + V_new^T Kd
-  const float* gam = (const float*)(st + WS_GAM);
-  const U4* kd = (const U4*)(st + WS_KD);
 #pragma unroll
-  for (int pl = 0; pl < NTL / 2; ++pl) {
-    const int p = kh * (NTL / 2) + pl;
-    const U4 b = kd[p * 32 + lane];
-    const F2 ga = *(const F2*)(gam + 16 * p + 2 * t), gb = *(const F2*)(gam + 16 * p + 8 + 2 * t);
-    S[2 * pl][0] *= ga.x; S[2 * pl][1] *= ga.y; S[2 * pl][2] *= ga.x; S[2 * pl][3] *= ga.y;
-    S[2 * pl + 1][0] *= gb.x; S[2 * pl + 1][1] *= gb.y; S[2 * pl + 1][2] *= gb.x; S[2 * pl + 1][3] *= gb.y;
-    mma16816(S[2 * pl], p0, p1, p2, p3, b.x, b.y);
-    mma16816(S[2 * pl + 1], p0, p1, p2, p3, b.z, b.w);
-  }
+  for (int pl = 0; pl < NTL / 2; ++pl)
+    rec_update_pair(S[2 * pl], S[2 * pl + 1], st, kh * (NTL / 2) + pl, lane, p0, p1, p2, p3);
 }
 #endif
 
