@@ -99,14 +99,9 @@ class Built:
             stage = self.prepare
         if stage.startswith("kda_prepare") and int(inputs["chunk_start"].size) == 0:
             return
-        L, args = self.launch[stage], kda.stage_args(stage, self.params, self.problem, inputs, outputs)
-        if L.plain:
-            if L.smem_bytes > 48 * 1024:
-                self.fn[stage].max_dynamic_shared_size_bytes = L.smem_bytes
-            self.fn[stage](L.grid, L.block, tuple(args), shared_mem=L.smem_bytes)
-        else:                      # variant 3's recurrence: a programmatic dependent launch
-            from ptxbuild.gpu import device
-            device.launch(self.fn[stage], L, args, self.cp.cuda.get_current_stream())
+        from ptxbuild.gpu import device    # the worker's launch: smem opt-in, clusters, PDL (variant 3)
+        device.launch(self.fn[stage], self.launch[stage], kda.stage_args(stage, self.params, self.problem, inputs, outputs),
+                      self.cp.cuda.get_current_stream())
 
     def forward(self, inputs: dict, outputs: dict):
         for stage in self.launch:

@@ -241,16 +241,20 @@ def make_inputs(problem: Problem, seed: int, xp) -> dict:
     return out
 
 
-def blobs_of(problem: Problem, ws):
-    """The blobs [NC * HV * BLOB bytes] of ops/kda's workspace buffer (uint8), without variant 3's flags."""
+def blob_bytes(problem: Problem) -> int:
+    """NC * HV * BLOB: the workspace's blobs, where variant 3's flags start in ops/kda's buffer."""
     d = dims(problem)
-    return ws[:d["NC"] * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]]
+    return d["NC"] * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]
+
+
+def blobs_of(problem: Problem, ws):
+    """The blobs of ops/kda's workspace buffer (uint8), without variant 3's flags."""
+    return ws[:blob_bytes(problem)]
 
 
 def flags_of(problem: Problem, ws):
     """Variant 3's flags: the uint32 [NC * HV] tail of ops/kda's workspace buffer (uint8), after the blobs."""
-    d = dims(problem)
-    off = d["NC"] * d["HV"] * workspace.sizes(d["K"], d["V"])["BLOB"]
+    off = blob_bytes(problem)
     return ws[off:off + 4 * overlap_tasks(problem)]
 
 
