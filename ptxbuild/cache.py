@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,24 @@ import sqlite_utils
 
 from .problem import Binary
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+_ELF = b"\x7fELF"
+
+
+def pack_binary(ptx: str | None, cubin: bytes | None) -> tuple[bytes | None, bytes | None]:
+    """PTX and cubin as stored: zlib-compressed (PTX text shrinks ~10x, a cubin ~3x; a cache that
+    travels with a model repo or to a GPU machine stays small)."""
+    return (zlib.compress(ptx.encode(), 6) if ptx is not None else None,
+            zlib.compress(cubin, 6) if cubin is not None else None)
+
+
+def unpack_binary(ptx: str | bytes | None, cubin: bytes | None) -> tuple[str | None, bytes | None]:
+    """Inverse of pack_binary; rows written before schema v4 (PTX as text, a raw ELF cubin) read as they are."""
+    if isinstance(ptx, bytes):
+        ptx = zlib.decompress(ptx).decode()
+    if cubin is not None and not cubin.startswith(_ELF):
+        cubin = zlib.decompress(cubin)
+    return ptx, cubin
 
 
 def _v1(db: sqlite_utils.Database) -> None:
@@ -51,7 +69,15 @@ def _v3(db: sqlite_utils.Database) -> None:
     db["builds"].create_index(["project", "target"], if_not_exists=True)
 
 
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3}
+def _v4(db: sqlite_utils.Database) -> None:
+    """Compiled PTX and cubins stored compressed (pack_binary); the space is returned by a VACUUM after."""
+    rows = db.execute("select key, ptx, cubin from compiles where outcome = 'ok'").fetchall()
+    for key, ptx, cubin in rows:
+        ptx, cubin = pack_binary(*unpack_binary(ptx, cubin))
+        db.execute("update compiles set ptx = ?, cubin = ? where key = ?", [ptx, cubin, key])
+
+
+MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 
 
 class Cache:
@@ -92,18 +118,25 @@ class Cache:
             with self.transaction():
                 MIGRATIONS[v](self.db)
                 self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
+        if 0 < current < 4 <= SCHEMA_VERSION:
+            self.db.execute("VACUUM")    # v4 shrank the compiles table in place; give the pages back
 
     # -- compile step ---------------------------------------------------------------------------
     def get_compile(self, key: str) -> dict | None:
         rows = list(self.db.query("select * from compiles where key = ?", [key]))
-        return rows[0] if rows else None
+        if not rows:
+            return None
+        row = rows[0]
+        row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
+        return row
 
     def put_compile(self, key: str, arch: str, entry: str, binary: Binary | None, error: str, toolchain: str,
                     seconds: float) -> None:
         row = {"key": key, "arch": arch, "entry": entry, "outcome": "ok" if binary else "compile_error",
                "error": error, "toolchain": toolchain, "seconds": seconds, "created": time.time()}
         if binary:
-            row.update(ptx=binary.ptx, cubin=binary.cubin, digest=binary.digest, registers=binary.registers,
+            ptx, cubin = pack_binary(binary.ptx, binary.cubin)
+            row.update(ptx=ptx, cubin=cubin, digest=binary.digest, registers=binary.registers,
                        spill_bytes=binary.spill_bytes, smem_static_bytes=binary.smem_static_bytes,
                        local_bytes=binary.local_bytes, log=binary.log)
         self.db["compiles"].upsert(row, pk="key")

@@ -36,6 +36,18 @@ def test_first_build_writes_artifacts_and_second_does_nothing(proj):
     assert comp2.calls == []
 
 
+def test_a_deleted_artifact_rebuilds_and_the_report_names_it_from_the_project(proj):
+    """Reports travel between machines: the reason a target rebuilt names the artifact relative to the
+    kernelfile's folder, not by this machine's absolute path."""
+    build(make_ctx(proj))
+    (proj / "build/scale@b200/manifest.json").unlink()
+    ctx = make_ctx(proj)
+    res = build(ctx)
+    assert _status(res) == {"scale@h100": "up_to_date", "scale@b200": "built"}
+    summary = json.loads(ctx.cache.last_build("scale@b200", ctx.kf.project)["summary"])
+    assert summary["why"] == "artifact missing: build/scale@b200/manifest.json"
+    assert str(proj) not in (proj / "reports/scale@b200/report.json").read_text()
+
 def test_editing_the_template_rebuilds_only_its_targets(proj):
     (proj / "kernelfile.toml").write_text((proj / "kernelfile.toml").read_text() +
                                           '\n[ops.other]\ntemplate = "scale"\ndtypes = ["float32"]\nshapes = [[8, 8]]\n'
@@ -264,6 +276,29 @@ def test_a_baseline_the_harness_failed_is_measured_again_next_build(proj):
     build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
     assert OomOnce.calls == again                   # ok baselines are cached
 
+
+def test_a_failed_baseline_cached_by_an_older_ptxbuild_is_measured_again(proj):
+    """Caches written before that fix hold launch_error baselines (the H200 cache's three 2^31-element
+    residual rows): a build must not serve them from the cache."""
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [Target("scale", "h100")])
+    rows = [r for r in ctx.cache.db["measurements"].rows if r["binary"] == "baselines"]
+    assert rows
+    for r in rows:   # what the old code stored
+        ctx.cache.db["measurements"].update(r["key"], {"detail": json.dumps(
+            {"*": {"outcome": "launch_error", "p50_ms": None, "p20_ms": None, "p80_ms": None, "samples": 0,
+                   "detail": "cudaErrorMemoryAllocation"}})})
+    calls = []
+
+    class Counting(FakeGpu):
+        def baselines(self, op_folder, problem):
+            calls.append(problem)
+            return super().baselines(op_folder, problem)
+
+    build(make_ctx(proj, gpu=Counting(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert len(calls) == len(rows)
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert all(d["baselines"]["eager"]["p50_ms"] == 0.05 for d in manifest["dispatch"])
 
 def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
     """The losers are evidence: each problem's fastest timed configs of the run, with their ratio to

@@ -57,14 +57,62 @@ def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
     db.conn.commit()
     db.conn.close()
     c = Cache(tmp_path / "c.sqlite")
-    assert c.version() == SCHEMA_VERSION == 3
+    assert c.version() == SCHEMA_VERSION
     old = c.last_build("a@b", "")
     assert old["key"] == "k1" and old["project"] == "" and old["status"] == "ok"
     assert c.last_build("a@b", "proj")["key"] == "k1"           # a project's first look: the pre-v3 build
     c.add_build("a@b", "k2", "d", "ok", True, "m", {}, "proj")
     assert c.last_build("a@b", "proj")["key"] == "k2" and c.last_build("a@b", "")["key"] == "k1"
-    assert Cache(tmp_path / "c.sqlite").version() == 3           # reopening migrates nothing again
+    assert Cache(tmp_path / "c.sqlite").version() == SCHEMA_VERSION   # reopening migrates nothing again
     assert ["project", "target"] in [i.columns for i in c.db["builds"].indexes]
+
+
+def _v3_cache_with_a_compile(path, ptx: str, cubin: bytes):
+    import sqlite3
+
+    import sqlite_utils
+
+    from ptxbuild.cache import MIGRATIONS
+    db = sqlite_utils.Database(sqlite3.connect(path))
+    for v in (1, 2, 3):
+        MIGRATIONS[v](db)
+    db["meta"].insert({"key": "schema_version", "value": "3"})
+    db["compiles"].insert({"key": "k", "arch": "sm_90a", "entry": "e", "outcome": "ok", "error": "", "ptx": ptx,
+                           "cubin": cubin, "digest": "d", "registers": 32, "spill_bytes": 0})
+    db["compiles"].insert({"key": "bad", "arch": "sm_90a", "entry": "e", "outcome": "compile_error",
+                           "error": "nvrtc: boom", "ptx": None, "cubin": None})
+    db.conn.commit()
+    db.conn.close()
+
+
+def test_v4_compresses_binaries_of_an_older_cache_and_reads_them_back_unchanged(tmp_path):
+    """v4 stores PTX and cubins zlib-compressed: a v3 cache's rows migrate, read back byte for byte,
+    and the file shrinks (VACUUM); failed compiles keep their error."""
+    ptx = "//\n.version 9.0\n.target sm_90a\n" + "\tadd.f32 %f1, %f2, %f3;\n" * 20000
+    cubin = b"\x7fELF" + bytes(range(256)) * 400
+    _v3_cache_with_a_compile(tmp_path / "c.sqlite", ptx, cubin)
+    before = (tmp_path / "c.sqlite").stat().st_size
+    c = Cache(tmp_path / "c.sqlite")
+    assert c.version() == SCHEMA_VERSION >= 4
+    row = c.get_compile("k")
+    assert row["ptx"] == ptx and row["cubin"] == cubin and row["registers"] == 32
+    assert c.get_compile("bad")["error"] == "nvrtc: boom" and c.get_compile("bad")["ptx"] is None
+    stored_ptx, stored_cubin = c.db.execute("select ptx, cubin from compiles where key = 'k'").fetchone()
+    assert isinstance(stored_ptx, bytes) and len(stored_ptx) < len(ptx) // 10
+    assert not stored_cubin.startswith(b"\x7fELF") and len(stored_cubin) < len(cubin)
+    c.db.conn.close()
+    assert (tmp_path / "c.sqlite").stat().st_size < before // 4
+
+
+def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
+    from ptxbuild.problem import Binary
+    c = Cache(tmp_path / "c.sqlite")
+    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n" * 500, cubin=b"\x7fELF" + b"\0" * 5000,
+               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
+    row = Cache(tmp_path / "c.sqlite").get_compile("k")
+    assert (row["ptx"], row["cubin"], row["registers"]) == (b.ptx, b.cubin, 40)
+    assert len(c.db.execute("select cubin from compiles").fetchone()[0]) < 200
 
 
 SCRIPT = textwrap.dedent("""

@@ -464,6 +464,23 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
     assert alive_at_check == [0, 0]
 
 
+def test_cupys_pool_is_released_between_a_baselines_reference_and_its_call(monkeypatch):
+    """torch cannot allocate from cupy's pool: the reference's freed temporaries must go back to the
+    device before the baseline runs (the H200's fp32 2^31-element residual rows: OutOfMemoryError,
+    '0 bytes allocated by PyTorch', 136.87 GiB in use)."""
+    g = _bare_gpu()
+    events = []
+    g.release = lambda: events.append("release")
+    g.pool = lambda op, problem: [({"x": np.ones(4, dtype=np.float32)}, {})]
+
+    def baseline(inputs):
+        events.append("call")
+        return {"y": np.full(4, 2.0)}
+
+    _run_baselines(monkeypatch, g, {"eager": baseline})
+    first_check = events.index("call")
+    assert first_check > 0 and events[first_check - 1] == "release"
+
 def _two_kernel_op(scratch=()):
     """A fake op of two entries: 'stage1' writes the scratch output ws, 'main' writes y from it."""
     from types import SimpleNamespace

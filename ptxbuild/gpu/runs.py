@@ -304,6 +304,9 @@ class Gpu:
                     inputs = op.make_inputs(problem, secrets.randbelow(2**31), cp)
                     before = {k: v.copy() for k, v in inputs.items()}
                     ref = op.reference(problem, {k: v.copy() for k, v in inputs.items()}, cp)
+                    # the reference's temporaries sit in cupy's pool; torch allocates beside it, not
+                    # from it (fp32 2^31-element residual: torch's first 8 GiB failed with 134 GiB pooled)
+                    self.release()
                     got = {k: _as_cupy(v, cp) for k, v in fn(inputs).items()}
                     self.sync()
                     missing = [k for k in ref if k not in got]

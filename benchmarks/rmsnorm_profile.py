@@ -1,0 +1,98 @@
+"""One rmsnorm problem: the built winner beside torch.compile, for a profiler to compare.
+
+    python3 benchmarks/rmsnorm_profile.py float32 32768 8192 [--params k=v,...] [--reps 20]
+    ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,... \
+        python3 benchmarks/rmsnorm_profile.py float32 32768 8192 --reps 3
+
+The config is the winner that `reports/rmsnorm@h200/report.json` records for the problem (override
+with --params). Both kernels run on the same inputs, the L2 flushed (a 256 MiB memset) before each
+call, and are timed with CUDA events; `TORCH_LOGS=output_code` prints the Triton source that
+torch.compile generated. Prints one line per kernel: median and p20/p80 in microseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "ops" / "rmsnorm"))
+
+from ptxbuild.problem import Problem  # noqa: E402
+
+
+def winner(report: Path, problem: Problem) -> dict:
+    data = json.loads(report.read_text())
+    for d in data["dispatch"]:
+        if d.get("label") == problem.label():
+            return d["params"]
+    raise SystemExit(f"{problem.label()} is not in {report}: pass --params")
+
+
+def parse_params(text: str) -> dict:
+    out = {}
+    for kv in filter(None, text.split(",")):
+        k, v = kv.split("=", 1)
+        out[k] = {"True": True, "False": False}.get(v, int(v) if v.lstrip("-").isdigit() else v)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dtype", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("M", type=int)
+    ap.add_argument("N", type=int)
+    ap.add_argument("--residual", action="store_true")
+    ap.add_argument("--params", default="", help="config overrides, e.g. threads=256,load_hint=nc_na")
+    ap.add_argument("--report", default=str(ROOT / "reports/rmsnorm@h200/report.json"))
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-baseline", action="store_true", help="time only the built kernel")
+    a = ap.parse_args(argv)
+
+    import cupy as cp
+    import torch
+    from selftest_gpu import arch_of
+
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.gpu import device
+    from ptxbuild.oploader import load_op
+    op = load_op("rmsnorm", ROOT)
+    problem = Problem.make("rmsnorm", a.dtype, (a.M, a.N), {"residual": True} if a.residual else {})
+    params = dict(winner(Path(a.report), problem)) if Path(a.report).is_file() else {}
+    params = op._full({**params, **parse_params(a.params)})
+    arch = arch_of(cp)
+    binary = compile_kernel(op.render(params, problem, arch), arch)
+    kern = device.load(binary.entry, binary.cubin, binary.ptx)
+    inputs, outputs = op.make_inputs(problem, 0, cp), op.make_outputs(problem, cp)
+    geom, args = op.launch(params, problem, cp.cuda.Device().attributes["MultiProcessorCount"]), op.kernel_args(params, problem, inputs, outputs)
+    stream = cp.cuda.get_current_stream()
+    ours = lambda: device.launch(kern, geom, args, stream)  # noqa: E731
+    base = op.baselines(problem)["torch_compile"]
+    theirs = lambda: base(inputs)  # noqa: E731
+    flush = cp.empty(256 << 20, dtype=cp.uint8)
+    print(f"{problem.label()} ours: {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} "
+          f"({binary.registers} regs, {binary.spill_bytes} B spill)")
+    floor_us = op.bytes_moved(problem) / 4.25e12 * 1e6
+    for name, fn in (("ours", ours),) + (() if a.no_baseline else (("torch_compile", theirs),)):
+        fn(), fn()                               # compile / warm up
+        times = []
+        for _ in range(a.reps):
+            flush.fill(0)
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+        times.sort()
+        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+        print(f"{name:>14}: {q(0.5):8.1f} us [p20 {q(0.2):.1f}, p80 {q(0.8):.1f}, n={len(times)}] "
+              f"({floor_us / q(0.5):.0%} of bytes / 4.25 TB/s)")
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
