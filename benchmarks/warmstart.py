@@ -47,7 +47,7 @@ def sources(rec, op, gpu, arch, problem, lesson_files):
     return out
 
 
-def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True):
+def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True, min_candidates=0):
     lesson_rows = {}
     for f in lesson_files:
         lesson_rows[Path(f).name] = [
@@ -57,13 +57,15 @@ def measure(rec, op, gpu, n_seeds, lesson_files, strategy, use_default=True):
             for x in parse_lessons(Path(f).read_bytes(), Path(f).name) if x.op == op]
     rows = []
     for g, arch, problem in rec.problems(op, gpu):
+        rp = replay.Replayer(rec, op, g, problem)
+        if len(rp.table) < min_candidates:
+            continue   # the build's own few tries, picked by lessons: not a sample a cold search can be judged on
         default = replay.default_of(rec, op, problem) if use_default else None
         base = [default] if default else []
         cold = [replay.replay_search(rec, op, g, problem, strategy=strategy, seeds=base, rng_seed=s)
                 for s in range(n_seeds)]
         rand = cold if strategy == "random" else [
             replay.replay_search(rec, op, g, problem, strategy="random", seeds=base, rng_seed=s) for s in range(n_seeds)]
-        rp = replay.Replayer(rec, op, g, problem)
         row = {"problem": problem, "label": Problem.make(op, problem["dtype"], tuple(problem["shape"]), problem.get("options") or {}).label(),
                "best_ms": rp.best_ms(), "candidates": len(rp.table),
                "cold": {"evaluations": _mean(cold, "evaluations"), "seconds": _mean(cold, "seconds"),
@@ -142,6 +144,10 @@ def markdown(meta, rows, summary):
               f"first when the recording has it, mean over {meta['seeds']} random seeds; cold random: the same with "
               f"random order; warm: lesson seeds of this exact scope, then the default, then up to 4 nearer-scope lesson seeds, failure rules "
               f"prune, then the same `{meta['strategy']}` search (same random seeds)",
+              *([f"- **benchmark shapes: those with at least {meta['min_candidates']} recorded configs** (the sweep's "
+                 "random sample plus every build's tries); elsewhere the recording holds only the ~10 configs a "
+                 "build tried, picked by lessons, so a cold search over them is not cold"]
+                if meta.get("min_candidates") else []),
               *(["- **without the op default**: cold and warm both start with no hand-written config; this measures "
                  "lessons against no prior at all"] if meta.get("without_default") else []),
               "- target: the first config within 2% of the best recorded p50 of that problem on this GPU; "
@@ -193,6 +199,8 @@ def main(argv=None):
     ap.add_argument("--without-default", action="store_true",
                     help="neither cold nor warm starts from the op's hand-written default config: measures what "
                          "lessons add over no prior at all (the default is itself prior knowledge)")
+    ap.add_argument("--min-candidates", type=int, default=0,
+                    help="benchmark only problems with at least this many recorded configs (a sample of the space)")
     a = ap.parse_args(argv)
     rec = replay.load_recording(a.recording)
     ops = sorted({r["op"] for r in rec.rows})
@@ -206,10 +214,13 @@ def main(argv=None):
     if gpu not in gpus:
         sys.exit(f"error: --gpu {a.gpu or '?'}: GPUs with measured {op} data are {', '.join(sorted(gpus)) or 'none'}")
     t0 = time.time()
-    rows = measure(rec, op, gpu, a.seeds, a.lessons, a.strategy, use_default=not a.without_default)
+    rows = measure(rec, op, gpu, a.seeds, a.lessons, a.strategy, use_default=not a.without_default,
+                   min_candidates=a.min_candidates)
+    if not rows:
+        sys.exit(f"error: no {op}@{gpu} problem has {a.min_candidates} or more recorded configs (--min-candidates)")
     summary = summarize(rows)
     meta = {"recording": a.recording, "op": op, "gpu": gpu, "seeds": a.seeds, "strategy": a.strategy, "rows": len(rec.rows),
-            "without_default": a.without_default,
+            "without_default": a.without_default, "min_candidates": a.min_candidates,
             "synthetic": bool(rec.header.get("synthetic")), "bar": BAR, "seconds": round(time.time() - t0, 2),
             "command": "python benchmarks/warmstart.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     out = Path(a.out)

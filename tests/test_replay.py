@@ -82,3 +82,26 @@ def test_the_resampled_interval_shows_how_fragile_a_median_is():
     assert interval([(1.0, 4.0)] * 9) == [0.25, 0.25]                 # every shape agrees: no spread
     lo, hi = interval([(1.0, 4.0)] * 5 + [(4.0, 4.0)] * 4)             # a median carried by one shape
     assert lo == 0.25 and hi == 1.0
+
+
+def test_min_candidates_keeps_only_problems_whose_recording_samples_the_space(synthetic, tmp_path):
+    """--min-candidates N: a problem the recording holds fewer configs of (a build's own lesson-picked
+    tries) is not a benchmark shape; none left is an error that names the option."""
+    import pytest
+    ws = _load("warmstart")
+    rec = tmp_path / "rec.jsonl"
+    keep = [r for r in synthetic.rows if r["problem"]["shape"][1] <= 2048]
+    counts = {}
+    for r in keep:
+        counts[json.dumps(r["problem"], sort_keys=True)] = counts.get(json.dumps(r["problem"], sort_keys=True), 0) + 1
+    small = min(counts, key=counts.get)
+    trimmed = [r for r in keep if json.dumps(r["problem"], sort_keys=True) != small] + \
+        [r for r in keep if json.dumps(r["problem"], sort_keys=True) == small][:5]
+    rec.write_text("\n".join(json.dumps(x) for x in [synthetic.header, *trimmed]) + "\n")
+    ws.main([str(rec), "--seeds", "2", "--min-candidates", "6", "--out", str(tmp_path / "out")])
+    data = json.loads((tmp_path / "out/warmstart.json").read_text())
+    assert len(data["shapes"]) == len(counts) - 1 and data["meta"]["min_candidates"] == 6
+    assert all(s["candidates"] >= 6 for s in data["shapes"])
+    assert "at least 6 recorded configs" in (tmp_path / "out/warmstart.md").read_text()
+    with pytest.raises(SystemExit, match="--min-candidates"):
+        ws.main([str(rec), "--seeds", "2", "--min-candidates", "100000", "--out", str(tmp_path / "none")])
