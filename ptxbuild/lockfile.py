@@ -25,7 +25,6 @@ from .oploader import load_op, source_files
 from .problem import Binary, Problem, canonical_json
 
 LOCK_VERSION = 1
-LOCK_NAME = "kernelfile.lock"
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 
@@ -35,7 +34,10 @@ class LockError(Exception):
 
 
 def lock_path(kf) -> Path:
-    return kf.path.with_name(LOCK_NAME)
+    """The lock beside its kernelfile, named after it: kernelfile.toml -> kernelfile.lock,
+    benchmarks/rmsnorm_bf16.toml -> benchmarks/rmsnorm_bf16.lock (kernelfiles sharing a folder
+    must not overwrite each other's lock)."""
+    return kf.path.with_suffix(".lock")
 
 
 def wheel_versions() -> dict[str, str | None]:
@@ -137,9 +139,9 @@ def update_lock(kf, results) -> Path | None:
 def _check_entry(ctx, t, entry: dict | None, op) -> None:
     kf = ctx.kf
     if entry is None:
-        raise LockError(f"{t} is not in {LOCK_NAME}; build it unlocked once (ptxbuild build {t}) and commit the lock")
+        raise LockError(f"{t} is not in {lock_path(kf).name}; build it unlocked once (ptxbuild build {t}) and commit the lock")
     if entry.get("entry_sha256") != entry_digest(entry):
-        raise LockError(f"{t}: its {LOCK_NAME} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
+        raise LockError(f"{t}: its {lock_path(kf).name} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
                         f"content {entry_digest(entry)[:16]}); refusing it; restore the lock or rebuild unlocked")
     if "declaration_sha256" in entry:   # entries written before it: the whole file below
         now = declaration_digest(kf.ops[t.op]) if t.op in kf.ops else "(no such op)"

@@ -201,3 +201,12 @@ def test_editing_another_ops_section_leaves_a_lock_entry_valid(proj):
     kf.write_text(kf.read_text().replace("budget = 6", "budget = 5"))
     with pytest.raises(LockError, match=r"\[ops.scale\] in kernelfile.toml changed"):
         build_locked(make_ctx(proj), [Target("scale", "h100")])
+
+
+def test_kernelfiles_sharing_a_folder_keep_separate_locks(proj):
+    """benchmarks/ holds three kernelfiles: each lock is named after its kernelfile, so building one
+    never overwrites another's (they all wrote benchmarks/kernelfile.lock before)."""
+    other = proj / "small.toml"
+    other.write_text((proj / "kernelfile.toml").read_text())
+    a, b = load(proj / "kernelfile.toml"), load(other)
+    assert lock_path(a) == proj / "kernelfile.lock" and lock_path(b) == proj / "small.lock"
