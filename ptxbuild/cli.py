@@ -235,6 +235,30 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
 @main.command()
 @click.argument("targets", nargs=-1)
 @click.pass_obj
+def relock(kernelfile, targets):
+    """Accept edits to an op's sources that leave its locked kernels byte-identical (no GPU needed).
+
+    Each target's locked configs are compiled from the current sources; the lock's op file digests
+    are updated only if every PTX, cubin and launch geometry matches. Any other drift is an error.
+
+    Example: ptxbuild relock rmsnorm@h200
+    """
+    from .lockfile import LockError
+    from .lockfile import relock as do_relock
+    kf = _kernelfile(kernelfile)
+    ctx = _context(kf, None, False, Progress(True))
+    try:
+        done = do_relock(ctx, _targets(kf, targets))
+    except LockError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BUILD_FAILED)
+    for t, what in done:
+        click.echo(f"{t}: {what}")
+
+
+@main.command()
+@click.argument("targets", nargs=-1)
+@click.pass_obj
 def report(kernelfile, targets):
     """Print and (re)write the report of each target's last build under reports/.
 

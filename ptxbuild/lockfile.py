@@ -14,6 +14,7 @@ that build is written.
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import json
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +23,7 @@ from .artifacts import target_dir, write_artifacts
 from .build import TargetResult, hardware_for
 from .graph import build_order
 from .oploader import load_op, source_files
-from .problem import Binary, Problem, canonical_json
+from .problem import Binary, Launch, Problem, canonical_json
 
 LOCK_VERSION = 1
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
@@ -127,6 +128,10 @@ def update_lock(kf, results) -> Path | None:
             targets[str(r.target)] = entry_from_manifest(kf, r.target, Path(manifest))
     declared = {str(t) for t in all_targets(kf)}
     targets = {k: v for k, v in targets.items() if k in declared}
+    return _write(path, targets)
+
+
+def _write(path: Path, targets: dict) -> Path:
     text = dumps({"lock_version": LOCK_VERSION, "note": "written by ptxbuild build; reproduce with ptxbuild build "
                   "--locked; do not edit by hand", "targets": targets})
     if not path.is_file() or path.read_text() != text:
@@ -136,7 +141,7 @@ def update_lock(kf, results) -> Path | None:
     return path
 
 
-def _check_entry(ctx, t, entry: dict | None, op) -> None:
+def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
     kf = ctx.kf
     if entry is None:
         raise LockError(f"{t} is not in {lock_path(kf).name}; build it unlocked once (ptxbuild build {t}) and commit the lock")
@@ -167,7 +172,7 @@ def _check_entry(ctx, t, entry: dict | None, op) -> None:
             raise LockError(f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
                             f"run: pip install '{name}=={want}'")
     files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
-    for name in sorted(set(files) | set(entry["op_files"])):
+    for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
         if files.get(name) != entry["op_files"].get(name):
             raise LockError(f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
                             f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {_RELOCK.format(t=t)}")
@@ -175,8 +180,10 @@ def _check_entry(ctx, t, entry: dict | None, op) -> None:
         raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}")
 
 
-_RELOCK = ("the op's sources changed since the lock was written: check out the locked revision, or run "
-           "`ptxbuild build {t}` (on the target's GPU when it was measured) to search, verify and lock again")
+_RELOCK = ("the op's sources changed since the lock was written: check out the locked revision; run "
+           "`ptxbuild relock {t}` if the change cannot alter the kernels (it checks that every locked binary "
+           "reproduces); or run `ptxbuild build {t}` (on the target's GPU when it was measured) to search, "
+           "verify and lock again")
 
 
 def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
@@ -232,3 +239,44 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
         results.append(TargetResult(t, "built", f"locked: {len(entry['variants'])} variant(s) reproduced",
                                     entry["measured_on_hardware"], manifest))
     return results
+
+
+_LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in dataclasses.fields(Launch)
+                                              if f.default is not dataclasses.MISSING}))
+
+
+def relock(ctx, targets=None) -> list[tuple[str, str]]:
+    """Accept op source edits that cannot change what a lock pins: for each target whose only drift
+    is in its op files (same VERSION, declaration, GPU spec, toolchain), every locked config is
+    compiled from the current sources and must give the locked PTX and cubin byte for byte, and
+    the same launch geometry; then the entry's op file digests are updated. No GPU is needed
+    (the binaries and launches are the ones that were verified and timed). All targets are checked
+    before the lock is written. Returns [(target, what changed)]."""
+    lock = read_lock(ctx.kf)
+    entries = dict(lock["targets"])
+    done = []
+    for t in build_order(ctx.kf, targets):
+        entry = entries.get(str(t))
+        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
+        _check_entry(ctx, t, entry, op, op_files=False)
+        files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
+        changed = sorted(n for n in set(files) | set(entry["op_files"]) if files.get(n) != entry["op_files"].get(n))
+        if not changed:
+            done.append((str(t), "unchanged"))
+            continue
+        gpu = ctx.kf.gpus[t.gpu]
+        for d in entry["dispatch"]:
+            p = d["problem"]
+            problem = Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
+            now = json.loads(canonical_json(op.launch(d["params"], problem, gpu.sm_count).__dict__))
+            want = {**_LAUNCH_DEFAULTS, **d.get("launch", now)}   # fields added since: their defaults
+            if now != want:
+                raise LockError(f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
+                                f"{canonical_json(now)}; rebuild unlocked to relock")
+        _reproduce(ctx, t, entry, op)      # PTX and cubin of every locked config, byte for byte
+        entry = {**entry, "op_files": files}
+        entry["entry_sha256"] = entry_digest(entry)
+        entries[str(t)] = entry
+        done.append((str(t), f"{len(entry['variants'])} variant(s) reproduce after edits to {', '.join(changed)}"))
+    _write(lock_path(ctx.kf), entries)
+    return done

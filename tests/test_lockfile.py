@@ -210,3 +210,57 @@ def test_kernelfiles_sharing_a_folder_keep_separate_locks(proj):
     other.write_text((proj / "kernelfile.toml").read_text())
     a, b = load(proj / "kernelfile.toml"), load(other)
     assert lock_path(a) == proj / "kernelfile.lock" and lock_path(b) == proj / "small.lock"
+
+
+def test_relock_accepts_an_edit_that_leaves_every_locked_binary_identical(proj):
+    """A comment in op.py changes the op's digest, not a kernel: `relock` recompiles every locked
+    config, finds the same PTX, cubin and launch, and updates only the op file digests; --locked
+    then builds again."""
+    from ptxbuild.lockfile import relock
+    _built(proj)
+    before = json.loads((proj / "kernelfile.lock").read_text())["targets"]
+    opf = proj / "ops" / "scale" / "op.py"
+    opf.write_text(opf.read_text() + "\n# a comment\n")
+    with pytest.raises(LockError, match="op drift: scale/op.py.*ptxbuild relock scale@h100"):
+        build_locked(make_ctx(proj))
+    done = relock(make_ctx(proj))
+    assert sorted(t for t, _ in done) == ["scale@b200", "scale@h100"]
+    assert all(w.endswith("variant(s) reproduce after edits to op.py") for _, w in done)
+    after = json.loads((proj / "kernelfile.lock").read_text())["targets"]
+    for name, e in after.items():
+        assert e["op_files"]["op.py"] != before[name]["op_files"]["op.py"]
+        assert e["op_files"]["scale.cu"] == before[name]["op_files"]["scale.cu"]
+        assert {k: v for k, v in e.items() if k not in ("op_files", "entry_sha256")} == \
+            {k: v for k, v in before[name].items() if k not in ("op_files", "entry_sha256")}
+        assert e["entry_sha256"] == entry_digest(e)
+    assert all(r.status == "built" for r in build_locked(make_ctx(proj)))
+    assert [w for _, w in relock(make_ctx(proj))] == ["unchanged", "unchanged"]
+
+
+@pytest.mark.parametrize("edit", ["kernel", "version"])
+def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_the_lock(proj, edit):
+    from ptxbuild.lockfile import relock
+    _built(proj)
+    text = (proj / "kernelfile.lock").read_text()
+    if edit == "kernel":
+        cu = proj / "ops" / "scale" / "scale.cu"
+        cu.write_text(cu.read_text() + "\n__device__ int edited_kernel_source;\n")
+        match = "PTX drift|cubin drift"
+    else:
+        opf = proj / "ops" / "scale" / "op.py"
+        opf.write_text(opf.read_text().replace('VERSION = "1"', 'VERSION = "2"'))
+        import sys   # ops load once per process (as in the CLI): forget the loaded one
+        for name in [m for m in sys.modules if m.startswith("ptxbuild_ops_scale_")]:
+            del sys.modules[name]
+        match = "VERSION locked 1, now 2"
+    with pytest.raises(LockError, match=match):
+        relock(make_ctx(proj))
+    assert (proj / "kernelfile.lock").read_text() == text
+
+
+def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
+    _built(proj)
+    cu = proj / "ops" / "scale" / "scale.cu"
+    cu.write_text(cu.read_text() + "\n__device__ int edited_kernel_source;\n")
+    r = CliRunner().invoke(main, ["-f", str(proj / "kernelfile.toml"), "relock", "scale@h100"])
+    assert r.exit_code != 0 and "scale@h100" in r.output and "drift" in r.output

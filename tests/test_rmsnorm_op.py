@@ -247,6 +247,23 @@ def test_compiles_without_spills(arch, case):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_nc_ef_streams_x_with_an_evict_first_policy_and_keeps_the_late_weight(arch):
+    """load_hint=nc_ef: x (and residual) loads carry an L2 evict_first cache policy, the late weight
+    loads an evict_last one; other hints emit no policy. Same registers as "nc"."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("float32", (32768, 8192), residual=True)
+    base = op._full({"regime": "block", "threads": 512, "weight_load": "late"})
+    ef = compiler.compile_kernel(op.render({**base, "load_hint": "nc_ef"}, p, arch), arch)
+    nc = compiler.compile_kernel(op.render({**base, "load_hint": "nc"}, p, arch), arch)
+    assert "createpolicy.fractional.L2::evict_first" in ef.ptx and "createpolicy.fractional.L2::evict_last" in ef.ptx
+    vpt = 8192 // 4 // 512                                     # 16-byte vectors per lane
+    assert ef.ptx.count("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32") == 2 * vpt   # x and residual
+    assert ef.ptx.count("ld.global.L2::cache_hint.v4.u32") == vpt                         # the weight
+    assert "createpolicy" not in nc.ptx and "cache_hint" not in nc.ptx
+    assert ef.spill_bytes == 0 and ef.registers <= nc.registers + 4
+
+@pytest.mark.compile
 def test_default_params_compile_for_the_matrix_on_sm90a():
     """Every matrix problem's default compiles with 0 spills (distinct sources only: ~50)."""
     compiler = pytest.importorskip("ptxbuild.compiler")

@@ -48,7 +48,7 @@ SPACE = {
     "stage": ["reg", "smem"],             # exact block/cluster: where the row is held
     "unroll": [1, 2, 4, 8],               # generic / smem stage: vectors per lane per batch
     "min_blocks": [1, 2, 4],              # __launch_bounds__ min blocks per SM (occupancy / regs)
-    "load_hint": ["none", "nc", "nc_na"],  # ld.global / .nc / .nc.L1::no_allocate
+    "load_hint": ["none", "nc", "nc_na", "nc_ef"],  # ld.global / .nc / .nc.L1::no_allocate / + .L2::evict_first
     "store_cs": [False, True],            # st.global.cs (streaming) for y and residual_out
     "rsqrt": ["approx", "precise"],       # rsqrt.approx.f32 vs 1 / sqrt.rn
     "weight_load": ["late", "early"],     # weight/bias loaded in the epilogue or with x
@@ -60,7 +60,7 @@ NONPORTABLE_CLUSTER_OK = False   # ptxbuild/gpu/device.py does set it; see the r
 SMEM_LIMIT_BYTES = 227 * 1024
 REG_OVERHEAD = 20          # registers a thread needs besides the row data (pointers, indices, ...)
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
-LDH = {"none": 0, "nc": 1, "nc_na": 2}
+LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3}
 SRC = Path(__file__).with_name("rmsnorm.cu")
 
 

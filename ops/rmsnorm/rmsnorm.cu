@@ -14,7 +14,8 @@
 //   STAGE_SMEM  EXACT block/cluster only: h staged in dynamic shared memory, UNROLL vectors per
 //               thread in flight per batch (for rows too long for registers)
 //   UNROLL      vectors per thread per batch (generic and staged variants)
-//   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate;  STCS 1: st.global.cs
+//   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
+//               policy (late weight loads: evict_last);  STCS 1: st.global.cs
 //   APPROX      1: rsqrt.approx.f32; 0: 1 / sqrt.rn (IEEE division)
 //   WEARLY      1: weight/bias loads issued with x (held in registers); 0: loaded in the epilogue
 // Pointers of absent operands are ignored (pass 0). Inputs must not alias outputs. Base pointers
@@ -83,13 +84,30 @@ template <int K> __device__ __forceinline__ void pack(const float* f, u32* w) {
 // ---------------------------------------------------------------- memory access
 // HINT = false: plain ld.global (late weight loads: ptxas may not hoist those above the
 // reduction's barriers, which it does with .nc loads, turning "late" into "early").
+// LDH == 3: x streams through L2 (evict_first) while the late weight loads ask L2 to keep the
+// weight (evict_last), the policies torch.compile's Triton kernel uses at N = 8K (run 12e). On
+// sm_90 the .L2::evict_* load qualifiers need 256-bit loads; a createpolicy operand does not.
+template <bool FIRST> __device__ __forceinline__ unsigned long long l2_policy() {
+  unsigned long long pol;
+  if constexpr (FIRST) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  else asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 template <bool HINT = true> __device__ __forceinline__ void ld16(const void* p, u32* w) {
   if constexpr (!HINT) {
+#if LDH == 3
+    asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<false>()));
+#else
     asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+#endif
     return;
   }
-#if LDH == 2
+#if LDH == 3
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<true>()));
+#elif LDH == 2
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
 #elif LDH == 1

@@ -41,6 +41,8 @@ CASES = [
     ("float32", (37, 13), {"weight": "none", "bias": True}, {**W, "threads": 64, "row_threads": 4, "exact": False}),
     ("bfloat16", (199, 1000), {"rstd": True}, {**W, "exact": False, "unroll": 4, "load_hint": "nc_na"}),
     ("bfloat16", (199, 4096), {}, {**B, "threads": 128, "load_hint": "nc"}),
+    ("float32", (199, 8192), {"rstd": True}, {**B, "threads": 512, "load_hint": "nc_ef"}),
+    ("float16", (199, 8192), {"residual": True}, {**B, "threads": 256, "load_hint": "nc_ef", "weight_load": "early"}),
     ("float16", (199, 4000), {"residual": True, "bias": True}, {**B, "threads": 96, "weight_load": "early"}),
     ("float32", (1, 32768), {"rstd": True}, {**B, "threads": 1024}),
     ("bfloat16", (199, 8192), {"residual": True, "residual_out_fp32": True}, {**B, "threads": 448}),
