@@ -122,9 +122,24 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
         raise CompileError(f"entry point {kernel.entry!r} not found in the PTX (is it extern \"C\" __global__?)")
     cubin, link_log = ptx_to_cubin(ptx, arch)
     res = parse_resources(link_log, kernel.entry)
+    if not _RES["registers"].search(link_log):
+        link_log = _resources_from_cubin(cubin, kernel.entry, res, link_log)
     return Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
                   spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
                   local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip())
+
+
+def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) -> str:
+    """The linker's log had no resource report: take registers and the stack frame from the cubin.
+    Spill bytes are not in a cubin; any stack frame counts as spilled (conservative: our kernels
+    keep no local arrays, so a frame means spills), so the spill filter still holds."""
+    from . import cubin as elf
+    found = elf.resources(cubin, entry)
+    if found is None:
+        raise CompileError(f"no resource report for {entry!r}: not in the linker's log, not in the cubin")
+    res.update(registers=found["registers"], stack=found.get("stack", 0),
+               spill_store=found.get("stack", 0), spill_load=0)
+    return (link_log + f"\n(resources read from the cubin: the linker's log had none: {found})").strip()
 
 
 def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:

@@ -22,6 +22,45 @@ def test_compiles_to_ptx_and_cubin(arch):
     assert 0 < b.registers <= 16 and b.spill_bytes == 0
 
 
+# two kernels in one cubin: each one's figures are found by its own symbol; `big` needs a stack frame
+TWO = ('extern "C" __global__ void small(float* y) { y[threadIdx.x] = 1.f; }\n'
+       'extern "C" __global__ void __launch_bounds__(1024, 2) big(float* y, const float* x, int n) {\n'
+       '  float a[64];\n'
+       '  for (int i = 0; i < 64; ++i) a[i] = x[(threadIdx.x * 64 + i) % n];\n'
+       '  float s = 0.f;\n'
+       '  for (int i = 0; i < n; ++i) s += a[(i * 7) & 63] * a[i & 63];\n'
+       '  y[threadIdx.x] = s; }')
+
+
+@pytest.mark.parametrize("entry", ["small", "big"])
+def test_the_cubin_carries_the_registers_and_stack_ptxas_reported(entry):
+    from ptxbuild import cubin
+    b = compile_kernel(Kernel(TWO, entry), "sm_90a")
+    assert cubin.resources(b.cubin, entry) == {"registers": b.registers, "stack": b.local_bytes}
+    assert (b.local_bytes > 0) == (entry == "big")
+
+
+@pytest.mark.parametrize("entry", ["small", "big"])
+def test_a_link_log_without_resources_falls_back_to_the_cubin(monkeypatch, entry):
+    """Seen on the H200 machine: identical PTX linked a second time gave a log with no resource
+    report, so registers and spills read 0. The cubin's figures are used instead; a stack frame
+    counts as spilled, so the spill filter still rejects the kernel."""
+    from ptxbuild import compiler
+    want = compile_kernel(Kernel(TWO, entry), "sm_90a")
+    real = compiler.ptx_to_cubin
+    monkeypatch.setattr(compiler, "ptx_to_cubin", lambda ptx, arch: (real(ptx, arch)[0], ""))
+    got = compile_kernel(Kernel(TWO, entry), "sm_90a")
+    assert got.cubin == want.cubin and got.registers == want.registers > 0
+    assert got.local_bytes == want.local_bytes and (got.spill_bytes > 0) == (want.local_bytes > 0)
+    assert "resources read from the cubin" in got.log
+
+
+def test_a_cubin_that_is_not_elf_is_refused():
+    from ptxbuild import cubin
+    with pytest.raises(cubin.CubinError, match="not a 64-bit"):
+        cubin.resources(b"MZ\x90\x00" * 16, "k")
+    assert cubin.resources(compile_kernel(Kernel(SRC, "k"), "sm_90a").cubin, "absent") is None
+
 def test_compile_error_carries_the_log():
     with pytest.raises(CompileError, match='identifier "oops" is undefined'):
         compile_kernel(Kernel('extern "C" __global__ void k() { oops; }', "k"), "sm_90a")
