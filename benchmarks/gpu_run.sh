@@ -21,6 +21,10 @@ step sweep-cross 600 $PB -f benchmarks/rmsnorm_sweep.toml build rmsnorm@h200 --f
 $PB record reports/warmstart/rmsnorm-h200.recording.jsonl --op rmsnorm --gpu h200 > "$logs/record.log" 2>&1
 (cd examples/model_repo && step model-repo-build 300 $PB build rmsnorm@h200 &&
  step model-repo 300 python3 -m pytest -q -m gpu . -rA -p no:cacheprovider)
+# rmsnorm: where torch.compile wins by 1-4% (N = 2K-32K), the L2-policy hypothesis (ops/rmsnorm/NOTES.md, run 12):
+# the winner, then load_hint=nc_ef (x evict_first, late weight evict_last), one kernel at a time (~10 s each)
+step rmsnorm-ef-f32 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 float32 32768 8192 --params load_hint=$h,weight_load=late; done'
+step rmsnorm-ef-bf16 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 bfloat16 32768 8192 --params load_hint=$h; done'
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
