@@ -27,6 +27,8 @@ def winner(report: Path, problem: Problem) -> dict:
     data = json.loads(report.read_text())
     for d in data["dispatch"]:
         if d.get("label") == problem.label():
+            if not d.get("params"):
+                raise SystemExit(f"{problem.label()} has no winner in {report} (no valid candidate): pass --params")
             return d["params"]
     raise SystemExit(f"{problem.label()} is not in {report}: pass --params")
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import gates, keys, lessons
 from .artifacts import write_artifacts
-from .compiler import CompileError, compile_kernel
+from .compiler import CompileError, compile_kernel, with_resources
 from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
@@ -178,7 +178,7 @@ class _Evaluator:
                 continue
             kernel = self.op.render(cfg, self.problem, self.gpu.arch)
             rendered[id(cfg)] = (kernel, keys.compile_key(kernel, self.gpu.arch, self.ctx.toolchain.key()))
-        todo = {k: kern for kern, k in rendered.values() if kern is not None and self.ctx.cache.get_compile(k) is None}
+        todo = {k: kern for kern, k in rendered.values() if kern is not None and not self.ctx.cache.has_compile(k)}
         futures = {k: self._submit(kern) for k, kern in todo.items()}
         for k, fut in futures.items():
             binary, error, secs = fut() if callable(fut) else fut.result()
@@ -216,6 +216,10 @@ class _Evaluator:
                         registers=row["registers"], spill_bytes=row["spill_bytes"],
                         smem_static_bytes=row["smem_static_bytes"], local_bytes=row["local_bytes"], log=row["log"],
                         compiler=row["toolchain"])
+        try:
+            binary = with_resources(binary)   # rows cached before the cubin fallback may lack the figures
+        except CompileError as exc:
+            return self._record(cfg, Outcome.COMPILE_ERROR, str(exc), compile_s=compile_s)
         self.binaries[binary.digest] = binary
         res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes,
                    compile_s=compile_s)

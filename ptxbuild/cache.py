@@ -119,15 +119,25 @@ class Cache:
                 MIGRATIONS[v](self.db)
                 self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
         if 0 < current < 4 <= SCHEMA_VERSION:
-            self.db.execute("VACUUM")    # v4 shrank the compiles table in place; give the pages back
+            try:   # v4 shrank the compiles table in place: give the pages back, if nobody holds the file
+                self.db.execute("VACUUM")
+            except sqlite3.OperationalError:
+                pass   # busy or out of disk: the migration stands, the file just stays larger
 
     # -- compile step ---------------------------------------------------------------------------
+    def has_compile(self, key: str) -> bool:
+        """A readable compile result is cached under `key` (a corrupt one counts as absent)."""
+        return self.get_compile(key) is not None
+
     def get_compile(self, key: str) -> dict | None:
         rows = list(self.db.query("select * from compiles where key = ?", [key]))
         if not rows:
             return None
         row = rows[0]
-        row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
+        try:
+            row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
+        except (zlib.error, UnicodeDecodeError):
+            return None   # a damaged row: compile again (put_compile overwrites it)
         return row
 
     def put_compile(self, key: str, arch: str, entry: str, binary: Binary | None, error: str, toolchain: str,

@@ -243,17 +243,22 @@ def relock(kernelfile, targets):
 
     Example: ptxbuild relock rmsnorm@h200
     """
+    from .compiler import CompileError
     from .lockfile import LockError
     from .lockfile import relock as do_relock
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, False, Progress(True))
     try:
         done = do_relock(ctx, _targets(kf, targets))
-    except LockError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except (LockError, CompileError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        click.echo(f"error: {first}", err=True)
         sys.exit(EXIT_BUILD_FAILED)
     for t, what in done:
         click.echo(f"{t}: {what}")
+    if any(what != "unchanged" for _, what in done):
+        click.echo("the lock changed: run `ptxbuild build --locked` to rewrite build/ from it, then commit both",
+                   err=True)
 
 
 @main.command()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .problem import Binary, Kernel
 
@@ -134,12 +134,28 @@ def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) ->
     Spill bytes are not in a cubin; any stack frame counts as spilled (conservative: our kernels
     keep no local arrays, so a frame means spills), so the spill filter still holds."""
     from . import cubin as elf
-    found = elf.resources(cubin, entry)
+    try:
+        found = elf.resources(cubin, entry)
+    except elf.CubinError as exc:
+        raise CompileError(f"no resource report for {entry!r} in the linker's log, and {exc}") from None
     if found is None:
         raise CompileError(f"no resource report for {entry!r}: not in the linker's log, not in the cubin")
     res.update(registers=found["registers"], stack=found.get("stack", 0),
                spill_store=found.get("stack", 0), spill_load=0)
     return (link_log + f"\n(resources read from the cubin: the linker's log had none: {found})").strip()
+
+
+def with_resources(binary: Binary) -> Binary:
+    """A binary read back from a cache written before the cubin fallback: if its log has no resource
+    report (registers and spills were then stored as 0), take them from the cubin now."""
+    log = binary.log or ""
+    if not binary.cubin or not binary.cubin.startswith(b"\x7fELF") or _RES["registers"].search(log) \
+            or "resources read from the cubin" in log:
+        return binary
+    res = parse_resources(log, binary.entry)
+    log = _resources_from_cubin(binary.cubin, binary.entry, res, log)
+    return replace(binary, registers=res["registers"], spill_bytes=res["spill_store"] + res["spill_load"],
+                   local_bytes=res["stack"], log=log)
 
 
 def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:

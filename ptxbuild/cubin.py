@@ -4,13 +4,15 @@ verbose log has none.
 Seen on the H200 machine: a second compile of identical PTX came back with no resource report in
 nvJitLink's info log (a cache hit, it seems), so registers and spills parsed as 0, and a spilling
 candidate would have passed the spill filter. The cubin always carries its register count
-(EIATTR_REGCOUNT) and stack frame size (EIATTR_FRAME_SIZE) per kernel symbol.
+(EIATTR_REGCOUNT) and stack sizes (EIATTR_FRAME_SIZE, and EIATTR_MIN_STACK_SIZE with callees)
+per kernel symbol.
 """
 from __future__ import annotations
 
 import struct
 
 EIATTR_FRAME_SIZE = 0x11
+EIATTR_MIN_STACK_SIZE = 0x12   # the frame including the callees' (a __noinline__ helper's locals)
 EIATTR_REGCOUNT = 0x2F
 _EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
 
@@ -69,16 +71,26 @@ def _attributes(data: bytes):
 
 
 def resources(cubin: bytes, entry: str) -> dict[str, int] | None:
-    """{"registers", "stack"} of kernel `entry`, or None when the cubin does not say."""
-    secs = _sections(cubin)
-    sym = _symbol_index(cubin, secs, entry)
-    info = secs.get(".nv.info")
-    if sym is None or info is None:
-        return None
-    out = {}
-    for attr, payload in _attributes(cubin[info[4]:info[4] + info[5]]):
-        if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE) and len(payload) == 8:
-            index, value = struct.unpack("<II", payload)
-            if index == sym:
-                out["registers" if attr == EIATTR_REGCOUNT else "stack"] = value
+    """{"registers", "stack"} of kernel `entry` (stack: the larger of its own frame and the frame
+    with its callees), or None when the cubin does not say; CubinError when it does not parse."""
+    try:
+        secs = _sections(cubin)
+        sym = _symbol_index(cubin, secs, entry)
+        info = secs.get(".nv.info")
+        if sym is None or info is None:
+            return None
+        out = {"stack": 0}
+        for attr, payload in _attributes(cubin[info[4]:info[4] + info[5]]):
+            if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE) and len(payload) == 8:
+                index, value = struct.unpack("<II", payload)
+                if index != sym:
+                    continue
+                if attr == EIATTR_REGCOUNT:
+                    out["registers"] = value
+                else:
+                    out["stack"] = max(out["stack"], value)
+    except (struct.error, ValueError, IndexError) as exc:
+        if isinstance(exc, CubinError):
+            raise
+        raise CubinError(f"cubin does not parse: {exc}") from None
     return out if "registers" in out else None

@@ -181,9 +181,9 @@ def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
 
 
 _RELOCK = ("the op's sources changed since the lock was written: check out the locked revision; run "
-           "`ptxbuild relock {t}` if the change cannot alter the kernels (it checks that every locked binary "
-           "reproduces); or run `ptxbuild build {t}` (on the target's GPU when it was measured) to search, "
-           "verify and lock again")
+           "`ptxbuild relock {t}` if only kernel sources changed and the edit cannot alter the kernels (it checks "
+           "that every locked binary reproduces); or run `ptxbuild build {t}` (on the target's GPU when it was "
+           "measured) to search, verify and lock again")
 
 
 def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
@@ -241,17 +241,21 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     return results
 
 
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")
+_RELOCK_GPU = ("check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
+               "measured) to search, verify and lock again")
 _LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in dataclasses.fields(Launch)
                                               if f.default is not dataclasses.MISSING}))
 
 
 def relock(ctx, targets=None) -> list[tuple[str, str]]:
-    """Accept op source edits that cannot change what a lock pins: for each target whose only drift
-    is in its op files (same VERSION, declaration, GPU spec, toolchain), every locked config is
-    compiled from the current sources and must give the locked PTX and cubin byte for byte, and
-    the same launch geometry; then the entry's op file digests are updated. No GPU is needed
-    (the binaries and launches are the ones that were verified and timed). All targets are checked
-    before the lock is written. Returns [(target, what changed)]."""
+    """Accept edits to an op's kernel sources that cannot change what a lock pins: for each target
+    whose only drift is in its kernel source files (same VERSION, declaration, GPU spec, toolchain,
+    and the same Python files: those compute arguments, launches, outputs and checks at run time),
+    every locked config is compiled from the current sources and must give the locked PTX and cubin
+    byte for byte, and the same launch geometry; then the entry's op file digests are updated. No
+    GPU is needed (the binaries and launches are the ones that were verified and timed). All
+    targets are checked before the lock is written. Returns [(target, what changed)]."""
     lock = read_lock(ctx.kf)
     entries = dict(lock["targets"])
     done = []
@@ -264,6 +268,10 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         if not changed:
             done.append((str(t), "unchanged"))
             continue
+        host = [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]
+        if host:
+            raise LockError(f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
+                            f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}")
         gpu = ctx.kf.gpus[t.gpu]
         for d in entry["dispatch"]:
             p = d["problem"]

@@ -115,6 +115,17 @@ def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
     assert len(c.db.execute("select cubin from compiles").fetchone()[0]) < 200
 
 
+def test_a_damaged_compile_row_reads_as_absent_and_is_compiled_again(tmp_path):
+    from ptxbuild.problem import Binary
+    c = Cache(tmp_path / "c.sqlite")
+    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n", cubin=b"\x7fELF" + b"\0" * 64,
+               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
+    c.db.execute("update compiles set ptx = ? where key = 'k'", [b"\x78\x9cnot zlib"])
+    assert c.get_compile("k") is None and not c.has_compile("k")
+    c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
+    assert c.has_compile("k") and c.get_compile("k")["ptx"] == b.ptx
+
 SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})

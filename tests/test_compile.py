@@ -55,6 +55,38 @@ def test_a_link_log_without_resources_falls_back_to_the_cubin(monkeypatch, entry
     assert "resources read from the cubin" in got.log
 
 
+CALLS = ('__device__ __noinline__ float helper(const float* x, int n) {\n'
+         '  float a[64];\n'
+         '  for (int i = 0; i < 64; ++i) a[i] = x[(threadIdx.x * 64 + i) % n];\n'
+         '  float s = 0.f;\n'
+         '  for (int i = 0; i < n; ++i) s += a[(i * 7) & 63] * a[i & 63];\n'
+         '  return s; }\n'
+         'extern "C" __global__ void k(float* y, const float* x, int n) { y[threadIdx.x] = helper(x, n); }')
+
+
+def test_a_callees_stack_counts_in_the_cubin_fallback():
+    """A __noinline__ helper's locals are not in the kernel's own frame size (EIATTR_FRAME_SIZE = 0)
+    but in its minimum stack size: the fallback must see them, or the kernel looks clean."""
+    from ptxbuild import cubin
+    b = compile_kernel(Kernel(CALLS, "k"), "sm_90a")
+    found = cubin.resources(b.cubin, "k")
+    assert found["stack"] > 0 and found["registers"] > 0
+
+
+def test_a_cached_binary_without_a_resource_report_is_repaired_from_its_cubin():
+    """Rows cached before the fallback existed hold 0 registers and 0 spills when the log had no
+    report; reading them back fills the figures in from the cubin."""
+    from dataclasses import replace
+
+    from ptxbuild.compiler import with_resources
+    good = compile_kernel(Kernel(TWO, "big"), "sm_90a")
+    stale = replace(good, registers=0, spill_bytes=0, local_bytes=0, log="")
+    fixed = with_resources(stale)
+    assert fixed.registers == good.registers and fixed.local_bytes == good.local_bytes > 0 and fixed.spill_bytes > 0
+    assert with_resources(good) is good                          # a log with the report is trusted
+    fake = replace(good, cubin=b"not an elf", log="fake")
+    assert with_resources(fake) is fake                          # test doubles pass through untouched
+
 def test_a_cubin_that_is_not_elf_is_refused():
     from ptxbuild import cubin
     with pytest.raises(cubin.CubinError, match="not a 64-bit"):

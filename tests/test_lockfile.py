@@ -212,29 +212,51 @@ def test_kernelfiles_sharing_a_folder_keep_separate_locks(proj):
     assert lock_path(a) == proj / "kernelfile.lock" and lock_path(b) == proj / "small.lock"
 
 
-def test_relock_accepts_an_edit_that_leaves_every_locked_binary_identical(proj):
-    """A comment in op.py changes the op's digest, not a kernel: `relock` recompiles every locked
-    config, finds the same PTX, cubin and launch, and updates only the op file digests; --locked
-    then builds again."""
+class _CommentBlind(FakeCompiler):
+    """A compiler whose binary ignores // comments and blank lines, as NVRTC's PTX does."""
+
+    def __call__(self, kernel, arch):
+        import re
+        from dataclasses import replace
+        return super().__call__(replace(kernel, source=re.sub(r"\s+", " ", re.sub(r"//[^\n]*", "", kernel.source))), arch)
+
+
+def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_identical(proj):
+    """A comment in the kernel source changes the op's digest, not a kernel: `relock` recompiles
+    every locked config, finds the same PTX, cubin and launch, and updates only the op file
+    digests; --locked then builds again."""
     from ptxbuild.lockfile import relock
-    _built(proj)
+    _built(proj, _CommentBlind())
     before = json.loads((proj / "kernelfile.lock").read_text())["targets"]
-    opf = proj / "ops" / "scale" / "op.py"
-    opf.write_text(opf.read_text() + "\n# a comment\n")
-    with pytest.raises(LockError, match="op drift: scale/op.py.*ptxbuild relock scale@h100"):
-        build_locked(make_ctx(proj))
-    done = relock(make_ctx(proj))
+    cu = proj / "ops" / "scale" / "scale.cu"
+    cu.write_text(cu.read_text() + "\n// a comment\n")
+    with pytest.raises(LockError, match="op drift: scale/scale.cu.*ptxbuild relock scale@h100"):
+        build_locked(make_ctx(proj, _CommentBlind()))
+    done = relock(make_ctx(proj, _CommentBlind()))
     assert sorted(t for t, _ in done) == ["scale@b200", "scale@h100"]
-    assert all(w.endswith("variant(s) reproduce after edits to op.py") for _, w in done)
+    assert all(w.endswith("variant(s) reproduce after edits to scale.cu") for _, w in done)
     after = json.loads((proj / "kernelfile.lock").read_text())["targets"]
     for name, e in after.items():
-        assert e["op_files"]["op.py"] != before[name]["op_files"]["op.py"]
-        assert e["op_files"]["scale.cu"] == before[name]["op_files"]["scale.cu"]
+        assert e["op_files"]["scale.cu"] != before[name]["op_files"]["scale.cu"]
+        assert e["op_files"]["op.py"] == before[name]["op_files"]["op.py"]
         assert {k: v for k, v in e.items() if k not in ("op_files", "entry_sha256")} == \
             {k: v for k, v in before[name].items() if k not in ("op_files", "entry_sha256")}
         assert e["entry_sha256"] == entry_digest(e)
-    assert all(r.status == "built" for r in build_locked(make_ctx(proj)))
-    assert [w for _, w in relock(make_ctx(proj))] == ["unchanged", "unchanged"]
+    assert all(r.status == "built" for r in build_locked(make_ctx(proj, _CommentBlind())))
+    assert [w for _, w in relock(make_ctx(proj, _CommentBlind()))] == ["unchanged", "unchanged"]
+
+
+def test_relock_refuses_any_edit_to_the_ops_python(proj):
+    """op.py computes kernel arguments, launches and outputs at run time: swapping two arguments
+    leaves every binary identical, so a recompile cannot vouch for a host-code edit."""
+    from ptxbuild.lockfile import relock
+    _built(proj)
+    text = (proj / "kernelfile.lock").read_text()
+    opf = proj / "ops" / "scale" / "op.py"
+    opf.write_text(opf.read_text() + "\n# a comment\n")
+    with pytest.raises(LockError, match="op.py changed since the lock: host code decides kernel arguments"):
+        relock(make_ctx(proj))
+    assert (proj / "kernelfile.lock").read_text() == text
 
 
 @pytest.mark.parametrize("edit", ["kernel", "version"])
