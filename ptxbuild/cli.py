@@ -236,10 +236,11 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
 @click.argument("targets", nargs=-1)
 @click.pass_obj
 def relock(kernelfile, targets):
-    """Accept edits to an op's sources that leave its locked kernels byte-identical (no GPU needed).
+    """Accept edits to an op's kernel sources that leave its locked kernels byte-identical (no GPU).
 
     Each target's locked configs are compiled from the current sources; the lock's op file digests
-    are updated only if every PTX, cubin and launch geometry matches. Any other drift is an error.
+    are updated only if every PTX, cubin and launch geometry matches. An edit to the op's Python,
+    or any other drift, is an error.
 
     Example: ptxbuild relock rmsnorm@h200
     """

@@ -122,11 +122,9 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
         raise CompileError(f"entry point {kernel.entry!r} not found in the PTX (is it extern \"C\" __global__?)")
     cubin, link_log = ptx_to_cubin(ptx, arch)
     res = parse_resources(link_log, kernel.entry)
-    if not _RES["registers"].search(link_log):
-        link_log = _resources_from_cubin(cubin, kernel.entry, res, link_log)
-    return Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
-                  spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
-                  local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip())
+    return with_resources(Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
+                                 spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
+                                 local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip()))
 
 
 def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) -> str:
@@ -146,8 +144,8 @@ def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) ->
 
 
 def with_resources(binary: Binary) -> Binary:
-    """A binary read back from a cache written before the cubin fallback: if its log has no resource
-    report (registers and spills were then stored as 0), take them from the cubin now."""
+    """`binary` with its resources taken from the cubin when its log has no resource report (a fresh
+    link that returned none, or a row cached before this fallback existed, stored with 0s)."""
     log = binary.log or ""
     if not binary.cubin or not binary.cubin.startswith(b"\x7fELF") or _RES["registers"].search(log) \
             or "resources read from the cubin" in log:

@@ -89,8 +89,8 @@ def resources(cubin: bytes, entry: str) -> dict[str, int] | None:
                     out["registers"] = value
                 else:
                     out["stack"] = max(out["stack"], value)
+    except CubinError:
+        raise
     except (struct.error, ValueError, IndexError) as exc:
-        if isinstance(exc, CubinError):
-            raise
         raise CubinError(f"cubin does not parse: {exc}") from None
     return out if "registers" in out else None

@@ -13,8 +13,8 @@ that build is written.
 """
 from __future__ import annotations
 
-import hashlib
 import dataclasses
+import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
@@ -174,16 +174,19 @@ def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
     files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
     for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
         if files.get(name) != entry["op_files"].get(name):
+            how = _RELOCK if name.endswith(KERNEL_SOURCE_SUFFIXES) else "the op's host code changed: " + _RELOCK_GPU
             raise LockError(f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
-                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {_RELOCK.format(t=t)}")
+                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {how.format(t=t)}")
     if entry["op_version"] != op.VERSION:
         raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}")
 
 
-_RELOCK = ("the op's sources changed since the lock was written: check out the locked revision; run "
-           "`ptxbuild relock {t}` if only kernel sources changed and the edit cannot alter the kernels (it checks "
-           "that every locked binary reproduces); or run `ptxbuild build {t}` (on the target's GPU when it was "
-           "measured) to search, verify and lock again")
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")   # what relock may accept edits to
+_RELOCK_GPU = ("check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
+               "measured) to search, verify and lock again")
+_RELOCK = ("the op's sources changed since the lock was written: run `ptxbuild relock {t}` if only kernel "
+           "sources changed and the edit cannot alter the kernels (it checks that every locked binary "
+           "reproduces); otherwise " + _RELOCK_GPU)
 
 
 def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
@@ -241,9 +244,6 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     return results
 
 
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")
-_RELOCK_GPU = ("check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
-               "measured) to search, verify and lock again")
 _LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in dataclasses.fields(Launch)
                                               if f.default is not dataclasses.MISSING}))
 

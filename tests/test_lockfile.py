@@ -256,6 +256,9 @@ def test_relock_refuses_any_edit_to_the_ops_python(proj):
     opf.write_text(opf.read_text() + "\n# a comment\n")
     with pytest.raises(LockError, match="op.py changed since the lock: host code decides kernel arguments"):
         relock(make_ctx(proj))
+    with pytest.raises(LockError, match=r"op drift: scale/op.py .*host code changed: check out") as err:
+        build_locked(make_ctx(proj))
+    assert "relock" not in str(err.value)
     assert (proj / "kernelfile.lock").read_text() == text
 
 
