@@ -38,10 +38,12 @@ def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
     # two kernels by default: V-split for ~2 blocks per SM (the recurrence is instruction-latency-bound)
     assert op.default_params(pr) == {"split": 4, "stages": 4, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1,
-                                     "rec_copy": "bulk", "o_store": "rows"}
+                                     "rec_copy": "bulk", "o_store": "rows", "prep_compact": 1}
+    # prep_compact is variant 1's layout: the canonical gate (variant 0) goes without it
+    assert "prep_compact" not in op.default_params(Problem.make("kda", "bfloat16", (8192, 96), {"gate": "canonical"}))
     # variant 3 (measured slower, in the space): persistent prepare + the recurrence as its PDL dependent,
     # 2 stages so that both kernels' blocks share an SM
-    v3 = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async"}
+    v3 = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async", "prep_compact": 0}
     assert op.check(v3, pr) is None and op.check({**v3, "rec_copy": "bulk"}, pr) is not None
     assert op.check({**op.default_params(pr), "rec_copy": "bulk"}, pr) is None
     assert op.check({**op.default_params(pr), "rec_copy": "tma"}, pr) is not None
@@ -171,7 +173,7 @@ def test_the_overlapped_prepare_compiles_and_publishes_its_flags(op):
     from ptxbuild.compiler import compile_kernel
     from ptxbuild.problem import Kernel
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    params = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async"}
+    params = {**op.default_params(pr), "prep_variant": 3, "stages": 2, "rec_copy": "cp_async", "prep_compact": 0}
     k = op.render(params, pr, "sm_90a")
     prep = compile_kernel(Kernel(k.source, "kda_prepare_ovl"), "sm_90a")
     assert prep.spill_bytes == 0 and prep.registers <= 128, prep.log
@@ -226,7 +228,7 @@ def test_the_ksplit_recurrence_compiles_with_half_the_mma_per_warp(op, opts, spl
     for bad in ({"rec_copy": "cp_async"}, {"o_store": "cols"}, {"ksplit": 4}):
         assert op.check({**ks, **bad}, pr) is not None
     # halves of whole 16-channel k-steps only, and named barriers 1..15 for the pairs
-    v0 = {**ks, "prep_variant": 0}            # variant 1 is built for K = V = 128 only
+    v0 = {**ks, "prep_variant": 0, "prep_compact": 0}   # variant 1 (and its compact layout): K = V = 128 only
     assert op.check(v0, Problem.make("kda", "bfloat16", (64, 4), {"K": 64})) is None
     assert "K % 32" in op.check(v0, Problem.make("kda", "bfloat16", (64, 4), {"K": 48}))
     assert "row groups" in op.check({**v0, "split": 1}, Problem.make("kda", "bfloat16", (64, 4), {"V": 256}))

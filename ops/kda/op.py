@@ -66,14 +66,20 @@ def default_params(problem: Problem) -> dict:
         thread (H200, benchmarks/kda_profile.py: recurrence 0.70 -> 0.57 ms at H96, 0.56 -> 0.43 at H64);
       - 4 stages (0.57 -> 0.53 ms at H96, 0.43 -> 0.39 at H64), split 4 (split 1, 2, 8 slower with bulk);
       - o_store "rows": O with tokens as rows, stored as bf16 pairs (half the stores of O^T).
-    f16 operands; the fast prepare (variant 1) where it applies (H200: 0.78 ms vs 4.3 ms at H96 1x8192)."""
+    f16 operands; the fast prepare (variant 1) where it applies (H200: 0.78 ms vs 4.3 ms at H96 1x8192),
+    with prep_compact=1 (Km laid over the dead k and a rows: 6 prepare blocks per SM instead of 5;
+    H200 run 12a, bench_gpu.py scenarios: H96 1.276/1.289/1.255 -> 1.233/1.207/1.206 ms, H64 1 x 8192
+    0.874 -> 0.852, 8 x 1024 0.858 -> 0.834, six mixed 0.922 -> 0.964 ms; kda_profile.py H96: prepare
+    781 -> 762 us, forward 1286 -> 1229 us). Configs that omit prep_compact keep meaning 0."""
     d = dims(problem)
     split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
     params = {"split": split, "stages": 4, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1,
-              "rec_copy": "bulk", "o_store": "rows"}
-    return params if check(params, problem) is None else {**params, "prep_variant": 0}   # variant 1: safe gate only
+              "rec_copy": "bulk", "o_store": "rows", "prep_compact": 1}
+    if check(params, problem) is None:
+        return params
+    return {k: v for k, v in params.items() if k != "prep_compact"} | {"prep_variant": 0}   # variant 1: safe gate only
 
 
 def fused_params(problem: Problem) -> dict:
