@@ -8,6 +8,9 @@ The config is the winner that `reports/rmsnorm@h200/report.json` records for the
 with --params). Both kernels run on the same inputs, the L2 flushed (a 256 MiB memset) before each
 call, and are timed with CUDA events; `TORCH_LOGS=output_code` prints the Triton source that
 torch.compile generated. Prints one line per kernel: median and p20/p80 in microseconds.
+The torch.compile line includes each call's Python overhead (guards, output allocation), which
+falls between the two events while the GPU idles after the flush: it reads 10-20% slower than the
+build's baseline timing and ncu's kernel time. Compare kernels with ncu, or with the build.
 """
 from __future__ import annotations
 
