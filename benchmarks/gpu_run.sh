@@ -25,6 +25,8 @@ $PB record reports/warmstart/rmsnorm-h200.recording.jsonl --op rmsnorm --gpu h20
 # the winner, then load_hint=nc_ef (x evict_first, late weight evict_last), one kernel at a time (~10 s each)
 step rmsnorm-ef-f32 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 float32 32768 8192 --params load_hint=$h,weight_load=late; done'
 step rmsnorm-ef-bf16 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 bfloat16 32768 8192 --params load_hint=$h; done'
+# stage=pipe (persistent, double-buffered bulk copies; verify first: step rmsnorm-selftest has cases for it)
+step rmsnorm-pipe 180 bash -c 'for m in 1 2; do for d in float32 bfloat16; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 $d 32768 8192 --params stage=pipe,weight_load=late,min_blocks=$m; done; done'
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config

@@ -141,6 +141,12 @@ def test_bytes_moved():
     ({"regime": "block", "unroll": 4}, prob(shape=(4, 8192)), "unroll"),
     ({"regime": "block", "row_threads": 8}, prob(shape=(4, 8192)), "warp regime"),
     ({"regime": "warp", "threads": 256}, prob(shape=(4, 1024), residual_out_fp32=True), "residual=True"),
+    ({"regime": "warp", "threads": 256, "stage": "pipe"}, prob(shape=(4, 1024)), "exact block"),
+    ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "exact block"),
+    ({"regime": "block", "threads": 512, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 8192)),
+     "weight in registers"),
+    ({"regime": "block", "threads": 512, "stage": "pipe", "min_blocks": 2}, prob("float32", (4, 32768), residual=True),
+     "two staged rows"),
 ])
 def test_check_rejects(params, problem, words):
     reason = op.check(params, problem)
@@ -155,6 +161,7 @@ def test_check_rejects(params, problem, words):
     ({"regime": "cluster", "threads": 512, "cluster": 8}, prob("float32", (8192, 262144))),
     ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4},
      prob("float32", (8192, 262144), residual=True)),
+    ({"regime": "block", "threads": 512, "stage": "pipe"}, prob("float32", (32768, 8192))),
 ])
 def test_check_accepts(params, problem):
     assert op.check(params, problem) is None
@@ -207,6 +214,8 @@ def test_verify_problems():
     assert {v.shape for v in op.verify_problems(p)} == {(1, 1024), (199, 1024)}   # same binary, same N
     exact = op.default_params(p)
     assert {v.shape for v in op.verify_problems(p, exact)} == {(1, 1024), (199, 1024)}
+    pipe = op._full({"regime": "block", "threads": 128, "stage": "pipe"})   # persistent: blocks loop over rows
+    assert {v.shape for v in op.verify_problems(p, pipe)} == {(1, 1024), (199, 1024), (1031, 1024)}
     generic = op._full({"regime": "warp", "threads": 256, "exact": False, "unroll": 2})
     odd = [v for v in op.verify_problems(p, generic) if v.shape[1] % 8]
     assert odd and all(op.check(generic, v) is None for v in odd)
@@ -227,6 +236,9 @@ REPRESENTATIVE = [
     ("float32", (8192, 262144), {"residual": True},
      {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4}),
     ("bfloat16", (3, 131075), {"residual": True}, {"regime": "cluster", "threads": 1024, "cluster": 4, "exact": False, "unroll": 2}),
+    ("float32", (32768, 8192), {}, {"regime": "block", "threads": 512, "stage": "pipe"}),
+    ("bfloat16", (32768, 4096), {"residual": True, "rstd": True, "bias": True},
+     {"regime": "block", "threads": 256, "stage": "pipe", "min_blocks": 2, "load_hint": "nc_ef"}),
 ]
 
 
@@ -262,6 +274,28 @@ def test_nc_ef_streams_x_with_an_evict_first_policy_and_keeps_the_late_weight(ar
     assert ef.ptx.count("ld.global.L2::cache_hint.v4.u32") == vpt                         # the weight
     assert "createpolicy" not in nc.ptx and "cache_hint" not in nc.ptx
     assert ef.spill_bytes == 0 and ef.registers <= nc.registers + 4
+
+def test_pipe_launches_persistent_blocks_with_two_rows_of_shared_memory():
+    """stage=pipe: min(M, SMs x min_blocks) blocks, each looping over rows; dynamic shared memory for
+    two rows of x (+ residual). Without an SM count (a caller that does not know the GPU) it falls
+    back to a block per row, which the kernel also serves."""
+    p = prob("bfloat16", (32768, 4096), residual=True)
+    cfg = op._full({"regime": "block", "threads": 256, "stage": "pipe", "min_blocks": 2})
+    L = op.launch(cfg, p, 132)
+    assert L.grid == (264, 1, 1) and L.block == (256, 1, 1) and L.smem_bytes == 2 * 4096 * 2 * 2
+    assert op.launch(cfg, prob("bfloat16", (100, 4096), residual=True), 132).grid == (100, 1, 1)
+    assert op.launch(cfg, p, 0).grid == (32768, 1, 1)
+
+
+@pytest.mark.compile
+def test_pipe_fetches_rows_with_bulk_copies_on_two_mbarriers():
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("float32", (32768, 8192), residual=True)
+    cfg = op._full({"regime": "block", "threads": 512, "stage": "pipe"})
+    b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+    assert b.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 4   # x, r; 2 sites
+    assert b.ptx.count("mbarrier.init.shared::cta.b64") == 2 and "mbarrier.try_wait.parity" in b.ptx
+    assert b.spill_bytes == 0 and b.local_bytes == 0, b.log
 
 @pytest.mark.compile
 def test_default_params_compile_for_the_matrix_on_sm90a():

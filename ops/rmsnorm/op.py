@@ -45,7 +45,8 @@ SPACE = {
     "rows_per_group": [1, 2, 4],          # warp regime: rows per lane group, all loads issued first
     "cluster": [1, 2, 4, 8, 16],          # cluster regime: CTAs per row (16 is refused, see check)
     "exact": [True, False],               # N compile-time (register/smem resident) vs generic N
-    "stage": ["reg", "smem"],             # exact block/cluster: where the row is held
+    "stage": ["reg", "smem", "pipe"],     # exact block/cluster: where the row is held (pipe: persistent
+                                          # blocks, next row bulk-copied into a double buffer)
     "unroll": [1, 2, 4, 8],               # generic / smem stage: vectors per lane per batch
     "min_blocks": [1, 2, 4],              # __launch_bounds__ min blocks per SM (occupancy / regs)
     "load_hint": ["none", "nc", "nc_na", "nc_ef"],  # ld.global / .nc / .nc.L1::no_allocate / + .L2::evict_first
@@ -118,12 +119,16 @@ def _data_regs(p: dict, problem: Problem) -> int:
     if not p["exact"] or p["stage"] == "smem":
         return p["unroll"] * (per_vec + wwords) + 12        # + 64-bit loop indices / bounds
     _, vpt = _geometry(p, problem)
+    if p["stage"] == "pipe":                                # h of the row + the weight held across rows
+        return vpt * (_words(kh, vec) + wwords) + 12
     # ptxas keeps the packed h (it may combine x + residual as loads land, at fewer bytes in flight)
     hold = p["rows_per_group"] * vpt * _words(kh, vec)
     return int(hold * (1.75 if res else 1.0)) + (vpt * wwords if p["weight_load"] == "early" else 0)
 
 
 def _smem_bytes(p: dict, problem: Problem) -> int:
+    if p["exact"] and p["stage"] == "pipe":                 # two rows of x (+ residual)
+        return 2 * problem.shape[1] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
     if not (p["exact"] and p["stage"] == "smem"):
         return 0
     _, _, kh = _kinds(problem)
@@ -166,6 +171,10 @@ def check(params: dict, problem: Problem) -> str | None:
         return "cluster > 8 needs cudaFuncAttributeNonPortableClusterSizeAllowed, which Launch cannot request"
     if p["stage"] == "smem" and (not p["exact"] or regime == "warp"):
         return "stage=smem only applies to exact block/cluster variants"
+    if p["stage"] == "pipe" and (not p["exact"] or regime != "block"):
+        return "stage=pipe only applies to exact block variants"
+    if p["stage"] == "pipe" and (p["weight_load"] != canon["weight_load"] or p["unroll"] != canon["unroll"]):
+        return "stage=pipe keeps the weight in registers across rows and has no batches (leave weight_load, unroll)"
     if p["exact"] and p["stage"] == "reg" and p["unroll"] != canon["unroll"]:
         return "unroll only applies to generic or smem-staged variants (leave 1)"
     if not p["exact"] and p["weight_load"] != canon["weight_load"]:
@@ -188,7 +197,14 @@ def check(params: dict, problem: Problem) -> str | None:
         nv, vpt = _geometry(p, problem)
         if nv < _group(p):
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
-        if p["stage"] == "reg":
+        if p["stage"] == "pipe":
+            smem = _smem_bytes(p, problem)
+            if smem > SMEM_LIMIT_BYTES or smem * p["min_blocks"] > 228 * 1024:
+                return f"two staged rows need {smem} bytes of shared memory x {p['min_blocks']} CTAs per SM"
+            need = _data_regs(p, problem) + REG_OVERHEAD
+            if vpt > 64 or need > _reg_cap(p):
+                return f"row needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
+        elif p["stage"] == "reg":
             if vpt > 64:
                 return f"{vpt} vectors per lane is too many to unroll"
             need = _data_regs(p, problem) + REG_OVERHEAD
@@ -279,6 +295,7 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         "EXACT": int(exact),
         "NC": problem.shape[1] if exact else 0,     # N enters the source only for exact variants
         "STAGE_SMEM": int(exact and p["stage"] == "smem"),
+        "STAGE_PIPE": int(exact and p["stage"] == "pipe"),
         "UNROLL": p["unroll"],
         "LDH": LDH[p["load_hint"]],
         "STCS": int(bool(p["store_cs"])),
@@ -299,6 +316,8 @@ def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
         rpb = t // p["row_threads"] * p["rows_per_group"]
         return Launch(grid=(-(-m // rpb), 1, 1), block=(t, 1, 1), smem_bytes=smem)
     if p["regime"] == "block":
+        if p["exact"] and p["stage"] == "pipe" and sm_count:   # persistent: min_blocks per SM
+            return Launch(grid=(min(m, sm_count * p["min_blocks"]), 1, 1), block=(t, 1, 1), smem_bytes=smem)
         return Launch(grid=(m, 1, 1), block=(t, 1, 1), smem_bytes=smem)
     c = p["cluster"]
     return Launch(grid=(m * c, 1, 1), block=(t, 1, 1), smem_bytes=smem, cluster=(c, 1, 1))
@@ -328,6 +347,8 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
     """
     n = problem.shape[1]
     out = [problem.with_shape((1, n)), problem.with_shape((199, n))]
+    if params is not None and _full(params)["stage"] == "pipe" and _full(params)["exact"]:
+        out.append(problem.with_shape((1031, n)))   # persistent blocks: several rows each, both parities
     if params is None or _full(params)["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

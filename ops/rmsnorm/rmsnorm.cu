@@ -13,6 +13,9 @@
 //   NC          N (EXACT only)
 //   STAGE_SMEM  EXACT block/cluster only: h staged in dynamic shared memory, UNROLL vectors per
 //               thread in flight per batch (for rows too long for registers)
+//   STAGE_PIPE  EXACT block only: persistent blocks (grid from the host: SMs x MIN_BLOCKS), each row's
+//               x (+ residual) fetched by one cp.async.bulk into a double buffer in dynamic shared
+//               memory while the previous row is reduced and written; weight/bias held in registers
 //   UNROLL      vectors per thread per batch (generic and staged variants)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last);  STCS 1: st.global.cs
@@ -471,6 +474,102 @@ __device__ __forceinline__ void run_staged(const Args& a, i64 row, int t, i64 lo
 }
 #endif
 
+// ---------------------------------------------------------------- exact-N, persistent and pipelined
+#if EXACT && STAGE_PIPE
+#if REGIME != 1 || __CUDA_ARCH__ < 900
+#error "stage=pipe is a block-regime variant for sm_90 or newer (cp.async.bulk, mbarrier)"
+#endif
+// Block b handles rows b, b + gridDim.x, ...; thread 0 fetches row i + 1's x (+ residual) with
+// cp.async.bulk into the other half of a double buffer (its mbarrier counts the bytes) before row
+// i is reduced and written, so every block keeps a row in flight in every phase (the register-
+// resident kernel has none in flight while it reduces and stores: ops/rmsnorm/NOTES.md, run 12).
+// Buffer s is filled for the k-th time in iteration 2k + s: its phase parity there is k & 1.
+constexpr unsigned PIPE_XB = NC * Kind<DT>::bytes;                  // bytes of one row of x
+constexpr unsigned PIPE_BUF = HAS_RES ? 2 * PIPE_XB : PIPE_XB;      // x, then residual
+__device__ __forceinline__ u32 pipe_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void pipe_fetch(unsigned char* buf, const Args& a, i64 row, unsigned long long* bar) {
+  const u32 b = pipe_smem(bar), d = pipe_smem(buf);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(PIPE_BUF) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d), "l"((const char*)a.x + row * (i64)PIPE_XB), "r"(PIPE_XB), "r"(b) : "memory");
+#if HAS_RES
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d + PIPE_XB), "l"((const char*)a.r + row * (i64)PIPE_XB), "r"(PIPE_XB), "r"(b) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void pipe_wait(unsigned long long* bar, u32 parity) {
+  asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}" ::"r"(pipe_smem(bar)), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void run_pipe(const Args& a, i64 M, int t, float eps) {
+  constexpr int NV = NC / VEC, VPT = (NV + THREADS - 1) / THREADS;
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
+  extern __shared__ __align__(128) unsigned char pipe[];
+  __shared__ __align__(8) unsigned long long bars[2];
+  u32 ww[VPT][WWN], bw[HAS_BIAS ? VPT : 1][WWN];      // weight / bias: read once, kept across rows
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * THREADS + t;
+    if (WT != 0) { if (v < NV) vload<KW, false>(a.w, (i64)v * VEC, ww[i]); else zero<KW>(ww[i]); }
+    if (HAS_BIAS) { if (v < NV) vload<KW, false>(a.b, (i64)v * VEC, bw[i]); else zero<KW>(bw[i]); }
+  }
+  const i64 stride = gridDim.x;
+  if (t == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(pipe_smem(&bars[0])));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(pipe_smem(&bars[1])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if ((i64)blockIdx.x < M) pipe_fetch(pipe, a, blockIdx.x, &bars[0]);
+  }
+  __syncthreads();
+  int it = 0;
+#pragma unroll 1
+  for (i64 row = blockIdx.x; row < M; row += stride, ++it) {
+    const int s = it & 1;
+    // the other buffer was last read in iteration it - 1, which every thread has left (barrier below)
+    if (t == 0 && row + stride < M) pipe_fetch(pipe + (s ^ 1) * PIPE_BUF, a, row + stride, &bars[s ^ 1]);
+    pipe_wait(&bars[s], (it >> 1) & 1);
+    const unsigned char* buf = pipe + s * PIPE_BUF;
+    const i64 rowoff = row * (i64)NC;
+    u32 hw[VPT][HWN];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * THREADS + t;
+      if (v < NV) {
+        const uint4 xq = *reinterpret_cast<const uint4*>(buf + (size_t)v * 16);
+        const u32 xw[4] = {xq.x, xq.y, xq.z, xq.w};
+#if HAS_RES
+        const uint4 rq = *reinterpret_cast<const uint4*>(buf + PIPE_XB + (size_t)v * 16);
+        const u32 rw[4] = {rq.x, rq.y, rq.z, rq.w};
+        ss += combine(xw, rw, hw[i]);
+        vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw[i]);
+#else
+        ss += combine(xw, nullptr, hw[i]);
+#endif
+      }
+    }
+    const float rs = rstd_of(block_sum(ss), (float)NC, eps);
+#if HAS_RSTD
+    if (t == 0) a.rstd[row] = rs;
+#endif
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * THREADS + t;
+      if (v < NV) {
+        u32 yw[4];
+        normalize(hw[i], ww[i], bw[HAS_BIAS ? i : 0], rs, yw);
+        vstore<DT>(a.y, rowoff + (i64)v * VEC, yw);
+      }
+    }
+    __syncthreads();   // this buffer and block_sum's partials are free for the next iteration
+  }
+}
+#endif
+
 // ---------------------------------------------------------------- generic N (two passes)
 #if !EXACT
 // Any N at run time. Pass 1 reads x (+ residual) in batches of UNROLL vectors per lane, writes
@@ -575,7 +674,9 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
 #elif REGIME == 1
   const i64 row = blockIdx.x;
   const int t = threadIdx.x;
-#if EXACT && STAGE_SMEM
+#if EXACT && STAGE_PIPE
+  run_pipe(a, M, t, eps);
+#elif EXACT && STAGE_SMEM
   run_staged(a, row, t, 0, eps);
 #elif EXACT
   const bool rok[1] = {true};

@@ -43,6 +43,12 @@ CASES = [
     ("bfloat16", (199, 4096), {}, {**B, "threads": 128, "load_hint": "nc"}),
     ("float32", (199, 8192), {"rstd": True}, {**B, "threads": 512, "load_hint": "nc_ef"}),
     ("float16", (199, 8192), {"residual": True}, {**B, "threads": 256, "load_hint": "nc_ef", "weight_load": "early"}),
+    # stage=pipe: persistent blocks (SMs x min_blocks), several rows each, both mbarrier parities
+    ("float32", (1031, 8192), {"rstd": True}, {**B, "threads": 512, "stage": "pipe"}),
+    ("bfloat16", (1031, 4096), {"residual": True, "bias": True, "weight": "fp32"},
+     {**B, "threads": 256, "stage": "pipe", "min_blocks": 2, "load_hint": "nc_ef"}),
+    ("float16", (5, 1024), {"residual": True, "residual_out_fp32": True, "rstd": True},
+     {**B, "threads": 128, "stage": "pipe", "min_blocks": 4}),
     ("float16", (199, 4000), {"residual": True, "bias": True}, {**B, "threads": 96, "weight_load": "early"}),
     ("float32", (1, 32768), {"rstd": True}, {**B, "threads": 1024}),
     ("bfloat16", (199, 8192), {"residual": True, "residual_out_fp32": True}, {**B, "threads": 448}),
@@ -131,7 +137,8 @@ def run_case(cp, driver, arch, dtype, shape, opts, params) -> tuple[bool, str]:
         outputs = op.make_outputs(problem, cp)
         for v in outputs.values():
             v.view(cp.uint8).fill(0xFF)               # NaN poison
-        launch(cp, driver, kern, op.launch(params, problem, 0), op.kernel_args(params, problem, inputs, outputs))
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]   # persistent variants size their grid by it
+        launch(cp, driver, kern, op.launch(params, problem, sms), op.kernel_args(params, problem, inputs, outputs))
         for r0 in range(0, m, step):                  # the float64 reference, a slab of rows at a time
             rows = lambda d: {k: (v[r0:r0 + step] if k in ROW_ARRAYS else v) for k, v in d.items()}  # noqa: E731
             part = problem.with_shape((min(step, m - r0), n))
