@@ -529,8 +529,12 @@ __device__ __forceinline__ void run_pipe(const Args& a, i64 M, int t, float eps)
 #pragma unroll 1
   for (i64 row = blockIdx.x; row < M; row += stride, ++it) {
     const int s = it & 1;
-    // the other buffer was last read in iteration it - 1, which every thread has left (barrier below)
-    if (t == 0 && row + stride < M) pipe_fetch(pipe + (s ^ 1) * PIPE_BUF, a, row + stride, &bars[s ^ 1]);
+    // the other buffer was last read in iteration it - 1, which every thread has left (barrier
+    // below); the proxy fence orders those generic reads before the bulk copy's async writes
+    if (t == 0 && row + stride < M) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      pipe_fetch(pipe + (s ^ 1) * PIPE_BUF, a, row + stride, &bars[s ^ 1]);
+    }
     pipe_wait(&bars[s], (it >> 1) & 1);
     const unsigned char* buf = pipe + s * PIPE_BUF;
     const i64 rowoff = row * (i64)NC;
