@@ -42,6 +42,10 @@ class Context:
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     force: bool = False
     command: str = ""
+    # time every candidate and baseline again in this run (compiles and verdicts still come from the
+    # cache), so that all of a report's numbers come from one run; keys timed in this run
+    remeasure: bool = False
+    timed: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,8 @@ class _Evaluator:
             return self._record(cfg, Outcome(verdict["outcome"]), verdict["detail"], **res)
         mkey = keys.measure_key(binary.digest, self.hw, problem, cfg)
         m = cache.get("measurements", mkey)
-        if m is None:
+        if m is None or (self.ctx.remeasure and mkey not in self.ctx.timed):
+            self.ctx.timed.add(mkey)
             inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
             t0 = time.perf_counter()
             r = gpu.measure(str(op.FOLDER), cfg, problem, binary, incumbent=inc)
@@ -392,6 +397,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
+               "remeasured": bool(hw) and ctx.remeasure,
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
@@ -421,7 +427,8 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     """Reference implementations timed on this GPU; cached like a measurement (same GPU, problem, protocol)."""
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
                  keys.PROTOCOL_VERSION)
-    row = ctx.cache.get("measurements", key)
+    row = None if ctx.remeasure and key not in ctx.timed else ctx.cache.get("measurements", key)
+    ctx.timed.add(key)
     if row is not None:
         cached = json.loads(row["detail"])
         # caches written before the harness's failures stopped being cached hold them: measure again

@@ -185,8 +185,10 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--quiet", "-q", is_flag=True)
 @click.option("--locked", is_flag=True, help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
               "search); fail on any drift.")
+@click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
+              "compiles and verdicts still come from the cache): all of a report's numbers from one run.")
 @click.pass_obj
-def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
+def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
@@ -196,7 +198,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked):
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
     ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
-    ctx.force = force
+    ctx.force, ctx.remeasure = force or remeasure, remeasure
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")

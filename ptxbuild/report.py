@@ -111,6 +111,10 @@ def markdown(data: dict) -> str:
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
+        lines.append("- timings: " + ("every candidate and baseline timed in this run (`--remeasure`)"
+                                      if s.get("remeasured") else
+                                      "timings of configs and baselines already measured on this GPU come from the "
+                                      "cache (same GPU fingerprint and protocol); `--remeasure` times all again"))
     m, g = s.get("metric") or {}, s.get("gates") or {}
     if m.get("value_ms") is not None:
         lines.append(f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)")

@@ -300,6 +300,32 @@ def test_a_failed_baseline_cached_by_an_older_ptxbuild_is_measured_again(proj):
     manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
     assert all(d["baselines"]["eager"]["p50_ms"] == 0.05 for d in manifest["dispatch"])
 
+def test_remeasure_times_every_candidate_and_baseline_again_once(proj):
+    """--remeasure: compiles and verdicts come from the cache, every timing is taken again in this
+    run (each measured config once, each problem's baselines once), and the report says so."""
+    first = FakeGpu()
+    build(make_ctx(proj, gpu=first, gpu_match=fake_match), [Target("scale", "h100")])
+    assert first.measured > 0
+    again = FakeGpu()
+    build(make_ctx(proj, gpu=again, gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert again.measured == 0 and again.verified == 0             # --force alone reuses every timing
+    assert "come from the cache" in (proj / "reports/scale@h100/report.md").read_text()
+    calls = []
+
+    class Counting(FakeGpu):
+        def baselines(self, op_folder, problem):
+            calls.append(problem)
+            return super().baselines(op_folder, problem)
+
+    fresh = Counting()
+    comp = FakeCompiler()
+    ctx = make_ctx(proj, comp, gpu=fresh, gpu_match=fake_match, force=True, remeasure=True)
+    build(ctx, [Target("scale", "h100")])
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert fresh.measured == first.measured and fresh.verified == 0 and comp.calls == []
+    assert len(calls) == len(manifest["dispatch"]) == len(set(calls))
+    assert "every candidate and baseline timed in this run" in (proj / "reports/scale@h100/report.md").read_text()
+
 def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
     """The losers are evidence: each problem's fastest timed configs of the run, with their ratio to
     the fastest (FakeGpu: threads=256, vec=4 wins at 0.01 ms)."""
