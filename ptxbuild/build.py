@@ -182,13 +182,16 @@ class _Evaluator:
                 continue
             kernel = self.op.render(cfg, self.problem, self.gpu.arch)
             rendered[id(cfg)] = (kernel, keys.compile_key(kernel, self.gpu.arch, self.ctx.toolchain.key()))
-        todo = {k: kern for kern, k in rendered.values() if kern is not None and not self.ctx.cache.has_compile(k)}
+        # each compile row is read (and decompressed) once per group; a damaged row reads as absent
+        rows = {k: self.ctx.cache.get_compile(k) for kern, k in rendered.values() if kern is not None}
+        todo = {k: kern for kern, k in rendered.values() if kern is not None and rows[k] is None}
         futures = {k: self._submit(kern) for k, kern in todo.items()}
         for k, fut in futures.items():
             binary, error, secs = fut() if callable(fut) else fut.result()
             self.ctx.cache.put_compile(k, self.gpu.arch, todo[k].entry, binary, error, str(self.ctx.toolchain), secs)
             compiled[k] = secs
-        return [self._finish(cfg, *rendered[id(cfg)], compiled) for cfg in group]
+            rows[k] = self.ctx.cache.get_compile(k)
+        return [self._finish(cfg, *rendered[id(cfg)], compiled, rows) for cfg in group]
 
     def _submit(self, kernel: Kernel):
         if self.pool is None:
@@ -208,11 +211,11 @@ class _Evaluator:
         self.ctx.report("attempt", target=self.t, problem=self.problem, params=cfg, outcome=outcome, score=score)
         return score
 
-    def _finish(self, cfg, kernel, key_or_reason, compiled) -> float:
+    def _finish(self, cfg, kernel, key_or_reason, compiled, rows) -> float:
         if kernel is None:
             pruned = tuple(sorted(cfg.items())) in self.pruned
             return self._record(cfg, Outcome.PRUNED if pruned else Outcome.INVALID, key_or_reason)
-        row = self.ctx.cache.get_compile(key_or_reason)
+        row = rows[key_or_reason]
         compile_s = compiled.get(key_or_reason, 0.0)
         if row["outcome"] != "ok":
             return self._record(cfg, Outcome.COMPILE_ERROR, row["error"] or "", compile_s=compile_s)

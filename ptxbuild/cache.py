@@ -125,10 +125,6 @@ class Cache:
                 pass   # busy or out of disk: the migration stands, the file just stays larger
 
     # -- compile step ---------------------------------------------------------------------------
-    def has_compile(self, key: str) -> bool:
-        """A readable compile result is cached under `key` (a corrupt one counts as absent)."""
-        return self.get_compile(key) is not None
-
     def get_compile(self, key: str) -> dict | None:
         rows = list(self.db.query("select * from compiles where key = ?", [key]))
         if not rows:

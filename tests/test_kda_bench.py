@@ -173,8 +173,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     g.stream, g.sync, g.release = contextlib.nullcontext(), lambda: None, lambda: None
     g.fingerprint = types.SimpleNamespace(sm_count=132)
     problem = Problem.make("kda", "bfloat16", (37, 2), {})
-    params = op.fused_params(problem) if variant == 2 else \
-        {k: v for k, v in two_kernel_params(problem).items() if k != "prep_compact"} | {"prep_variant": variant}
+    params = op.fused_params(problem) if variant == 2 else op.with_prep_variant(two_kernel_params(problem), variant)
     if variant == 3:
         params.update(stages=2, rec_copy="cp_async")
     assert op.check(params, problem) is None

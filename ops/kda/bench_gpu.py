@@ -304,10 +304,8 @@ def main(argv=None) -> int:
         [0, 1] if a.prep_variant == "both" else [int(a.prep_variant)])
 
     def with_variants(params: dict) -> list[dict]:
-        """params once per chosen prepare variant (callers skip those check() rejects); prep_compact
-        is a layout of variant 1 only, so the others go without it."""
-        return [{k: v for k, v in params.items() if pv == 1 or k != "prep_compact"} | {"prep_variant": pv}
-                for pv in variants]
+        """params once per chosen prepare variant (callers skip those check() rejects)."""
+        return [kda.with_prep_variant(params, pv) for pv in variants]
     failures = 0
     cache: dict = {}
 

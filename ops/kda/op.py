@@ -79,7 +79,13 @@ def default_params(problem: Problem) -> dict:
               "rec_copy": "bulk", "o_store": "rows", "prep_compact": 1}
     if check(params, problem) is None:
         return params
-    return {k: v for k, v in params.items() if k != "prep_compact"} | {"prep_variant": 0}   # variant 1: safe gate only
+    return with_prep_variant(params, 0)   # variant 1: safe gate only
+
+
+def with_prep_variant(params: dict, variant: int) -> dict:
+    """`params` with another prepare kernel; prep_compact is a layout of variant 1 only, so the
+    others go without it."""
+    return {k: v for k, v in params.items() if variant == 1 or k != "prep_compact"} | {"prep_variant": variant}
 
 
 def fused_params(problem: Problem) -> dict:

@@ -197,27 +197,21 @@ def check(params: dict, problem: Problem) -> str | None:
         nv, vpt = _geometry(p, problem)
         if nv < _group(p):
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
-        if p["stage"] == "pipe":
+        if p["stage"] == "smem" and p["unroll"] > vpt:
+            return f"unroll={p['unroll']} > {vpt} vectors per lane"
+        if p["stage"] != "reg":                      # smem, pipe: rows staged in shared memory
             smem = _smem_bytes(p, problem)
-            if smem > SMEM_LIMIT_BYTES or smem * p["min_blocks"] > 228 * 1024:
-                return f"two staged rows need {smem} bytes of shared memory x {p['min_blocks']} CTAs per SM"
-            need = _data_regs(p, problem) + REG_OVERHEAD
-            if vpt > 64 or need > _reg_cap(p):
-                return f"row needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
-        elif p["stage"] == "reg":
+            what = "two staged rows need" if p["stage"] == "pipe" else "staged row part needs"
+            if smem > SMEM_LIMIT_BYTES:
+                return f"{what} {smem} bytes of shared memory > {SMEM_LIMIT_BYTES}"
+            if smem * p["min_blocks"] > 228 * 1024:
+                return f"{what} {smem} bytes of shared memory: min_blocks={p['min_blocks']} CTAs exceed the SM's"
+        if p["stage"] != "smem":                     # reg, pipe: the row's data in registers
             if vpt > 64:
                 return f"{vpt} vectors per lane is too many to unroll"
             need = _data_regs(p, problem) + REG_OVERHEAD
             if need > _reg_cap(p):
                 return f"row needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
-        else:
-            if p["unroll"] > vpt:
-                return f"unroll={p['unroll']} > {vpt} vectors per lane"
-            smem = _smem_bytes(p, problem)
-            if smem > SMEM_LIMIT_BYTES:
-                return f"staged row part needs {smem} bytes of shared memory > {SMEM_LIMIT_BYTES}"
-            if smem * p["min_blocks"] > 228 * 1024:
-                return f"min_blocks={p['min_blocks']} CTAs x {smem} bytes exceed the SM's shared memory"
     else:
         need = _data_regs(p, problem) + REG_OVERHEAD
         if need > _reg_cap(p):
@@ -347,9 +341,10 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
     """
     n = problem.shape[1]
     out = [problem.with_shape((1, n)), problem.with_shape((199, n))]
-    if params is not None and _full(params)["stage"] == "pipe" and _full(params)["exact"]:
+    p = None if params is None else _full(params)
+    if p is not None and p["exact"] and p["stage"] == "pipe":
         out.append(problem.with_shape((1031, n)))   # persistent blocks: several rows each, both parities
-    if params is None or _full(params)["exact"]:
+    if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}
     if n <= 2048:
