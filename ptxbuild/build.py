@@ -326,6 +326,33 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
         return _build_target_signals_held(ctx, t, key, why, irq)
 
 
+def check_candidates(spec, op) -> None:
+    """Raise KernelfileError, naming the key, when `search.candidates` uses a parameter the op lacks
+    or a value outside its space."""
+    from .kernelfile import KernelfileError
+    for i, entry in enumerate(spec.search.get("candidates") or ()):
+        where = f"ops.{spec.name}.search.candidates[{i}]"
+        unknown = sorted(k for k in entry if k not in op.SPACE)
+        if unknown:
+            raise KernelfileError(f"{where}: unknown parameter(s) {', '.join(unknown)}; "
+                                  f"the op's parameters are {', '.join(sorted(op.SPACE))}")
+        for k, v in entry.items():
+            if v not in op.SPACE[k]:
+                raise KernelfileError(f"{where}: {k} = {v!r} is not one of {op.SPACE[k]}")
+
+
+def declared_candidates(spec, op, problem, default: dict) -> list[dict]:
+    """The kernelfile's `search.candidates` for one problem: each entry merged over the op's default,
+    those the op's check() rejects for this problem left out."""
+    check_candidates(spec, op)
+    out = []
+    for entry in spec.search.get("candidates") or ():
+        cfg = {**default, **entry}
+        if op.check(cfg, problem) is None and cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq: _Interrupts) -> TargetResult:
     spec = ctx.kf.ops[t.op]
     op = load_op(spec.template, ctx.kf.root)
@@ -346,6 +373,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             default = op.default_params(problem)
             # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
             seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
+            seeds = declared_candidates(spec, op, problem, default) + seeds
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
             valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)

@@ -47,6 +47,10 @@ class SearchModel(_Strict):
     budget: int = Field(default=64, gt=0, le=100_000)
     seconds: float = Field(default=600.0, gt=0)
     seed: int = 0
+    # configs to try first, before lessons and the op's default: each entry names some of the op's
+    # parameters and is merged over the op's default config for each problem (entries that the op
+    # rejects for a problem are skipped there). They count against the budget.
+    candidates: list[dict[str, Any]] = []
 
 
 class GatesModel(_Strict):
@@ -200,7 +204,7 @@ def parse(text: str, path: Path) -> Kernelfile:
         ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
                            shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
-                           gates=op.gates.model_dump(), search=op.search.model_dump(), depends=tuple(op.depends))
+                           gates=op.gates.model_dump(), search=op.search.model_dump(exclude_defaults=False, exclude={"candidates"} if not op.search.candidates else None), depends=tuple(op.depends))
     from .graph import find_cycle
     cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
     if cycle:

@@ -1,7 +1,11 @@
 """The pipeline with fake compile/GPU stages: incremental rebuilds, outcomes as data, GPU path, explain."""
 import json
+import os
 
 import pytest
+from click.testing import CliRunner
+
+from ptxbuild import cli
 
 from ptxbuild.build import Context, build, plan
 from ptxbuild.cache import Cache
@@ -370,3 +374,57 @@ def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(pr
     write_report(ctx.kf, ctx.cache, Target("scale", "h100"))
     after = (proj / "reports/scale@h100/report.md").read_text()
     assert after == before and "threads=256 vec=4" in after.split("## Results")[1].split("##")[0]
+
+
+def _declare_candidates(proj, entries: str):
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", f"search = {{ budget = 6, candidates = {entries} }}"))
+
+
+def test_declared_candidates_are_tried_first_merged_over_the_default(proj):
+    # vec = 4 does not divide N = 102: that entry is skipped for the 7x102 problems, kept for 64x1024
+    _declare_candidates(proj, '[{ vec = 4 }, { threads = 64, vec = 2 }]')
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("[7, 100]", "[7, 102]"))
+
+    class Recording(FakeGpu):
+        order: list = []
+
+        def measure(self, op_folder, params, problem, binary, *a, **k):
+            self.order.append((problem.shape[1], dict(params)))
+            return super().measure(op_folder, params, problem, binary, *a, **k)
+    gpu = Recording()
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
+    wide = [p for n, p in gpu.order if n == 1024]
+    narrow = [p for n, p in gpu.order if n == 102]
+    assert wide[:2] == [{"threads": 128, "vec": 4}, {"threads": 64, "vec": 2}]
+    assert narrow[0] == {"threads": 64, "vec": 2} and {"threads": 128, "vec": 4} not in narrow
+
+
+def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj):
+    _declare_candidates(proj, '[{ vec = 2 }, { warps = 4 }]')
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == cli.EXIT_CONFIG
+    assert "ops.scale.search.candidates[1]: unknown parameter(s) warps; the op's parameters are threads, vec" in res.output
+
+
+def test_a_declared_candidate_value_outside_the_space_is_an_error(proj):
+    from ptxbuild.build import check_candidates
+    from ptxbuild.kernelfile import KernelfileError
+    from ptxbuild.oploader import load_op
+    _declare_candidates(proj, '[{ vec = 3 }]')
+    kf = load(proj / "kernelfile.toml")
+    with pytest.raises(KernelfileError, match=r"candidates\[0\]: vec = 3 is not one of \[1, 2, 4\]"):
+        check_candidates(kf.ops["scale"], load_op(kf.ops["scale"].template, kf.root))
+
+
+def test_an_empty_candidates_list_leaves_the_declaration_digest_alone(proj):
+    before = load(proj / "kernelfile.toml").ops["scale"].config()
+    _declare_candidates(proj, '[]')
+    assert load(proj / "kernelfile.toml").ops["scale"].config() == before
+    assert "candidates" not in before["search"]
