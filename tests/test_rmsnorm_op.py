@@ -141,8 +141,10 @@ def test_bytes_moved():
     ({"regime": "block", "unroll": 4}, prob(shape=(4, 8192)), "unroll"),
     ({"regime": "block", "row_threads": 8}, prob(shape=(4, 8192)), "warp regime"),
     ({"regime": "warp", "threads": 256}, prob(shape=(4, 1024), residual_out_fp32=True), "residual=True"),
-    ({"regime": "warp", "threads": 256, "stage": "pipe"}, prob(shape=(4, 1024)), "exact block"),
-    ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "exact block"),
+    ({"regime": "cluster", "threads": 512, "cluster": 2, "stage": "pipe"}, prob(shape=(4, 65536)), "exact block and warp"),
+    ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "exact block and warp"),
+    ({"regime": "warp", "threads": 256, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 1024)),
+     "weight in registers"),
     ({"regime": "block", "threads": 512, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 8192)),
      "weight in registers"),
     ({"regime": "block", "threads": 512, "stage": "pipe", "min_blocks": 2}, prob("float32", (4, 32768), residual=True),
@@ -216,6 +218,12 @@ def test_verify_problems():
     assert {v.shape for v in op.verify_problems(p, exact)} == {(1, 1024), (199, 1024)}
     pipe = op._full({"regime": "block", "threads": 128, "stage": "pipe"})   # persistent: blocks loop over rows
     assert {v.shape for v in op.verify_problems(p, pipe)} == {(1, 1024), (199, 1024), (1031, 1024)}
+    # persistent lane groups: 8 groups x 2 rows = 16 rows per block; 160 SMs x 2 blocks loop twice, + 7
+    wpipe = op._full({"regime": "warp", "threads": 256, "row_threads": 32, "rows_per_group": 2, "stage": "pipe",
+                      "min_blocks": 2})
+    shapes = {v.shape for v in op.verify_problems(p, wpipe)}
+    assert shapes == {(1, 1024), (199, 1024), (2 * 160 * 2 * 16 + 7, 1024)}
+    assert op.launch(wpipe, p.with_shape((2 * 160 * 2 * 16 + 7, 1024)), 160).grid == (320, 1, 1)
     generic = op._full({"regime": "warp", "threads": 256, "exact": False, "unroll": 2})
     odd = [v for v in op.verify_problems(p, generic) if v.shape[1] % 8]
     assert odd and all(op.check(generic, v) is None for v in odd)
@@ -239,6 +247,10 @@ REPRESENTATIVE = [
     ("float32", (32768, 8192), {}, {"regime": "block", "threads": 512, "stage": "pipe"}),
     ("bfloat16", (32768, 4096), {"residual": True, "rstd": True, "bias": True},
      {"regime": "block", "threads": 256, "stage": "pipe", "min_blocks": 2, "load_hint": "nc_ef"}),
+    ("bfloat16", (32768, 512), {}, {"regime": "warp", "threads": 256, "rows_per_group": 2, "stage": "pipe",
+                                    "min_blocks": 2}),
+    ("float16", (32768, 1024), {"residual": True, "rstd": True},
+     {"regime": "warp", "threads": 128, "row_threads": 32, "stage": "pipe", "min_blocks": 4, "store_cs": True}),
 ]
 
 
@@ -285,6 +297,30 @@ def test_pipe_launches_persistent_blocks_with_two_rows_of_shared_memory():
     assert L.grid == (264, 1, 1) and L.block == (256, 1, 1) and L.smem_bytes == 2 * 4096 * 2 * 2
     assert op.launch(cfg, prob("bfloat16", (100, 4096), residual=True), 132).grid == (100, 1, 1)
     assert op.launch(cfg, p, 0).grid == (32768, 1, 1)
+
+
+def test_warp_pipe_launches_min_blocks_persistent_blocks_per_sm():
+    p = prob("bfloat16", (32768, 256))
+    cfg = op._full({"regime": "warp", "threads": 256, "rows_per_group": 2, "stage": "pipe", "min_blocks": 4})
+    assert op.check(cfg, p) is None
+    L = op.launch(cfg, p, 132)
+    assert L.grid == (528, 1, 1) and L.smem_bytes == 0                 # 132 x 4; 2048 groups of 16 rows
+    assert op.launch(cfg, prob("bfloat16", (100, 256)), 132).grid == (7, 1, 1)
+    assert op.launch({**cfg, "stage": "reg"}, p, 132).grid == (2048, 1, 1)
+
+
+@pytest.mark.compile
+def test_warp_pipe_loads_the_next_group_before_it_stores_this_one():
+    """Loads of the next row group are issued before the current group's reduction and stores: in
+    the loop body, the first x load comes before the first shuffle and the first y store."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("bfloat16", (32768, 512))
+    cfg = op._full({"regime": "warp", "threads": 256, "rows_per_group": 2, "stage": "pipe", "min_blocks": 2})
+    b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+    assert b.spill_bytes == 0 and b.local_bytes == 0, b.log
+    body = b.ptx.split("shfl.sync")[0]
+    assert body.count("ld.global.v4.u32") == 2 * 2 * 2      # prologue + next group: 2 rows x 2 vectors each
+    assert "st.global" not in body
 
 
 @pytest.mark.compile

@@ -59,6 +59,7 @@ SPACE = {
 # Launch cannot ask for; flip this when the launcher sets it.
 NONPORTABLE_CLUSTER_OK = False   # ptxbuild/gpu/device.py does set it; see the report
 SMEM_LIMIT_BYTES = 227 * 1024
+MAX_SMS = 160              # verification shapes for persistent grids assume at most this many SMs
 REG_OVERHEAD = 20          # registers a thread needs besides the row data (pointers, indices, ...)
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
 LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3}
@@ -119,6 +120,8 @@ def _data_regs(p: dict, problem: Problem) -> int:
     if not p["exact"] or p["stage"] == "smem":
         return p["unroll"] * (per_vec + wwords) + 12        # + 64-bit loop indices / bounds
     _, vpt = _geometry(p, problem)
+    if p["stage"] == "pipe" and p["regime"] == "warp":      # this group's x (+ residual), the next's, h
+        return p["rows_per_group"] * vpt * (2 * 4 * (1 + res) + _words(kh, vec)) + 12
     if p["stage"] == "pipe":                                # h of the row + the weight held across rows
         return vpt * (_words(kh, vec) + wwords) + 12
     # ptxas keeps the packed h (it may combine x + residual as loads land, at fewer bytes in flight)
@@ -127,7 +130,7 @@ def _data_regs(p: dict, problem: Problem) -> int:
 
 
 def _smem_bytes(p: dict, problem: Problem) -> int:
-    if p["exact"] and p["stage"] == "pipe":                 # two rows of x (+ residual)
+    if p["exact"] and p["stage"] == "pipe" and p["regime"] == "block":   # two rows of x (+ residual)
         return 2 * problem.shape[1] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
     if not (p["exact"] and p["stage"] == "smem"):
         return 0
@@ -171,8 +174,8 @@ def check(params: dict, problem: Problem) -> str | None:
         return "cluster > 8 needs cudaFuncAttributeNonPortableClusterSizeAllowed, which Launch cannot request"
     if p["stage"] == "smem" and (not p["exact"] or regime == "warp"):
         return "stage=smem only applies to exact block/cluster variants"
-    if p["stage"] == "pipe" and (not p["exact"] or regime != "block"):
-        return "stage=pipe only applies to exact block variants"
+    if p["stage"] == "pipe" and (not p["exact"] or regime == "cluster"):
+        return "stage=pipe only applies to exact block and warp variants"
     if p["stage"] == "pipe" and (p["weight_load"] != canon["weight_load"] or p["unroll"] != canon["unroll"]):
         return "stage=pipe keeps the weight in registers across rows and has no batches (leave weight_load, unroll)"
     if p["exact"] and p["stage"] == "reg" and p["unroll"] != canon["unroll"]:
@@ -199,7 +202,7 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
         if p["stage"] == "smem" and p["unroll"] > vpt:
             return f"unroll={p['unroll']} > {vpt} vectors per lane"
-        if p["stage"] != "reg":                      # smem, pipe: rows staged in shared memory
+        if _smem_bytes(p, problem):                  # smem, block pipe: rows staged in shared memory
             smem = _smem_bytes(p, problem)
             what = "two staged rows need" if p["stage"] == "pipe" else "staged row part needs"
             if smem > SMEM_LIMIT_BYTES:
@@ -308,7 +311,10 @@ def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
     smem = _smem_bytes(p, problem)
     if p["regime"] == "warp":
         rpb = t // p["row_threads"] * p["rows_per_group"]
-        return Launch(grid=(-(-m // rpb), 1, 1), block=(t, 1, 1), smem_bytes=smem)
+        groups = -(-m // rpb)
+        if p["exact"] and p["stage"] == "pipe" and sm_count:   # persistent: min_blocks per SM
+            groups = min(groups, sm_count * p["min_blocks"])
+        return Launch(grid=(groups, 1, 1), block=(t, 1, 1), smem_bytes=smem)
     if p["regime"] == "block":
         if p["exact"] and p["stage"] == "pipe" and sm_count:   # persistent: min_blocks per SM
             return Launch(grid=(min(m, sm_count * p["min_blocks"]), 1, 1), block=(t, 1, 1), smem_bytes=smem)
@@ -335,15 +341,20 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
     """M in {1, 199} at the problem's N; generic configs (params given, exact=False) also get
     N that are not multiples of 8 (N-1, N+3, and 760 / 1128 / 4095 or 13 / 100 / 250 for short rows).
 
-    The verifier (ptxbuild/gpu/runs.py) runs the SAME binary on every shape and calls this
-    without params, so without params only the problem's N is returned: an exact binary serves
-    only its N (it traps on another N). Pass params to get the generic extras.
+    The verifier (ptxbuild/gpu/runs.py) runs the SAME binary on every shape: an exact binary serves
+    only its N (it traps on another N), so only generic configs get other N. Persistent (pipe)
+    configs also get an M at which every block loops over several rows.
     """
     n = problem.shape[1]
     out = [problem.with_shape((1, n)), problem.with_shape((199, n))]
     p = None if params is None else _full(params)
-    if p is not None and p["exact"] and p["stage"] == "pipe":
+    if p is not None and p["exact"] and p["stage"] == "pipe" and p["regime"] == "block":
         out.append(problem.with_shape((1031, n)))   # persistent blocks: several rows each, both parities
+    if p is not None and p["exact"] and p["stage"] == "pipe" and p["regime"] == "warp":
+        # persistent lane groups: enough row groups that every block loops (up to 160 SMs), the last
+        # group partial
+        rpb = p["threads"] // p["row_threads"] * p["rows_per_group"]
+        out.append(problem.with_shape((2 * MAX_SMS * p["min_blocks"] * rpb + 7, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

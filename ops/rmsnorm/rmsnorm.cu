@@ -13,9 +13,11 @@
 //   NC          N (EXACT only)
 //   STAGE_SMEM  EXACT block/cluster only: h staged in dynamic shared memory, UNROLL vectors per
 //               thread in flight per batch (for rows too long for registers)
-//   STAGE_PIPE  EXACT block only: persistent blocks (grid from the host: SMs x MIN_BLOCKS), each row's
+//   STAGE_PIPE  EXACT block or warp: persistent blocks (grid from the host: SMs x MIN_BLOCKS), each row's
 //               x (+ residual) fetched by one cp.async.bulk into a double buffer in dynamic shared
-//               memory while the previous row is reduced and written; weight/bias held in registers
+//               memory while the previous row is reduced and written; weight/bias held in registers.
+//               Warp regime: persistent lane groups (grid SMs x MIN_BLOCKS), the next row group's x
+//               (+ residual) loaded into a second register set before this group is finished
 //   UNROLL      vectors per thread per batch (generic and staged variants)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last);  STCS 1: st.global.cs
@@ -330,13 +332,13 @@ __device__ __forceinline__ float row_sum(float s) {
 #if EXACT && !STAGE_SMEM
 // Row worker holds RPG rows x VPT vectors; every load (x, residual, early weight) is issued
 // before the first use. Vector v = i*G + t of the worker's range [lo, lo + LEN).
-__device__ __forceinline__ void run_exact(const Args& a, const i64* rows, const bool* rok, int t, i64 lo, float eps) {
-  constexpr int LEN = NC / CLUSTER, NV = LEN / VEC, VPT = (NV + G - 1) / G;
-  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
-  u32 xw[RPG][VPT][4];
-#if HAS_RES
-  u32 rw[RPG][VPT][4];
-#endif
+constexpr int EX_NV = NC / CLUSTER / VEC, EX_VPT = (EX_NV + G - 1) / G;
+typedef u32 RowWords[RPG][EX_VPT][4];
+typedef u32 ResWords[HAS_RES ? RPG : 1][HAS_RES ? EX_VPT : 1][4];
+
+__device__ __forceinline__ void load_rows(const Args& a, const i64* rows, const bool* rok, int t, i64 lo,
+                                          RowWords& xw, ResWords& rw) {
+  constexpr int NV = EX_NV, VPT = EX_VPT;
 #pragma unroll
   for (int k = 0; k < RPG; ++k) {
 #pragma unroll
@@ -350,6 +352,12 @@ __device__ __forceinline__ void run_exact(const Args& a, const i64* rows, const 
 #endif
     }
   }
+}
+
+__device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, const bool* rok, int t, i64 lo,
+                                            float eps, const RowWords& xw, const ResWords& rw) {
+  constexpr int NV = EX_NV, VPT = EX_VPT;
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
   u32 ww[WEARLY ? VPT : 1][WWN], bw[(WEARLY && HAS_BIAS) ? VPT : 1][WWN];
 #if WEARLY
 #pragma unroll
@@ -407,6 +415,58 @@ __device__ __forceinline__ void run_exact(const Args& a, const i64* rows, const 
     }
   }
 }
+
+__device__ __forceinline__ void run_exact(const Args& a, const i64* rows, const bool* rok, int t, i64 lo, float eps) {
+  RowWords xw;
+  ResWords rw;
+  load_rows(a, rows, rok, t, lo, xw, rw);
+  finish_rows(a, rows, rok, t, lo, eps, xw, rw);
+}
+
+#if REGIME == 0 && STAGE_PIPE
+// Persistent lane groups: block b handles row groups b, b + gridDim.x, ... (RPB rows each). The next
+// group's x (+ residual) is loaded into a second register set before this group is reduced,
+// normalized and stored, so every lane group keeps a row in flight whatever phase it is in.
+__device__ __forceinline__ void group_rows(i64 grp, i64 M, int g, i64* rows, bool* rok) {
+  constexpr int NG = THREADS / G, RPB = NG * RPG;
+#pragma unroll
+  for (int k = 0; k < RPG; ++k) {
+    const i64 row = grp * RPB + (i64)k * NG + g;
+    rok[k] = row < M;
+    rows[k] = rok[k] ? row : 0;
+  }
+}
+
+__device__ __forceinline__ void run_warp_pipe(const Args& a, i64 M, int t, int g, float eps) {
+  constexpr int NG = THREADS / G, RPB = NG * RPG;
+  const i64 groups = (M + RPB - 1) / RPB, stride = gridDim.x;
+  i64 rows[RPG], next[RPG];
+  bool rok[RPG], nok[RPG];
+  RowWords xw, xn;
+  ResWords rw, rn;
+  group_rows(blockIdx.x, M, g, rows, rok);
+  load_rows(a, rows, rok, t, 0, xw, rw);
+#pragma unroll 1
+  for (i64 grp = blockIdx.x; grp < groups; grp += stride) {
+    group_rows(grp + stride, M, g, next, nok);      // rows past M: no loads (zeros)
+    load_rows(a, next, nok, t, 0, xn, rn);
+    finish_rows(a, rows, rok, t, 0, eps, xw, rw);
+#pragma unroll
+    for (int k = 0; k < RPG; ++k) {
+      rows[k] = next[k]; rok[k] = nok[k];
+#pragma unroll
+      for (int i = 0; i < EX_VPT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          xw[k][i][j] = xn[k][i][j];
+#if HAS_RES
+          rw[k][i][j] = rn[k][i][j];
+#endif
+        }
+    }
+  }
+}
+#endif
 #endif
 
 // ---------------------------------------------------------------- exact-N, staged in smem
@@ -475,9 +535,9 @@ __device__ __forceinline__ void run_staged(const Args& a, i64 row, int t, i64 lo
 #endif
 
 // ---------------------------------------------------------------- exact-N, persistent and pipelined
-#if EXACT && STAGE_PIPE
+#if EXACT && STAGE_PIPE && REGIME != 0
 #if REGIME != 1 || __CUDA_ARCH__ < 900
-#error "stage=pipe is a block-regime variant for sm_90 or newer (cp.async.bulk, mbarrier)"
+#error "stage=pipe in the block regime is for sm_90 or newer (cp.async.bulk, mbarrier); not the cluster regime"
 #endif
 // Block b handles rows b, b + gridDim.x, ...; thread 0 fetches row i + 1's x (+ residual) with
 // cp.async.bulk into the other half of a double buffer (its mbarrier counts the bytes) before row
@@ -669,7 +729,9 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
     rok[k] = row < M;
     rows[k] = rok[k] ? row : 0;
   }
-#if EXACT
+#if EXACT && STAGE_PIPE
+  run_warp_pipe(a, M, t, g, eps);
+#elif EXACT
   run_exact(a, rows, rok, t, 0, eps);
 #else
 #pragma unroll 1

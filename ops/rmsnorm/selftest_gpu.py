@@ -49,6 +49,11 @@ CASES = [
      {**B, "threads": 256, "stage": "pipe", "min_blocks": 2, "load_hint": "nc_ef"}),
     ("float16", (5, 1024), {"residual": True, "residual_out_fp32": True, "rstd": True},
      {**B, "threads": 128, "stage": "pipe", "min_blocks": 4}),
+    # warp-regime pipe: persistent lane groups; 132 SMs x 2 blocks x 16 rows loop twice at M = 9000
+    ("bfloat16", (9000, 512), {"rstd": True}, {**W, "threads": 256, "rows_per_group": 2, "stage": "pipe", "min_blocks": 2}),
+    ("float16", (2500, 1024), {"residual": True, "residual_out_fp32": True, "bias": True},
+     {**W, "threads": 128, "stage": "pipe", "min_blocks": 4, "store_cs": True}),
+    ("float32", (3, 256), {"weight": "fp32"}, {**W, "threads": 64, "row_threads": 16, "stage": "pipe"}),
     ("float16", (199, 4000), {"residual": True, "bias": True}, {**B, "threads": 96, "weight_load": "early"}),
     ("float32", (1, 32768), {"rstd": True}, {**B, "threads": 1024}),
     ("bfloat16", (199, 8192), {"residual": True, "residual_out_fp32": True}, {**B, "threads": 448}),
