@@ -27,6 +27,10 @@ step rmsnorm-ef-f32 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnor
 step rmsnorm-ef-bf16 120 bash -c 'for h in nc nc_ef; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 bfloat16 32768 8192 --params load_hint=$h; done'
 # stage=pipe (persistent, double-buffered bulk copies; verify first: step rmsnorm-selftest has cases for it)
 step rmsnorm-pipe 180 bash -c 'for m in 1 2; do for d in float32 bfloat16; do python3 benchmarks/rmsnorm_profile.py --no-baseline --reps 40 $d 32768 8192 --params stage=pipe,weight_load=late,min_blocks=$m; done; done'
+# session 6 probes (each shares the cache; winners become exact-scope lessons of the full build):
+# bf16 64K-256K rows as 64 KB per CTA / two CTAs per SM; warp- and block-regime stage=pipe and nc_ef at 256-8K
+step rmsnorm-probe-big 300 $PB -f benchmarks/rmsnorm_probe_big.toml build rmsnorm@h200 --remeasure
+step rmsnorm-probe-small 300 $PB -f benchmarks/rmsnorm_probe_small.toml build rmsnorm@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
