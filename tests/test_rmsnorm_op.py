@@ -362,3 +362,23 @@ def test_torch_eager_baseline_returns_native_dtype_and_matches_reference(opts):
     got = to_float(out["y"].view(torch.int16).numpy().view(np.uint16), "bfloat16", np)
     atol, rtol = op.tolerance(p, "y")
     assert np.all(np.abs(got - ref["y"]) <= atol + rtol * np.abs(ref["y"]))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("stage", ["reg", "smem"])
+def test_cluster_sum_pushes_partials_with_st_async_and_one_cluster_barrier(stage):
+    """The cluster regime reduces one-way: each CTA pushes its partial into every CTA's slot with
+    st.async (complete_tx on that CTA's mbarrier) and waits on its own mbarrier; the only cluster
+    barrier is the start-up one (arrive at kernel start, wait before the first push), none at exit."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("bfloat16", (16384, 131072), residual=True)
+    extra = {"unroll": 4} if stage == "smem" else {}
+    cfg = op._full({"regime": "cluster", "cluster": 4, "threads": 512, "stage": stage, **extra})
+    assert op.check(cfg, p) is None
+    b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+    ptx = b.ptx
+    assert ptx.count("barrier.cluster.arrive") == 1 and ptx.count("barrier.cluster.wait") == 1
+    assert ptx.index("barrier.cluster.arrive") < ptx.index("barrier.cluster.wait") < ptx.index("st.async")
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32") == 1
+    assert "mbarrier.arrive.expect_tx" in ptx and "ld.shared::cluster" not in ptx
+    assert b.spill_bytes == 0, b.log

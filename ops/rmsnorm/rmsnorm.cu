@@ -276,9 +276,6 @@ __device__ __forceinline__ u32 cluster_rank() {
 __device__ __forceinline__ u32 cluster_size() {
   u32 r; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r)); return r;
 }
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-}
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 }
@@ -286,27 +283,47 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Cluster sum. Protocol: CTA partial -> own smem; arrive.release / wait.acquire (all partials
-// visible, every CTA running); lane r reads rank r's partial via mapa + ld.shared::cluster; the
-// same butterfly in every warp of every CTA gives bit-identical totals; then arrive.relaxed
-// ("done reading remote smem"). The caller MUST call cluster_wait_acquire() before exiting so
-// no CTA's shared memory goes away while another CTA may still read it.
-__device__ __forceinline__ float cluster_sum(float s) {
-  __shared__ float part;
-  s = block_sum(s);
-  if (threadIdx.x == 0) part = s;
-  cluster_arrive_release();
-  cluster_wait_acquire();
-  const u32 lane = threadIdx.x & 31;
-  float v = 0.f;
-  if (lane < CLUSTER) {
-    u32 local, remote;
-    asm volatile("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(local) : "l"(&part));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(lane));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+// Cluster sum, one-way (no cluster barrier on the critical path). Each CTA owns an mbarrier and a
+// slot per rank; cluster_prologue() initializes the mbarrier and arrives (relaxed) on the cluster
+// barrier at kernel start. cluster_sum() waits on that barrier (long complete by then: every CTA
+// of a cluster is co-scheduled), then lane r of warp 0 pushes this CTA's partial into slot `rank`
+// of CTA r with st.async, whose complete_tx counts 4 bytes on CTA r's mbarrier; thread 0 expects
+// CLUSTER x 4 bytes on its own. Every CTA sums the same slots in the same order: bit-identical
+// totals. A CTA leaves only after all CLUSTER partials have landed in its shared memory, and a
+// CTA pushes only into CTAs still waiting for it, so no exit barrier is needed.
+__shared__ __align__(8) unsigned long long cl_bar;
+__shared__ float cl_part[CLUSTER];
+
+__device__ __forceinline__ u32 cl_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cluster_prologue() {
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cl_smem(&cl_bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  v = group_sum(v, 32);
   cluster_arrive_relaxed();
+}
+
+__device__ __forceinline__ float cluster_sum(float s) {
+  s = block_sum(s);
+  cluster_wait_acquire();                       // every CTA's mbarrier is initialized
+  const u32 rank = cluster_rank();
+  if (threadIdx.x == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(cl_smem(&cl_bar)), "r"((u32)(CLUSTER * 4)) : "memory");
+  if (threadIdx.x < CLUSTER) {
+    u32 slot, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(cl_smem(&cl_part[rank])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(cl_smem(&cl_bar)), "r"(threadIdx.x));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(slot), "r"(__float_as_uint(s)), "r"(bar) : "memory");
+  }
+  asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
+               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], 0;\n"
+               " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar)) : "memory");
+  float v = 0.f;
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) v += cl_part[r];
   return v;
 }
 #endif
@@ -752,6 +769,7 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
 #endif
 #else  // cluster: CTA rank r of cluster c handles a contiguous part of row c
   if (cluster_size() != CLUSTER) asm volatile("trap;");   // launched without the cluster dims
+  cluster_prologue();
   const u32 rank = cluster_rank();
   const i64 row = (i64)(blockIdx.x / CLUSTER);
   const int t = threadIdx.x;
@@ -769,6 +787,5 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   const i64 hi = lo + per < N ? lo + per : N;
   run_generic(a, row, true, t, lo, hi, N, eps);
 #endif
-  cluster_wait_acquire();   // no CTA exits while another may still read its shared memory
 #endif
 }
