@@ -31,6 +31,8 @@ step rmsnorm-pipe 180 bash -c 'for m in 1 2; do for d in float32 bfloat16; do py
 # bf16 64K-256K rows as 64 KB per CTA / two CTAs per SM; warp- and block-regime stage=pipe and nc_ef at 256-8K
 step rmsnorm-probe-big 300 $PB -f benchmarks/rmsnorm_probe_big.toml build rmsnorm@h200 --remeasure
 step rmsnorm-probe-small 300 $PB -f benchmarks/rmsnorm_probe_small.toml build rmsnorm@h200 --remeasure
+step rmsnorm-probe-cluster 300 $PB -f benchmarks/rmsnorm_probe_cluster.toml build rmsnorm@h200 --remeasure
+step rmsnorm-probe-mid 400 $PB -f benchmarks/rmsnorm_probe_mid.toml build rmsnorm@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
