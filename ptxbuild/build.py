@@ -46,6 +46,8 @@ class Context:
     # cache), so that all of a report's numbers come from one run; keys timed in this run
     remeasure: bool = False
     timed: set = field(default_factory=set)
+    # resuming an interrupted --remeasure build: timings made since this time count as this run's
+    timed_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,7 @@ class _Evaluator:
             return self._record(cfg, Outcome(verdict["outcome"]), verdict["detail"], **res)
         mkey = keys.measure_key(binary.digest, self.hw, problem, cfg)
         m = cache.get("measurements", mkey)
-        if m is None or (self.ctx.remeasure and mkey not in self.ctx.timed):
+        if m is None or (self.ctx.remeasure and mkey not in self.ctx.timed and not _fresh(self.ctx, m)):
             self.ctx.timed.add(mkey)
             inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
             t0 = time.perf_counter()
@@ -362,6 +364,11 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     chosen: list[dict] = []
     used_lessons: list[dict] = []
     probs = problems_of(spec)
+    started = time.time()
+    ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure else None
+    if ctx.timed_since:
+        ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ctx.timed_since))} are kept")
     pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
             if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
     interrupted = False
@@ -428,7 +435,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
-               "remeasured": bool(hw) and ctx.remeasure,
+               "remeasured": bool(hw) and ctx.remeasure, "timed_since": (ctx.timed_since or started) if hw and ctx.remeasure else None,
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
@@ -454,11 +461,27 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     return TargetResult(t, "failed", reason, bool(hw), manifest)
 
 
+def _fresh(ctx: Context, row: dict | None) -> bool:
+    return row is not None and ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
+
+
+def resume_point(ctx: Context, t: Target) -> float | None:
+    """When the last build of `t` was an interrupted --remeasure build, the time its timings began:
+    a rerun with --remeasure keeps what that run timed and times only the rest."""
+    last = ctx.cache.last_build(str(t), ctx.kf.project)
+    if not last or last["status"] != "interrupted":
+        return None
+    summary = json.loads(last["summary"] or "{}")
+    return summary.get("timed_since") if summary.get("remeasured") else None
+
+
 def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     """Reference implementations timed on this GPU; cached like a measurement (same GPU, problem, protocol)."""
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
                  keys.PROTOCOL_VERSION)
-    row = None if ctx.remeasure and key not in ctx.timed else ctx.cache.get("measurements", key)
+    row = ctx.cache.get("measurements", key)
+    if ctx.remeasure and key not in ctx.timed and not _fresh(ctx, row):
+        row = None
     ctx.timed.add(key)
     if row is not None:
         cached = json.loads(row["detail"])

@@ -95,6 +95,8 @@ class Progress:
             return
         if kind == "target_start":
             click.echo(f"{ev['target']}: building ({ev['reason']})", err=True)
+        elif kind == "note":
+            click.echo(f"  {ev['message']}", err=True)
         elif kind == "target_fresh":
             click.echo(f"{ev['target']}: up to date", err=True)
         elif kind == "target_skip":

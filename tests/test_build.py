@@ -428,3 +428,38 @@ def test_an_empty_candidates_list_leaves_the_declaration_digest_alone(proj):
     _declare_candidates(proj, '[]')
     assert load(proj / "kernelfile.toml").ops["scale"].config() == before
     assert "candidates" not in before["search"]
+
+
+def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
+    """--remeasure, Ctrl-C after some problems, --remeasure again: the rerun times only what the
+    interrupted run had not (its timings are as fresh as this run's), and a third --remeasure after a
+    finished build times everything again."""
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+
+    class StopAfter(FakeGpu):
+        def measure(self, *a, **k):
+            if self.measured == 3:
+                raise KeyboardInterrupt
+            return super().measure(*a, **k)
+    first = StopAfter()
+    with pytest.raises(KeyboardInterrupt):
+        build(make_ctx(proj, gpu=first, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    full = FakeGpu()
+    build(make_ctx(proj, gpu=full, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    resumed = FakeGpu()
+    ctx = make_ctx(proj, gpu=resumed, gpu_match=fake_match, force=True, remeasure=True)
+    # after a finished --remeasure build nothing is resumed: every timing is taken again
+    build(ctx, [Target("scale", "h100")])
+    total = resumed.measured
+    assert first.measured == 3 and full.measured == total - 3    # the first resume already kept 3
+
+    # interrupted again, then resumed: the two runs together time each config once
+    stop = StopAfter()
+    with pytest.raises(KeyboardInterrupt):
+        build(make_ctx(proj, gpu=stop, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    rest = FakeGpu()
+    ctx = make_ctx(proj, gpu=rest, gpu_match=fake_match, force=True, remeasure=True)
+    build(ctx, [Target("scale", "h100")])
+    assert stop.measured == 3 and rest.measured == total - 3
+    summary = json.loads(ctx.cache.last_build("scale@h100", ctx.kf.project)["summary"])
+    assert summary["remeasured"] and summary["timed_since"] is not None
