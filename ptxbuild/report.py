@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import platform
 import subprocess
 import sys
@@ -111,7 +112,10 @@ def markdown(data: dict) -> str:
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
-        lines.append("- timings: " + ("every candidate and baseline timed in this run (`--remeasure`)"
+        since = s.get("timed_since")
+        when = (f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))} (a rerun after an "
+                "interruption keeps what the interrupted run timed)") if since else " in this run"
+        lines.append("- timings: " + (f"every candidate and baseline timed{when} (`--remeasure`)"
                                       if s.get("remeasured") else
                                       "timings of configs and baselines already measured on this GPU come from the "
                                       "cache (same GPU fingerprint and protocol); `--remeasure` times all again"))
