@@ -436,6 +436,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
                "remeasured": bool(hw) and ctx.remeasure, "timed_since": (ctx.timed_since or started) if hw and ctx.remeasure else None,
+               "remeasure_resumed": bool(hw and ctx.remeasure and ctx.timed_since),
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)

@@ -39,9 +39,11 @@ def collect(kf, cache, target) -> dict | None:
     if build is None:
         return None
     summary = json.loads(build["summary"])
-    # the build's artifacts stay on the machine that built them; the cache carries their dispatch table
-    manifest = (json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file()
-                else summary.get("report_manifest", {}))
+    # the build's artifacts stay on the machine that built them; the cache carries their dispatch table.
+    # A manifest file at that path may come from another build (another machine's or an earlier
+    # one), so the build's own copy wins; the file serves only builds recorded before it was kept.
+    manifest = summary.get("report_manifest") or (
+        json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {})
     attempts = cache.attempts(str(target), summary["run"])
     by_outcome = Counter(a["outcome"] for a in attempts)
     rejected = Counter((a["outcome"], (a["detail"] or "").split("\n")[0][:100]) for a in attempts if a["outcome"] != "ok")
@@ -112,7 +114,7 @@ def markdown(data: dict) -> str:
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
-        since = s.get("timed_since")
+        since = s.get("timed_since") if s.get("remeasure_resumed") else None
         when = (f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))} (a rerun after an "
                 "interruption keeps what the interrupted run timed)") if since else " in this run"
         lines.append("- timings: " + (f"every candidate and baseline timed{when} (`--remeasure`)"

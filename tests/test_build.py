@@ -376,6 +376,23 @@ def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(pr
     assert after == before and "threads=256 vec=4" in after.split("## Results")[1].split("##")[0]
 
 
+def test_a_stale_manifest_on_this_machine_does_not_replace_the_builds_own_results(proj):
+    """The GPU machine's build comes back in the cache; build/ here holds an older local build's
+    manifest with other winners. The rewritten report shows the GPU build's results."""
+    from ptxbuild.report import write_report
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [Target("scale", "h100")])
+    before = (proj / "reports/scale@h100/report.md").read_text()
+    path = proj / "build/scale@h100/manifest.json"
+    stale = json.loads(path.read_text())
+    for d in stale["dispatch"]:
+        d["params"], d["p50_ms"] = {"threads": 64, "vec": 1}, 9.99
+    path.write_text(json.dumps(stale))
+    write_report(ctx.kf, ctx.cache, Target("scale", "h100"))
+    after = (proj / "reports/scale@h100/report.md").read_text()
+    assert after == before and "9990" not in after and "threads=64 vec=1 |" not in after
+
+
 def _declare_candidates(proj, entries: str):
     kf = proj / "kernelfile.toml"
     kf.write_text(kf.read_text().replace("search = { budget = 6 }", f"search = {{ budget = 6, candidates = {entries} }}"))
@@ -462,4 +479,5 @@ def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
     build(ctx, [Target("scale", "h100")])
     assert stop.measured == 3 and rest.measured == total - 3
     summary = json.loads(ctx.cache.last_build("scale@h100", ctx.kf.project)["summary"])
-    assert summary["remeasured"] and summary["timed_since"] is not None
+    assert summary["remeasured"] and summary["timed_since"] is not None and summary["remeasure_resumed"]
+    assert "timed since " in (proj / "reports/scale@h100/report.md").read_text()
