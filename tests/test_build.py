@@ -1,6 +1,5 @@
 """The pipeline with fake compile/GPU stages: incremental rebuilds, outcomes as data, GPU path, explain."""
 import json
-import os
 
 import pytest
 from click.testing import CliRunner
@@ -418,14 +417,10 @@ def test_declared_candidates_are_tried_first_merged_over_the_default(proj):
     assert narrow[0] == {"threads": 64, "vec": 2} and {"threads": 128, "vec": 4} not in narrow
 
 
-def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj):
+def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj, monkeypatch):
     _declare_candidates(proj, '[{ vec = 2 }, { warps = 4 }]')
-    cwd = os.getcwd()
-    os.chdir(proj)
-    try:
-        res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
-    finally:
-        os.chdir(cwd)
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
     assert res.exit_code == cli.EXIT_CONFIG
     assert "ops.scale.search.candidates[1]: unknown parameter(s) warps; the op's parameters are threads, vec" in res.output
 
