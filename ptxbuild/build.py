@@ -260,7 +260,7 @@ class _Evaluator:
             return self._record(cfg, Outcome(verdict["outcome"]), verdict["detail"], **res)
         mkey = keys.measure_key(binary.digest, self.hw, problem, cfg)
         m = cache.get("measurements", mkey)
-        if m is None or (self.ctx.remeasure and mkey not in self.ctx.timed and not _fresh(self.ctx, m)):
+        if _must_time(self.ctx, mkey, m):
             self.ctx.timed.add(mkey)
             inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
             t0 = time.perf_counter()
@@ -339,18 +339,23 @@ def check_candidates(spec, op) -> None:
             raise KernelfileError(f"{where}: unknown parameter(s) {', '.join(unknown)}; "
                                   f"the op's parameters are {', '.join(sorted(op.SPACE))}")
         for k, v in entry.items():
-            if v not in op.SPACE[k]:
+            # typed: True == 1 and 2.0 == 2 in Python, but they render and key differently
+            if not any(type(v) is type(s) and v == s for s in op.SPACE[k]):
                 raise KernelfileError(f"{where}: {k} = {v!r} is not one of {op.SPACE[k]}")
 
 
-def declared_candidates(spec, op, problem, default: dict) -> list[dict]:
-    """The kernelfile's `search.candidates` for one problem: each entry merged over the op's default,
-    those the op's check() rejects for this problem left out."""
-    check_candidates(spec, op)
+def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dict]:
+    """The kernelfile's `search.candidates` for one problem (validated by check_candidates first):
+    each entry merged over the op's default, those the op's check() rejects for this problem left
+    out, each with its reason passed to `note`."""
     out = []
-    for entry in spec.search.get("candidates") or ():
+    for i, entry in enumerate(spec.search.get("candidates") or ()):
         cfg = {**default, **entry}
-        if op.check(cfg, problem) is None and cfg not in out:
+        reason = op.check(cfg, problem)
+        if reason is not None:
+            if note:
+                note(f"{problem.label()}: ops.{spec.name}.search.candidates[{i}] skipped: {reason}")
+        elif cfg not in out:
             out.append(cfg)
     return out
 
@@ -365,10 +370,12 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     used_lessons: list[dict] = []
     probs = problems_of(spec)
     started = time.time()
+    check_candidates(spec, op)
+    declared: list[dict] = []
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure else None
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ctx.timed_since))} are kept")
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ctx.timed_since))} are kept")
     pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
             if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
     interrupted = False
@@ -380,7 +387,10 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             default = op.default_params(problem)
             # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
             seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
-            seeds = declared_candidates(spec, op, problem, default) + seeds
+            mine = declared_candidates(spec, op, problem, default,
+                                       note=lambda m: ctx.report("note", message=m))
+            declared += mine
+            seeds = mine + seeds
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
             valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)
@@ -415,7 +425,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                      "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
                      "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
                      "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-                     "source": "measured" if hw else ("lesson" if cfg in [u["params"] for u in used] else "default"),
+                     "source": "measured" if hw else ("declared" if cfg in declared else
+                                                      "lesson" if cfg in [u["params"] for u in used] else "default"),
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
             t_base = time.perf_counter()
@@ -462,8 +473,17 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     return TargetResult(t, "failed", reason, bool(hw), manifest)
 
 
-def _fresh(ctx: Context, row: dict | None) -> bool:
-    return row is not None and ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
+def _must_time(ctx: Context, key: str, row: dict | None) -> bool:
+    """Time `key` now: never timed, or --remeasure and not yet timed in this run. A resumed
+    --remeasure run counts the interrupted run's successful timings as its own; a failed one (which
+    the interrupt itself may have caused: the worker gets the same SIGINT) is timed again."""
+    if row is None:
+        return True
+    if not ctx.remeasure or key in ctx.timed:
+        return False
+    fresh = (ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
+             and row.get("outcome", "ok") == "ok")
+    return not fresh
 
 
 def resume_point(ctx: Context, t: Target) -> float | None:
@@ -481,7 +501,7 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
                  keys.PROTOCOL_VERSION)
     row = ctx.cache.get("measurements", key)
-    if ctx.remeasure and key not in ctx.timed and not _fresh(ctx, row):
+    if _must_time(ctx, key, row):
         row = None
     ctx.timed.add(key)
     if row is not None:

@@ -30,8 +30,14 @@ def _kernelfile(path: str):
     from .graph import TargetError
     from .kernelfile import KernelfileError, load
     from .oploader import OpError
+    from .build import check_candidates
+    from .oploader import load_op
     try:
-        return load(path)
+        kf = load(path)
+        for spec in kf.ops.values():   # declared candidates name the op's parameters: checked up front
+            if spec.search.get("candidates"):
+                check_candidates(spec, load_op(spec.template, kf.root))
+        return kf
     except (KernelfileError, TargetError, OpError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -201,14 +207,6 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     chosen = _targets(kf, targets)
     ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
     ctx.force, ctx.remeasure = force or remeasure, remeasure
-    from .build import check_candidates
-    from .kernelfile import KernelfileError
-    from .oploader import load_op
-    try:
-        for name in sorted({t.op for t in chosen} if chosen else kf.ops):
-            check_candidates(kf.ops[name], load_op(kf.ops[name].template, kf.root))
-    except KernelfileError as exc:
-        raise ConfigError(str(exc)) from None
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")

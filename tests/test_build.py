@@ -425,14 +425,52 @@ def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj, monk
     assert "ops.scale.search.candidates[1]: unknown parameter(s) warps; the op's parameters are threads, vec" in res.output
 
 
-def test_a_declared_candidate_value_outside_the_space_is_an_error(proj):
+@pytest.mark.parametrize("entry, shown", [("vec = 3", "3"), ("vec = 2.0", "2.0"), ("vec = true", "True")])
+def test_a_declared_candidate_value_outside_the_space_is_an_error(proj, entry, shown):
+    """Values are compared with their type: 2.0 == 2 and True == 1 in Python, but they would render
+    and key differently from the op's own values."""
     from ptxbuild.build import check_candidates
     from ptxbuild.kernelfile import KernelfileError
     from ptxbuild.oploader import load_op
-    _declare_candidates(proj, '[{ vec = 3 }]')
+    _declare_candidates(proj, f'[{{ {entry} }}]')
     kf = load(proj / "kernelfile.toml")
-    with pytest.raises(KernelfileError, match=r"candidates\[0\]: vec = 3 is not one of \[1, 2, 4\]"):
+    with pytest.raises(KernelfileError, match=rf"candidates\[0\]: vec = {shown} is not one of \[1, 2, 4\]"):
         check_candidates(kf.ops["scale"], load_op(kf.ops["scale"].template, kf.root))
+
+
+def test_ptxbuild_check_rejects_bad_candidates_before_any_build(proj, monkeypatch):
+    _declare_candidates(proj, '[{ vec = 2.0 }]')
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["check"])
+    assert res.exit_code == cli.EXIT_CONFIG and "candidates[0]: vec = 2.0 is not one of [1, 2, 4]" in res.output
+
+
+def _notes_of_a_compile_only_build(proj) -> list[str]:
+    notes = []
+    ctx = make_ctx(proj, report=lambda kind, **kw: notes.append(kw.get("message")) if kind == "note" else None)
+    build(ctx, [Target("scale", "b200")])
+    return notes
+
+
+def test_declared_candidates_change_the_declaration_and_are_labelled_in_compile_only_builds(proj):
+    before = load(proj / "kernelfile.toml").ops["scale"].config()
+    _declare_candidates(proj, '[{ threads = 64, vec = 2 }]')
+    after = load(proj / "kernelfile.toml").ops["scale"].config()
+    assert after != before and after["search"]["candidates"] == [{"threads": 64, "vec": 2}]
+    notes = _notes_of_a_compile_only_build(proj)
+    manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())
+    assert {d["source"] for d in manifest["dispatch"]} == {"declared"}
+    assert all(d["params"] == {"threads": 64, "vec": 2} for d in manifest["dispatch"])
+    assert notes == []
+
+
+def test_a_declared_candidate_the_op_rejects_is_skipped_with_its_reason(proj):
+    _declare_candidates(proj, '[{ vec = 4 }]')
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("[7, 100]", "[7, 102]"))
+    notes = _notes_of_a_compile_only_build(proj)
+    assert notes == [f"{d}[7x102]: ops.scale.search.candidates[0] skipped: N=102 is not a multiple of vec=4"
+                     for d in ("float32", "bfloat16")]
 
 
 def test_an_empty_candidates_list_leaves_the_declaration_digest_alone(proj):
@@ -440,6 +478,16 @@ def test_an_empty_candidates_list_leaves_the_declaration_digest_alone(proj):
     _declare_candidates(proj, '[]')
     assert load(proj / "kernelfile.toml").ops["scale"].config() == before
     assert "candidates" not in before["search"]
+
+
+def _remeasure(proj, gpu, interrupted=False):
+    ctx = make_ctx(proj, gpu=gpu, gpu_match=fake_match, force=True, remeasure=True)
+    if interrupted:
+        with pytest.raises(KeyboardInterrupt):
+            build(ctx, [Target("scale", "h100")])
+    else:
+        build(ctx, [Target("scale", "h100")])
+    return ctx
 
 
 def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
@@ -454,10 +502,9 @@ def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
                 raise KeyboardInterrupt
             return super().measure(*a, **k)
     first = StopAfter()
-    with pytest.raises(KeyboardInterrupt):
-        build(make_ctx(proj, gpu=first, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    _remeasure(proj, first, interrupted=True)
     full = FakeGpu()
-    build(make_ctx(proj, gpu=full, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    _remeasure(proj, full)
     resumed = FakeGpu()
     ctx = make_ctx(proj, gpu=resumed, gpu_match=fake_match, force=True, remeasure=True)
     # after a finished --remeasure build nothing is resumed: every timing is taken again
@@ -467,8 +514,7 @@ def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
 
     # interrupted again, then resumed: the two runs together time each config once
     stop = StopAfter()
-    with pytest.raises(KeyboardInterrupt):
-        build(make_ctx(proj, gpu=stop, gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    _remeasure(proj, stop, interrupted=True)
     rest = FakeGpu()
     ctx = make_ctx(proj, gpu=rest, gpu_match=fake_match, force=True, remeasure=True)
     build(ctx, [Target("scale", "h100")])
@@ -476,3 +522,38 @@ def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
     summary = json.loads(ctx.cache.last_build("scale@h100", ctx.kf.project)["summary"])
     assert summary["remeasured"] and summary["timed_since"] is not None and summary["remeasure_resumed"]
     assert "timed since " in (proj / "reports/scale@h100/report.md").read_text()
+
+
+def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_not_timed(proj):
+    """Timings the interrupted run made are kept only when they succeeded (a failure may be the
+    interrupt's own doing: the worker gets the same SIGINT); each problem's baselines are kept or
+    timed again the same way."""
+    from .fakes import _M
+    from ptxbuild.outcome import Outcome
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+
+    class Counting(FakeGpu):
+        base_calls = 0
+
+        def baselines(self, op_folder, problem):
+            self.base_calls += 1
+            return super().baselines(op_folder, problem)
+
+    class FailOnceThenStop(Counting):
+        def measure(self, *a, **k):
+            self.measured += 1
+            if self.measured == 1:
+                return _M(Outcome.TIMEOUT, None, None, None)
+            if self.measured == 9:        # in the second problem: the first one's baselines are timed
+                raise KeyboardInterrupt
+            t = 0.01 * self.measured
+            return _M(Outcome.OK, t, t, t)
+    first = FailOnceThenStop()
+    _remeasure(proj, first, interrupted=True)
+    rest = Counting()
+    _remeasure(proj, rest)
+    every = Counting()
+    _remeasure(proj, every)
+    # the first run kept 7 successful timings (the timeout and the interrupted one are timed again)
+    assert rest.measured == every.measured - 7
+    assert first.base_calls == 1 and rest.base_calls == 3 and every.base_calls == 4
