@@ -292,13 +292,15 @@ def _ignore_sigint() -> None:
 
 
 class _Interrupts:
-    """SIGINT while a target builds: the first one stops the search (KeyboardInterrupt); the next
+    """SIGINT (or SIGTERM) while a target builds: the first one stops the search (KeyboardInterrupt); the next
     one, which `timeout -s INT` (the child, then its process group) or a second Ctrl-C sends while
     the partial results are written, is ignored; a third stops at once. A first one that arrives
     while a finished build is saved (`saving`) is held like a second until the build is recorded."""
 
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)   # SIGTERM: plain `timeout`, job schedulers
+
     def __init__(self):
-        self.count, self.prev, self.saving = 0, None, False
+        self.count, self.prev, self.saving = 0, {}, False
 
     def _handle(self, signum, frame):
         self.count += 1
@@ -307,12 +309,12 @@ class _Interrupts:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.prev = signal.signal(signal.SIGINT, self._handle)
+            self.prev = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc):
-        if self.prev is not None:
-            signal.signal(signal.SIGINT, self.prev)
+        for sig, handler in self.prev.items():
+            signal.signal(sig, handler)
 
 
 def _compile_one(compile_fn, kernel: Kernel, arch: str):

@@ -218,6 +218,26 @@ def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(pr
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_sigterm_keeps_finished_problems_like_sigint(proj):
+    """`timeout` without -s and job schedulers send SIGTERM: the build stops the same way, keeps what
+    it finished (recorded as interrupted, resumable) and puts the default handler back."""
+    import os
+    import signal
+
+    class Terminating(FakeCompiler):
+        def __call__(self, kernel, arch):
+            if len(self.calls) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().__call__(kernel, arch)
+
+    ctx = make_ctx(proj, Terminating())
+    with pytest.raises(KeyboardInterrupt):
+        build(ctx, [Target("scale", "b200")])
+    last = ctx.cache.last_build("scale@b200", ctx.kf.project)
+    assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_kernelfiles_sharing_a_cache_keep_their_own_builds(proj):
     """benchmarks/*.toml share the repository's cache and target names: one kernelfile's build must
     not make another's target up to date, nor show up in its report."""
