@@ -135,11 +135,22 @@ def test_lessons_from_h100_seed_the_b200_compile_only_build(proj):
     assert d["params"] == {"threads": 256, "vec": 4} and d["source"] == "lesson"
 
 
-def test_interrupt_keeps_finished_problems_and_marks_the_build(proj):
+def _raise_keyboard_interrupt():
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_interrupt_keeps_finished_problems_and_marks_the_build(proj, stop):
+    """Ctrl-C, or SIGTERM (plain `timeout`, job schedulers): the build stops, keeps what it finished
+    (recorded as interrupted, resumable) and puts the signal handlers back."""
+    import os
+    import signal
+    interrupt = {"ctrl-c": _raise_keyboard_interrupt, "sigterm": lambda: os.kill(os.getpid(), signal.SIGTERM)}[stop]
+
     class Interrupting(FakeCompiler):
         def __call__(self, kernel, arch):
             if len(self.calls) == 1:
-                raise KeyboardInterrupt
+                interrupt()
             return super().__call__(kernel, arch)
 
     ctx = make_ctx(proj, Interrupting())
@@ -148,6 +159,8 @@ def test_interrupt_keeps_finished_problems_and_marks_the_build(proj):
     last = ctx.cache.last_build("scale@b200", ctx.kf.project)
     assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
     assert "problems built: 2/4 (**interrupted**: rerun to finish)" in (proj / "reports/scale@b200/report.md").read_text()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     comp = FakeCompiler()
     ctx2 = make_ctx(proj, comp)
     assert [(str(t), w) for t, f, w in plan(ctx2, [Target("scale", "b200")])] == [("scale@b200", "last build interrupted")]
@@ -216,26 +229,6 @@ def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(pr
     assert ctx.cache.last_build("scale@b200", ctx.kf.project)["status"] == "interrupted"
     assert "**interrupted**" in (proj / "reports/scale@b200/report.md").read_text()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_sigterm_keeps_finished_problems_like_sigint(proj):
-    """`timeout` without -s and job schedulers send SIGTERM: the build stops the same way, keeps what
-    it finished (recorded as interrupted, resumable) and puts the default handler back."""
-    import os
-    import signal
-
-    class Terminating(FakeCompiler):
-        def __call__(self, kernel, arch):
-            if len(self.calls) == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return super().__call__(kernel, arch)
-
-    ctx = make_ctx(proj, Terminating())
-    with pytest.raises(KeyboardInterrupt):
-        build(ctx, [Target("scale", "b200")])
-    last = ctx.cache.last_build("scale@b200", ctx.kf.project)
-    assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_kernelfiles_sharing_a_cache_keep_their_own_builds(proj):
