@@ -373,7 +373,6 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     probs = problems_of(spec)
     started = time.time()
     check_candidates(spec, op)
-    declared: list[dict] = []
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure else None
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
@@ -391,7 +390,6 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
             mine = declared_candidates(spec, op, problem, default,
                                        note=lambda m: ctx.report("note", message=m))
-            declared += mine
             seeds = mine + seeds
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
@@ -427,7 +425,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                      "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
                      "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
                      "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-                     "source": "measured" if hw else ("declared" if cfg in declared else
+                     "source": "measured" if hw else ("declared" if cfg in mine else
                                                       "lesson" if cfg in [u["params"] for u in used] else "default"),
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}

@@ -29,9 +29,8 @@ class ConfigError(click.ClickException):
 def _kernelfile(path: str):
     from .graph import TargetError
     from .kernelfile import KernelfileError, load
-    from .oploader import OpError
     from .build import check_candidates
-    from .oploader import load_op
+    from .oploader import OpError, load_op
     try:
         kf = load(path)
         for spec in kf.ops.values():   # declared candidates name the op's parameters: checked up front

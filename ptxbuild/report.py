@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import time
 import platform
 import subprocess
 import sys
+import time
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
