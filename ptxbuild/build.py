@@ -17,6 +17,7 @@ from typing import Any, Callable
 from . import gates, keys, lessons
 from .artifacts import write_artifacts
 from .compiler import CompileError, compile_kernel, with_resources
+from .gpu.session import GpuError
 from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
@@ -379,7 +380,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                    f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ctx.timed_since))} are kept")
     pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
             if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
-    interrupted = False
+    interrupted, gpu_failure = False, None
     try:
         for i, problem in enumerate(probs):
             ctx.report("problem_start", target=t, problem=problem, index=i, total=len(probs))
@@ -437,6 +438,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                        baseline_s=time.perf_counter() - t_base if hw else None)
     except KeyboardInterrupt:
         interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
+    except GpuError as exc:  # the worker is gone for good: keep what finished the same way, then say so
+        interrupted, gpu_failure = True, exc
     finally:
         irq.saving = True
         if pool:
@@ -462,6 +465,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
     write_report(ctx.kf, ctx.cache, t)
+    if gpu_failure is not None:
+        raise gpu_failure
     if interrupted or irq.count:
         raise KeyboardInterrupt
     if not ok:

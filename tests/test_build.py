@@ -537,6 +537,28 @@ def test_rerunning_an_interrupted_remeasure_build_keeps_what_it_timed(proj):
     assert "timed since " in (proj / "reports/scale@h100/report.md").read_text()
 
 
+def test_a_gpu_worker_lost_for_good_keeps_the_finished_problems_and_a_remeasure_resumes(proj):
+    """GpuError (the worker cannot be restarted) is recorded like an interrupt: the problems that
+    finished are in the build record and the report, and --remeasure again keeps their timings."""
+    from ptxbuild.gpu.session import GpuError
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+
+    class Dies(FakeGpu):
+        def measure(self, *a, **k):
+            if self.measured == 8:
+                raise GpuError("the GPU worker exited and could not be restarted")
+            return super().measure(*a, **k)
+    ctx = make_ctx(proj, gpu=Dies(), gpu_match=fake_match, force=True, remeasure=True)
+    with pytest.raises(GpuError, match="could not be restarted"):
+        build(ctx, [Target("scale", "h100")])
+    last = ctx.cache.last_build("scale@h100", ctx.kf.project)
+    assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "1/4"
+    rest, every = FakeGpu(), FakeGpu()
+    _remeasure(proj, rest)
+    _remeasure(proj, every)
+    assert rest.measured == every.measured - 8
+
+
 def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_not_timed(proj):
     """Timings the interrupted run made are kept only when they succeeded (a failure may be the
     interrupt's own doing: the worker gets the same SIGINT); each problem's baselines are kept or
