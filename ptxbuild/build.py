@@ -49,6 +49,7 @@ class Context:
     timed: set = field(default_factory=set)
     # resuming an interrupted --remeasure build: timings made since this time count as this run's
     timed_since: float | None = None
+    resume: bool = True        # False: a --remeasure build starts over even after an interrupted one
 
 
 @dataclass(frozen=True)
@@ -374,7 +375,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     probs = problems_of(spec)
     started = time.time()
     check_candidates(spec, op)
-    ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure else None
+    ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure and ctx.resume else None
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ctx.timed_since))} are kept")

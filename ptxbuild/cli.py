@@ -193,9 +193,12 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--locked", is_flag=True, help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
               "search); fail on any drift.")
 @click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
-              "compiles and verdicts still come from the cache): all of a report's numbers from one run.")
+              "compiles and verdicts still come from the cache): all of a report's numbers from one run. "
+              "After an interrupted --remeasure build it resumes, keeping that run's successful timings.")
+@click.option("--no-resume", is_flag=True, help="With --remeasure: start over even after an interrupted "
+              "--remeasure build (e.g. when the GPU was shared while it ran).")
 @click.pass_obj
-def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure):
+def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure, no_resume):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
@@ -205,7 +208,9 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
     ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
-    ctx.force, ctx.remeasure = force or remeasure, remeasure
+    if no_resume and not remeasure:
+        raise ConfigError("--no-resume only applies with --remeasure")
+    ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")

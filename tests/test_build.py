@@ -557,6 +557,13 @@ def test_a_gpu_worker_lost_for_good_keeps_the_finished_problems_and_a_remeasure_
     _remeasure(proj, rest)
     _remeasure(proj, every)
     assert rest.measured == every.measured - 8
+    # --no-resume: the same interruption, then every timing taken again
+    with pytest.raises(GpuError):
+        build(make_ctx(proj, gpu=Dies(), gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    again = FakeGpu()
+    build(make_ctx(proj, gpu=again, gpu_match=fake_match, force=True, remeasure=True, resume=False),
+          [Target("scale", "h100")])
+    assert again.measured == every.measured
 
 
 def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_not_timed(proj):
