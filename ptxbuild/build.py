@@ -22,7 +22,7 @@ from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
 from .problem import Binary, Kernel, Problem, digest
-from .report import environment, write_report
+from .report import environment, utc_time, write_report
 from .search import run_search
 
 REGISTERS_PER_SM = 65536
@@ -378,7 +378,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure and ctx.resume else None
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(ctx.timed_since))} are kept")
+                   f"{utc_time(ctx.timed_since)} are kept")
     pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
             if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
     interrupted, gpu_failure = False, None
@@ -450,8 +450,10 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
-               "remeasured": bool(hw) and ctx.remeasure, "timed_since": (ctx.timed_since or started) if hw and ctx.remeasure else None,
-               "remeasure_resumed": bool(hw and ctx.remeasure and ctx.timed_since),
+               "remeasured": bool(hw) and ctx.remeasure,
+               # timed_since is only set by a resumed --remeasure build (hardware present)
+               "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
+               "remeasure_resumed": ctx.timed_since is not None,
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)

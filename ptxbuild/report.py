@@ -34,6 +34,10 @@ def environment(root: Path) -> dict:
             "git_revision": rev + ("-dirty" if dirty else "")}
 
 
+def utc_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
 def collect(kf, cache, target) -> dict | None:
     build = cache.last_build(str(target), kf.project)
     if build is None:
@@ -115,7 +119,7 @@ def markdown(data: dict) -> str:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
         since = s.get("timed_since") if s.get("remeasure_resumed") else None
-        when = (f" since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))} (a rerun after an "
+        when = (f" since {utc_time(since)} (a rerun after an "
                 "interruption keeps what the interrupted run timed)") if since else " in this run"
         lines.append("- timings: " + (f"every candidate and baseline timed{when} (`--remeasure`)"
                                       if s.get("remeasured") else
