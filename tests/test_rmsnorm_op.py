@@ -144,11 +144,19 @@ def test_bytes_moved():
     ({"regime": "cluster", "threads": 512, "cluster": 2, "stage": "pipe"}, prob(shape=(4, 65536)), "exact block and warp"),
     ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "exact block and warp"),
     ({"regime": "warp", "threads": 256, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 1024)),
-     "weight in registers"),
+     "places the weight"),
     ({"regime": "block", "threads": 512, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 8192)),
-     "weight in registers"),
+     "places the weight"),
     ({"regime": "block", "threads": 512, "stage": "pipe", "min_blocks": 2}, prob("float32", (4, 32768), residual=True),
      "two staged rows"),
+    ({"regime": "warp", "threads": 256, "stage": "chunk"}, prob(shape=(4, 2048)), "exact block/cluster"),
+    ({"regime": "block", "threads": 256, "stage": "chunk", "exact": False}, prob(shape=(4, 8192)), "exact block/cluster"),
+    ({"regime": "block", "threads": 512, "load_hint": "l2"}, prob(shape=(4, 8192)), "only applies to stage=chunk"),
+    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 4}, prob(shape=(4, 8192)), "one chunk holds them all"),
+    ({"regime": "block", "threads": 256, "stage": "chunk", "weight_load": "early"}, prob(shape=(4, 8192)),
+     "register-resident"),
+    ({"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "min_blocks": 2}, prob(shape=(4, 262144)),
+     "registers per lane"),
 ])
 def test_check_rejects(params, problem, words):
     reason = op.check(params, problem)
@@ -164,6 +172,9 @@ def test_check_rejects(params, problem, words):
     ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4},
      prob("float32", (8192, 262144), residual=True)),
     ({"regime": "block", "threads": 512, "stage": "pipe"}, prob("float32", (32768, 8192))),
+    ({"regime": "block", "threads": 512, "stage": "chunk", "min_blocks": 3, "load_hint": "l2"}, prob("float32", (1, 8192))),
+    ({"regime": "cluster", "threads": 1024, "cluster": 8, "stage": "chunk", "unroll": 2, "load_hint": "l2"},
+     prob("float32", (8192, 262144), residual=True)),
 ])
 def test_check_accepts(params, problem):
     assert op.check(params, problem) is None
@@ -286,6 +297,30 @@ def test_nc_ef_streams_x_with_an_evict_first_policy_and_keeps_the_late_weight(ar
     assert ef.ptx.count("ld.global.L2::cache_hint.v4.u32") == vpt                         # the weight
     assert "createpolicy" not in nc.ptx and "cache_hint" not in nc.ptx
     assert ef.spill_bytes == 0 and ef.registers <= nc.registers + 4
+
+@pytest.mark.compile
+@pytest.mark.parametrize("residual", [False, True])
+def test_chunk_reads_the_row_twice_and_h_back_from_residual_out(residual):
+    """stage=chunk, load_hint=l2: pass 1 loads x (+ residual) with L1 and L2 evict_last, as Triton
+    does; pass 2 loads x again with evict_first, or with a residual reads h back from residual_out with
+    a coherent ld.global (never .nc: this kernel wrote it), plus the weight (evict_last). Two loops of
+    one vector per lane, so ~24 registers, not the row."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("float32", (32768, 8192), residual=residual)
+    cfg = op._full({"regime": "block", "threads": 512, "stage": "chunk", "min_blocks": 3, "load_hint": "l2"})
+    assert op.check(cfg, p) is None
+    b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+    keep = b.ptx.count("ld.global.L1::evict_last.L2::cache_hint.v4.u32")
+    assert keep == (2 if residual else 1) + 1                  # pass 1 (x, residual), the weight
+    if residual:                                               # h read back: coherent, no L1 priority
+        assert b.ptx.count("ld.global.L2::cache_hint.v4.u32") == 1 and "L1::evict_first" not in b.ptx
+    else:
+        assert b.ptx.count("ld.global.L1::evict_first.L2::cache_hint.v4.u32") == 1
+    assert "ld.global.nc" not in b.ptx
+    assert b.ptx.count("createpolicy.fractional.L2::evict_first") == 1
+    assert b.ptx.count("st.global.v4.u32") == (2 if residual else 1)   # residual_out in pass 1, y in pass 2
+    assert b.spill_bytes == 0 and b.registers <= 32
+
 
 def test_pipe_launches_persistent_blocks_with_two_rows_of_shared_memory():
     """stage=pipe: min(M, SMs x min_blocks) blocks, each looping over rows; dynamic shared memory for

@@ -16,6 +16,9 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
   exact=True : N is a compile-time constant; the row lives in registers (stage="reg") or, for rows
           too long for registers (block/cluster only), in dynamic shared memory (stage="smem");
           x (+ residual) is read from global memory exactly once.
+          stage="chunk" (block/cluster): two passes over the row in chunks of `unroll` vectors per
+          lane, few registers; pass 2 re-reads x (L1/L2 hits) or, with a residual, reads h back
+          from residual_out.
   exact=False: any N at run time (also N % 8 != 0, via element accesses); two passes over global
           memory (the second re-reads x (+ residual), usually from L2). Rendered without N.
 """
@@ -45,11 +48,12 @@ SPACE = {
     "rows_per_group": [1, 2, 4],          # warp regime: rows per lane group, all loads issued first
     "cluster": [1, 2, 4, 8, 16],          # cluster regime: CTAs per row (16 is refused, see check)
     "exact": [True, False],               # N compile-time (register/smem resident) vs generic N
-    "stage": ["reg", "smem", "pipe"],     # exact block/cluster: where the row is held (pipe: persistent
-                                          # blocks, next row bulk-copied into a double buffer)
-    "unroll": [1, 2, 4, 8],               # generic / smem stage: vectors per lane per batch
-    "min_blocks": [1, 2, 4],              # __launch_bounds__ min blocks per SM (occupancy / regs)
-    "load_hint": ["none", "nc", "nc_na", "nc_ef"],  # ld.global / .nc / .nc.L1::no_allocate / + .L2::evict_first
+    "stage": ["reg", "smem", "pipe", "chunk"],  # exact: where the row is held (pipe: persistent blocks,
+                                          # next row bulk-copied into a double buffer; chunk: two passes)
+    "unroll": [1, 2, 4, 8],               # generic / smem / chunk stage: vectors per lane per batch
+    "min_blocks": [1, 2, 3, 4],           # __launch_bounds__ min blocks per SM (occupancy / regs)
+    "load_hint": ["none", "nc", "nc_na", "nc_ef", "l2"],  # ld.global / .nc / .nc.L1::no_allocate /
+                                          # + .L2::evict_first / (chunk) L2 evict_last then evict_first
     "store_cs": [False, True],            # st.global.cs (streaming) for y and residual_out
     "rsqrt": ["approx", "precise"],       # rsqrt.approx.f32 vs 1 / sqrt.rn
     "weight_load": ["late", "early"],     # weight/bias loaded in the epilogue or with x
@@ -62,7 +66,7 @@ SMEM_LIMIT_BYTES = 227 * 1024
 MAX_SMS = 160              # verification shapes for persistent grids assume at most this many SMs
 REG_OVERHEAD = 20          # registers a thread needs besides the row data (pointers, indices, ...)
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
-LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3}
+LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3, "l2": 4}
 SRC = Path(__file__).with_name("rmsnorm.cu")
 
 
@@ -129,6 +133,20 @@ def _data_regs(p: dict, problem: Problem) -> int:
     return int(hold * (1.75 if res else 1.0)) + (vpt * wwords if p["weight_load"] == "early" else 0)
 
 
+def _chunk_regs(p: dict, problem: Problem) -> int:
+    """Registers a chunked lane needs in all: pass 2 holds h and the weight of up to 4 vectors at a
+    time; past 4, pass 1 holds 4 words more per extra vector of x (and residual) in flight.
+    Calibrated on sm_90a: fp32 8K, 512 threads, unroll 4 compiles to exactly 40 without spills;
+    unroll 1-2 needs 24-32, fp32 32K at unroll 8 58; past the cap it spills, and the compile step
+    rejects it."""
+    o = _opts(problem)
+    vec = _vec(problem.dtype)
+    _, kw, kh = _kinds(problem)
+    wwords = _words(kw, vec) * ((o["weight"] != "none") + bool(o["bias"]))
+    u2 = min(p["unroll"], 4)
+    return u2 * (max(4, _words(kh, vec)) + wwords) + 8 + (p["unroll"] - u2) * 4 * (1 + bool(o["residual"]))
+
+
 def _smem_bytes(p: dict, problem: Problem) -> int:
     if p["exact"] and p["stage"] == "pipe" and p["regime"] == "block":   # two rows of x (+ residual)
         return 2 * problem.shape[1] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
@@ -174,15 +192,19 @@ def check(params: dict, problem: Problem) -> str | None:
         return "cluster > 8 needs cudaFuncAttributeNonPortableClusterSizeAllowed, which Launch cannot request"
     if p["stage"] == "smem" and (not p["exact"] or regime == "warp"):
         return "stage=smem only applies to exact block/cluster variants"
+    if p["stage"] == "chunk" and (not p["exact"] or regime == "warp"):
+        return "stage=chunk only applies to exact block/cluster variants"
+    if p["load_hint"] == "l2" and p["stage"] != "chunk":
+        return "load_hint=l2 (pass 1 evict_last, pass 2 evict_first) only applies to stage=chunk"
     if p["stage"] == "pipe" and (not p["exact"] or regime == "cluster"):
         return "stage=pipe only applies to exact block and warp variants"
     if p["stage"] == "pipe" and (p["weight_load"] != canon["weight_load"] or p["unroll"] != canon["unroll"]):
-        return "stage=pipe keeps the weight in registers across rows and has no batches (leave weight_load, unroll)"
+        return "stage=pipe places the weight itself and has no batches (leave weight_load, unroll)"
     if p["exact"] and p["stage"] == "reg" and p["unroll"] != canon["unroll"]:
         return "unroll only applies to generic or smem-staged variants (leave 1)"
     if not p["exact"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load=early only applies to exact register-resident variants"
-    if p["stage"] == "smem" and p["weight_load"] != canon["weight_load"]:
+    if p["stage"] in ("smem", "chunk") and p["weight_load"] != canon["weight_load"]:
         return "weight_load=early only applies to exact register-resident variants"
     if o["weight"] == "none" and not o["bias"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load is moot without weight or bias"
@@ -202,6 +224,12 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
         if p["stage"] == "smem" and p["unroll"] > vpt:
             return f"unroll={p['unroll']} > {vpt} vectors per lane"
+        if p["stage"] == "chunk":
+            if p["unroll"] > vpt:
+                return f"stage=chunk: unroll={p['unroll']} > {vpt} vectors per lane (one chunk holds them all)"
+            need = _chunk_regs(p, problem)
+            if need > _reg_cap(p):
+                return f"chunk needs ~{need} registers per lane > {_reg_cap(p)}"
         if _smem_bytes(p, problem):                  # smem, block pipe: rows staged in shared memory
             smem = _smem_bytes(p, problem)
             what = "two staged rows need" if p["stage"] == "pipe" else "staged row part needs"
@@ -209,7 +237,7 @@ def check(params: dict, problem: Problem) -> str | None:
                 return f"{what} {smem} bytes of shared memory > {SMEM_LIMIT_BYTES}"
             if smem * p["min_blocks"] > 228 * 1024:
                 return f"{what} {smem} bytes of shared memory: min_blocks={p['min_blocks']} CTAs exceed the SM's"
-        if p["stage"] != "smem":                     # reg, pipe: the row's data in registers
+        if p["stage"] in ("reg", "pipe"):            # the row's data in registers
             if vpt > 64:
                 return f"{vpt} vectors per lane is too many to unroll"
             need = _data_regs(p, problem) + REG_OVERHEAD
@@ -262,6 +290,7 @@ def default_params(problem: Problem) -> dict:
                 cands.append({"regime": "cluster", "threads": t, "cluster": c})
         cands.append({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4})
         cands.append({"regime": "cluster", "threads": 1024, "cluster": 8, "stage": "smem", "unroll": 4})
+        cands.append({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "chunk", "unroll": 2})
         cands.append({"regime": "cluster", "threads": 1024, "cluster": 8, "exact": False, "unroll": 2})
         cands.append({"regime": "block", "threads": 1024, "exact": False, "unroll": 2})
     for c in cands:
@@ -293,6 +322,7 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         "NC": problem.shape[1] if exact else 0,     # N enters the source only for exact variants
         "STAGE_SMEM": int(exact and p["stage"] == "smem"),
         "STAGE_PIPE": int(exact and p["stage"] == "pipe"),
+        "STAGE_CHUNK": int(exact and p["stage"] == "chunk"),
         "UNROLL": p["unroll"],
         "LDH": LDH[p["load_hint"]],
         "STCS": int(bool(p["store_cs"])),

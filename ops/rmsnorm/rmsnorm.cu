@@ -18,9 +18,14 @@
 //               memory while the previous row is reduced and written; weight/bias held in registers.
 //               Warp regime: persistent lane groups (grid SMs x MIN_BLOCKS), the next row group's x
 //               (+ residual) loaded into a second register set before this group is finished
-//   UNROLL      vectors per thread per batch (generic and staged variants)
+//   STAGE_CHUNK EXACT block/cluster: two passes over the row in chunks of UNROLL vectors per lane (few
+//               registers, so more CTAs per SM); pass 2 re-reads x (pass 1's loads left it in L1/L2)
+//               or, with a residual, reads h back from residual_out (one stream instead of two)
+//   UNROLL      vectors per thread per batch (generic, staged and chunked variants)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
-//               policy (late weight loads: evict_last);  STCS 1: st.global.cs
+//               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
+//               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
+//               evict_first in pass 2, evict_last for the weight;  STCS 1: st.global.cs
 //   APPROX      1: rsqrt.approx.f32; 0: 1 / sqrt.rn (IEEE division)
 //   WEARLY      1: weight/bias loads issued with x (held in registers); 0: loaded in the epilogue
 // Pointers of absent operands are ignored (pass 0). Inputs must not alias outputs. Base pointers
@@ -100,7 +105,10 @@ template <bool FIRST> __device__ __forceinline__ unsigned long long l2_policy() 
 }
 template <bool HINT = true> __device__ __forceinline__ void ld16(const void* p, u32* w) {
   if constexpr (!HINT) {
-#if LDH == 3
+#if LDH == 4
+    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<false>()));
+#elif LDH == 3
     asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<false>()));
 #else
@@ -109,7 +117,10 @@ template <bool HINT = true> __device__ __forceinline__ void ld16(const void* p, 
 #endif
     return;
   }
-#if LDH == 3
+#if LDH == 4
+  asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<false>()));
+#elif LDH == 3
   asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<true>()));
 #elif LDH == 2
@@ -346,7 +357,7 @@ __device__ __forceinline__ float row_sum(float s) {
 #endif
 
 // ---------------------------------------------------------------- exact-N, register-resident
-#if EXACT && !STAGE_SMEM
+#if EXACT && !STAGE_SMEM && !STAGE_CHUNK
 // Row worker holds RPG rows x VPT vectors; every load (x, residual, early weight) is issued
 // before the first use. Vector v = i*G + t of the worker's range [lo, lo + LEN).
 constexpr int EX_NV = NC / CLUSTER / VEC, EX_VPT = (EX_NV + G - 1) / G;
@@ -545,6 +556,129 @@ __device__ __forceinline__ void run_staged(const Args& a, i64 row, int t, i64 lo
         if (HAS_BIAS) vload<KW, false>(a.b, idx, bl);
         normalize(hw, wl, bl, rs, yw);
         vstore<DT>(a.y, row * (i64)NC + idx, yw);
+      }
+    }
+  }
+}
+#endif
+
+// ---------------------------------------------------------------- exact-N, two passes in chunks
+#if EXACT && STAGE_CHUNK
+// Block/cluster only (RPG == 1); the shape of torch.compile's Triton kernel at 2K-32K (run 12e). The
+// row part is walked twice in chunks of UNROLL vectors per lane (one chunk: every load of pass 1
+// in flight at once, then x re-read after the reduction instead of held in registers across it):
+// pass 1 loads x (+ residual), writes residual_out and sums squares; pass 2 loads x again (pass 1's
+// loads allocated it in L1, and LDH 4 asked L1 and L2 to keep it) or, with a residual, reads back the h
+// this thread stored to residual_out in pass 1, and writes y. Few registers per lane, so up to
+// 2048 threads per SM, and one stream fewer than the generic variant's re-read of x and residual.
+// Pass-2 loads are volatile: never merged with pass 1's, whatever the compiler unrolls.
+__device__ __forceinline__ void ld16_again(const void* p, u32* w) {
+#if LDH == 4
+  asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<true>()));
+#elif LDH == 3
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<true>()));
+#elif LDH == 2
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+#elif LDH == 1
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+#else
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+#endif
+}
+
+// Memory this kernel wrote: a coherent ld.global (never .nc), ordered after the thread's own stores
+// by the "memory" clobbers (st16 has them too).
+__device__ __forceinline__ void ld16_own(const void* p, u32* w) {
+#if LDH == 4
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p), "l"(l2_policy<true>()) : "memory");
+#else
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p) : "memory");
+#endif
+}
+
+// h of VEC elements for pass 2, in kind KH: residual_out read back, or x again (KH == DT then).
+__device__ __forceinline__ void h_again(const Args& a, i64 idx, u32* w) {
+#if HAS_RES
+  const char* p = (const char*)a.ro + idx * Kind<KH>::bytes;
+#pragma unroll
+  for (int q = 0; q < Kind<KH>::words / 4; ++q) ld16_own(p + 16 * q, w + 4 * q);
+#else
+  ld16_again((const char*)a.x + idx * Kind<DT>::bytes, w);
+#endif
+}
+
+__device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo, float eps) {
+  constexpr int NV = NC / CLUSTER / VEC, STEP = G * UNROLL, NCH = (NV + STEP - 1) / STEP;
+  constexpr bool FULL = NV % STEP == 0;               // every chunk whole: no predicates
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
+  const i64 rowoff = row * (i64)NC + lo;
+  float ss = 0.f;
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+    u32 xw[UNROLL][4];
+#if HAS_RES
+    u32 rw[UNROLL][4];
+#endif
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int v = c * STEP + u * G + t;
+      const bool ok = FULL || v < NV;
+      if (ok) vload<DT>(a.x, rowoff + (i64)v * VEC, xw[u]); else zero<DT>(xw[u]);
+#if HAS_RES
+      if (ok) vload<DT>(a.r, rowoff + (i64)v * VEC, rw[u]); else zero<DT>(rw[u]);
+#endif
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      u32 hw[HWN];
+#if HAS_RES
+      ss += combine(xw[u], rw[u], hw);
+      const int v = c * STEP + u * G + t;
+      if (FULL || v < NV) vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw);
+#else
+      ss += combine(xw[u], nullptr, hw);
+#endif
+    }
+  }
+  const float rs = rstd_of(row_sum(ss), (float)NC, eps);
+#if HAS_RSTD
+  if (t == 0 && lo == 0) a.rstd[row] = rs;
+#endif
+  // pass 2 holds h and the weight of at most 4 vectors at a time (Triton at fp32 32K: 8 loads in
+  // flight in pass 1, then two rounds of 4 re-loads; 54 registers)
+  constexpr int U2 = UNROLL > 4 ? 4 : UNROLL;
+#pragma unroll 1
+  for (int c = 0; c < NCH; ++c) {
+#pragma unroll
+    for (int s = 0; s < UNROLL / U2; ++s) {
+      u32 hw[U2][HWN], wl[U2][WWN], bl[U2][WWN];
+#pragma unroll
+      for (int u = 0; u < U2; ++u) {
+        const int v = c * STEP + (s * U2 + u) * G + t;
+        const i64 idx = lo + (i64)v * VEC;
+        if (FULL || v < NV) {
+          h_again(a, rowoff + (i64)v * VEC, hw[u]);
+          if (WT != 0) vload<KW, false>(a.w, idx, wl[u]);
+          if (HAS_BIAS) vload<KW, false>(a.b, idx, bl[u]);
+        } else {
+          zero<KH>(hw[u]); zero<KW>(wl[u]); zero<KW>(bl[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U2; ++u) {
+        const int v = c * STEP + (s * U2 + u) * G + t;
+        if (FULL || v < NV) {
+          u32 yw[4];
+          normalize(hw[u], wl[u], bl[u], rs, yw);
+          vstore<DT>(a.y, row * (i64)NC + lo + (i64)v * VEC, yw);
+        }
       }
     }
   }
@@ -761,6 +895,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   run_pipe(a, M, t, eps);
 #elif EXACT && STAGE_SMEM
   run_staged(a, row, t, 0, eps);
+#elif EXACT && STAGE_CHUNK
+  run_chunk(a, row, t, 0, eps);
 #elif EXACT
   const bool rok[1] = {true};
   run_exact(a, &row, rok, t, 0, eps);
@@ -777,6 +913,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   const i64 lo = (i64)rank * (NC / CLUSTER);
 #if STAGE_SMEM
   run_staged(a, row, t, lo, eps);
+#elif STAGE_CHUNK
+  run_chunk(a, row, t, lo, eps);
 #else
   const bool rok[1] = {true};
   run_exact(a, &row, rok, t, lo, eps);

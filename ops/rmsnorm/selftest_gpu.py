@@ -70,11 +70,31 @@ CASES = [
      {**C, "threads": 256, "cluster": 4, "exact": False, "unroll": 2}),
     ("bfloat16", (7, 131072), {"residual": True, "residual_out_fp32": True},
      {**C, "threads": 1024, "cluster": 8, "exact": False, "unroll": 1}),
+    # stage=chunk: two passes in chunks (a partial last chunk at N = 4000; h read back from
+    # residual_out, also as fp32; the cluster regime; the l2 load policies)
+    ("float32", (199, 8192), {"rstd": True}, {**B, "threads": 512, "stage": "chunk", "min_blocks": 3, "load_hint": "l2"}),
+    ("bfloat16", (199, 4000), {"residual": True, "bias": True, "weight": "fp32"},
+     {**B, "threads": 128, "stage": "chunk", "load_hint": "nc"}),
+    ("float16", (64, 16384), {"residual": True, "residual_out_fp32": True, "rstd": True},
+     {**B, "threads": 256, "stage": "chunk", "unroll": 2, "load_hint": "l2", "store_cs": True}),
+    ("float32", (8, 262144), {"residual": True, "rstd": True},
+     {**C, "threads": 512, "cluster": 8, "stage": "chunk", "unroll": 2, "load_hint": "l2"}),
+    ("bfloat16", (16, 131072), {"weight": "none", "bias": True, "rstd": True},
+     {**C, "threads": 256, "cluster": 4, "stage": "chunk", "unroll": 4, "load_hint": "none"}),
+    # one chunk: every pass-1 load in flight, x re-read from L1 after the reduction (Triton's shape)
+    ("float32", (199, 8192), {"residual": True, "bias": True},
+     {**B, "threads": 512, "stage": "chunk", "unroll": 4, "min_blocks": 2, "load_hint": "l2"}),
+    ("bfloat16", (3, 8192), {"rstd": True}, {**B, "threads": 512, "stage": "chunk", "unroll": 2, "min_blocks": 3, "load_hint": "l2"}),
+    # unroll 8: pass 2 in two rounds of 4 vectors (a partial last chunk at N = 65544 with a residual)
+    ("float32", (199, 32768), {"rstd": True, "weight": "fp32"},
+     {**B, "threads": 1024, "stage": "chunk", "unroll": 8, "load_hint": "l2"}),
+    ("bfloat16", (64, 65544), {"residual": True}, {**B, "threads": 512, "stage": "chunk", "unroll": 8, "load_hint": "nc"}),
     # M*N past 2^31 elements: 64-bit indexing in every regime (one seed, compared in row chunks)
     ("bfloat16", (1048577, 2048), {}, {**W, "threads": 256, "row_threads": 32, "load_hint": "nc"}),
     ("bfloat16", (65537, 32768), {"rstd": True}, {**B, "threads": 1024, "load_hint": "nc"}),
     ("bfloat16", (65540, 32767), {}, {**B, "threads": 512, "exact": False, "unroll": 4}),
     ("bfloat16", (16385, 131072), {"residual": True}, {**C, "threads": 512, "cluster": 4}),
+    ("bfloat16", (65537, 32768), {"residual": True}, {**B, "threads": 512, "stage": "chunk", "load_hint": "l2"}),
 ]
 BIG = 1 << 31          # cases with more elements run one seed and compare ROWS rows at a time
 ROW_ARRAYS = ("x", "residual", "y", "residual_out", "rstd")
