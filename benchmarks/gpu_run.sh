@@ -33,6 +33,17 @@ step rmsnorm-probe-big 300 $PB -f benchmarks/rmsnorm_probe_big.toml build rmsnor
 step rmsnorm-probe-small 300 $PB -f benchmarks/rmsnorm_probe_small.toml build rmsnorm@h200 --remeasure
 step rmsnorm-probe-cluster 300 $PB -f benchmarks/rmsnorm_probe_cluster.toml build rmsnorm@h200 --remeasure
 step rmsnorm-probe-mid 400 $PB -f benchmarks/rmsnorm_probe_mid.toml build rmsnorm@h200 --remeasure
+# session 7: stage=chunk (two passes in chunks; torch.compile's own kernel shape, with its L1/L2
+# eviction priorities). The probes first, so their winners seed the full build as lessons.
+step rmsnorm-selftest-chunk 120 python3 ops/rmsnorm/selftest_gpu.py -k chunk
+step rmsnorm-probe-chunk 300 $PB -f benchmarks/rmsnorm_probe_chunk.toml build rmsnorm@h200
+step rmsnorm-probe-chunk-big 300 $PB -f benchmarks/rmsnorm_probe_chunk_big.toml build rmsnorm@h200
+step rmsnorm-probe-triton 300 $PB -f benchmarks/rmsnorm_probe_triton.toml build rmsnorm@h200
+step rmsnorm-remeasure 1800 $PB build rmsnorm@h200 --remeasure
+step rmsnorm-bf16-remeasure 600 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
+# what torch.compile runs at the rows still behind it (N = 512-1K): timings under ncu, and its PTX
+step rmsnorm-small-triton 300 bash -c 'for n in 512 1024; do ncu --clock-control none -k "regex:rmsnorm_fwd|triton_" --launch-count 8 --metrics gpu__time_duration.sum,dram__bytes_read.sum,l1tex__t_sector_hit_rate.pct,launch__registers_per_thread,launch__block_size,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active python3 benchmarks/rmsnorm_profile.py bfloat16 32768 $n --reps 2 --triton-ptx "'"$logs"'/triton-ptx-$n"; done'
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config

@@ -8,6 +8,8 @@ The config is the winner that `reports/rmsnorm@h200/report.json` records for the
 with --params). Both kernels run on the same inputs, the L2 flushed (a 256 MiB memset) before each
 call, and are timed with CUDA events; `TORCH_LOGS=output_code` prints the Triton source that
 torch.compile generated. Prints one line per kernel: median and p20/p80 in microseconds.
+`--triton-ptx DIR` copies the PTX and launch metadata (num_warps, ...) of every kernel Triton compiled
+for torch.compile into DIR (run 14d read its L1/L2 eviction priorities and loop unrolling this way).
 The torch.compile line includes each call's Python overhead (guards, output allocation), which
 falls between the two events while the GPU idles after the flush: it reads 10-20% slower than the
 build's baseline timing and ncu's kernel time. Compare kernels with ncu, or with the build.
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +59,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default=str(ROOT / "reports/rmsnorm@h200/report.json"))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-baseline", action="store_true", help="time only the built kernel")
+    ap.add_argument("--triton-ptx", metavar="DIR", help="copy the PTX of torch.compile's Triton kernels here")
     a = ap.parse_args(argv)
+    if a.triton_ptx:           # before torch imports Triton: a fresh cache holds only this run's kernels
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
 
     import cupy as cp
     import torch
@@ -96,7 +104,21 @@ def main(argv=None) -> int:
         print(f"{name:>14}: {q(0.5):8.1f} us [p20 {q(0.2):.1f}, p80 {q(0.8):.1f}, n={len(times)}] "
               f"({floor_us / q(0.5):.0%} of bytes / 4.25 TB/s)")
     torch.cuda.synchronize()
+    if a.triton_ptx:
+        print(f"triton: {copy_triton_ptx(Path(os.environ['TRITON_CACHE_DIR']), Path(a.triton_ptx))} file(s) -> {a.triton_ptx}")
     return 0
+
+
+def copy_triton_ptx(cache: Path, dest: Path) -> int:
+    """Each compiled kernel's .ptx and metadata .json from a Triton cache into dest, named
+    <cache entry>-<file> (one entry per autotuning config)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in sorted(cache.rglob("*")):
+        if f.suffix in (".ptx", ".json") and not f.name.startswith("__grp__"):
+            shutil.copy(f, dest / f"{f.parent.name}-{f.name}")
+            n += 1
+    return n
 
 
 if __name__ == "__main__":
