@@ -171,6 +171,7 @@ class _Evaluator:
         self.gpu = ctx.kf.gpus[t.gpu]
         self.binaries: dict[str, Binary] = {}
         self.results: dict[tuple, dict] = {}
+        self.timed_at: dict[tuple, float] = {}     # when each config's timing was taken (cached: then)
         self.incumbent: tuple[dict, Binary, float] | None = None
         self.rules = lessons.failure_rules(ctx.cache, op.NAME, problem, self.gpu.arch)   # failure lessons
         self.pruned: set[tuple] = set()
@@ -273,6 +274,8 @@ class _Evaluator:
                  "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "samples": r.samples, "floor_ms": r.floor_ms,
                  "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": round(measure_s, 4)}
             cache.put("measurements", m)
+            m = cache.get("measurements", mkey) or m        # with the time the timing was stored
+        self.timed_at[tuple(sorted(cfg.items()))] = m.get("created") or time.time()
         res.update(measure_s=m["seconds"], p50_ms=m["p50_ms"], measured_on=self.hw.get("name", ""))
         if m["outcome"] != "ok":
             return self._record(cfg, Outcome(m["outcome"]), m["detail"], **res)
@@ -431,6 +434,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                                                       "lesson" if cfg in [u["params"] for u in used] else "default"),
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
+            if hw:
+                entry["timed_at"] = ev.timed_at.get(tuple(sorted(cfg.items())))
             t_base = time.perf_counter()
             if hw:
                 entry["baselines"] = _baselines(ctx, op, problem, hw)
@@ -516,7 +521,7 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
         cached = json.loads(row["detail"])
         # caches written before the harness's failures stopped being cached hold them: measure again
         if not any(v["outcome"] in RETRY_BASELINE for v in cached.values()):
-            return cached
+            return {n: {**v, "timed_at": row.get("created")} for n, v in cached.items()}
     ctx.report("baselines_start", problem=problem)   # third-party code may compile or autotune for minutes
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
@@ -526,7 +531,8 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
         return out      # the harness failed (out of memory, a crash, a hang): measure again next build
     ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
                                    "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
-    return out
+    stored = ctx.cache.get("measurements", key) or {}
+    return {n: {**v, "timed_at": stored.get("created") or time.time()} for n, v in out.items()}
 
 
 # baseline outcomes that say the run failed, not the baseline: not cached

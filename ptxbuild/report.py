@@ -38,6 +38,19 @@ def utc_time(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
+def _hm(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.gmtime(ts)) if ts else "-"
+
+
+def _timed_at(data: dict) -> list[float]:
+    """When the report's timings were taken: each winner's and each baseline's (builds that
+    recorded it; a cached timing keeps the time it was taken)."""
+    out = []
+    for d in data["dispatch"]:
+        out += [t for t in [d.get("timed_at")] + [b.get("timed_at") for b in (d.get("baselines") or {}).values()] if t]
+    return out
+
+
 def collect(kf, cache, target) -> dict | None:
     build = cache.last_build(str(target), kf.project)
     if build is None:
@@ -125,6 +138,10 @@ def markdown(data: dict) -> str:
                                       if s.get("remeasured") else
                                       "timings of configs and baselines already measured on this GPU come from the "
                                       "cache (same GPU fingerprint and protocol); `--remeasure` times all again"))
+        when_all = _timed_at(data)
+        if when_all:
+            lines.append(f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
+                         "(the winners and baselines below; each row says when)")
     m, g = s.get("metric") or {}, s.get("gates") or {}
     if m.get("value_ms") is not None:
         lines.append(f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)")
@@ -133,14 +150,19 @@ def markdown(data: dict) -> str:
         lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}"
                      + ("" if s["measured"] else " (not judged: not measured on hardware)"))
         lines += [f"  - {f}" for f in g["failures"]]
-    lines += ["", "## Results", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(r) + " |" for r in table_rows(data)]
+    timed = bool(_timed_at(data))
+    head = HEAD + (["timed (UTC)"] if timed else [])
+    lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
+              for d, r in zip(data["dispatch"], table_rows(data))]
     base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
     if base_rows:
-        lines += ["", "## Baselines (same run, same protocol)", "", "| problem | baseline | outcome | p50 (us) | p20-p80 (us) | samples |",
-                  "|---|---|---|---:|---:|---:|"]
+        one_run = s.get("remeasured") and not s.get("remeasure_resumed")
+        lines += ["", f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)", "",
+                  "| problem | baseline | outcome | p50 (us) | p20-p80 (us) | samples |" + (" timed (UTC) |" if timed else ""),
+                  "|---|---|---|---:|---:|---:|" + ("---|" if timed else "")]
         lines += [f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
-                  for lbl, n, b in base_rows]
+                  + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
     losses = [r for r in table_rows(data) if r[4] != "-" and float(r[4][:-1]) < 1.0]
     if losses:
         lines += ["", "## Rows where it loses to a baseline", ""] + [f"- {r[0]}: {r[4]}" for r in losses]

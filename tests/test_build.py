@@ -342,6 +342,32 @@ def test_remeasure_times_every_candidate_and_baseline_again_once(proj):
     assert len(calls) == len(manifest["dispatch"]) == len(set(calls))
     assert "every candidate and baseline timed in this run" in (proj / "reports/scale@h100/report.md").read_text()
 
+def test_each_row_says_when_its_timings_were_taken_and_a_rebuild_keeps_the_cached_times(proj):
+    """The manifest records when each winner's and each baseline's timing was taken; a rebuild that
+    takes them from the cache keeps the original times (not the rebuild's), so a report mixing runs
+    shows it; only a fresh --remeasure report calls its baselines "same run"."""
+    import time
+    t0 = time.time()
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    t1 = time.time()
+    first = json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]
+    stamps = [d["timed_at"] for d in first] + [b["timed_at"] for d in first for b in d["baselines"].values()]
+    assert stamps and all(t0 <= t <= t1 for t in stamps)
+    text = (proj / "reports/scale@h100/report.md").read_text()
+    assert "- timed between " in text and "timed (UTC) |" in text
+    assert "## Baselines (same GPU, same protocol)" in text           # not claimed as one run
+    time.sleep(0.05)
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    again = json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]
+    assert [d["timed_at"] for d in again] == [d["timed_at"] for d in first]
+    assert [b["timed_at"] for d in again for b in d["baselines"].values()] == \
+        [b["timed_at"] for d in first for b in d["baselines"].values()]
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True, remeasure=True), [Target("scale", "h100")])
+    fresh = json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]
+    assert all(d["timed_at"] > t1 for d in fresh)
+    assert "## Baselines (same GPU, same run, same protocol)" in (proj / "reports/scale@h100/report.md").read_text()
+
+
 def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
     """The losers are evidence: each problem's fastest timed configs of the run, with their ratio to
     the fastest (FakeGpu: threads=256, vec=4 wins at 0.01 ms)."""
