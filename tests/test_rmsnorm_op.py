@@ -322,6 +322,33 @@ def test_chunk_reads_the_row_twice_and_h_back_from_residual_out(residual):
     assert b.spill_bytes == 0 and b.registers <= 32
 
 
+@pytest.mark.compile
+def test_chunk_unroll_8_is_one_pass_1_batch_and_two_pass_2_rounds():
+    """Triton's shape at fp32 32K: all 8 vectors of a lane in flight in pass 1, then pass 2 in two
+    rounds of 4 (x re-read with evict_first, weight, y stored), so 1024 threads fit without spills."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("float32", (32768, 32768))
+    cfg = op._full({"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "load_hint": "l2"})
+    assert op.check(cfg, p) is None
+    b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+    assert b.ptx.count("ld.global.L1::evict_first.L2::cache_hint.v4.u32") == 8
+    assert b.ptx.count("ld.global.L1::evict_last.L2::cache_hint.v4.u32") == 8 + 8      # x, then the weight
+    assert b.ptx.count("st.global.v4.u32") == 8
+    text = b.ptx[b.ptx.index("bar.sync"):]                  # pass 2: the first round's stores precede
+    first_store, last_reload = text.index("st.global.v4.u32"), text.rindex("L1::evict_first")
+    assert first_store < last_reload                        # the second round's re-loads
+    assert b.spill_bytes == 0 and b.registers <= 64
+
+
+def test_default_is_chunked_where_no_register_or_shared_memory_variant_fits():
+    """Rows too long for registers and for shared memory at a cluster of 8 get the chunked cluster
+    default, not the generic kernel that re-reads x (and the residual) in pass 2."""
+    assert op.default_params(prob("float32", (8192, 262144), residual=True))["stage"] == "smem"
+    big = op.default_params(prob("float32", (8, 524288), residual=True))
+    assert (big["regime"], big["cluster"], big["stage"], big["exact"]) == ("cluster", 8, "chunk", True)
+    assert op.default_params(prob("bfloat16", (8, 1 << 20)))["stage"] == "chunk"
+
+
 def test_pipe_launches_persistent_blocks_with_two_rows_of_shared_memory():
     """stage=pipe: min(M, SMs x min_blocks) blocks, each looping over rows; dynamic shared memory for
     two rows of x (+ residual). Without an SM count (a caller that does not know the GPU) it falls

@@ -25,7 +25,8 @@
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
-//               evict_first in pass 2, evict_last for the weight;  STCS 1: st.global.cs
+//               evict_first in pass 2, evict_last for the weight; h read back from residual_out gets
+//               the L2 evict_first policy only (stores do not fill L1);  STCS 1: st.global.cs
 //   APPROX      1: rsqrt.approx.f32; 0: 1 / sqrt.rn (IEEE division)
 //   WEARLY      1: weight/bias loads issued with x (held in registers); 0: loaded in the epilogue
 // Pointers of absent operands are ignored (pass 0). Inputs must not alias outputs. Base pointers
@@ -654,6 +655,7 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
   // pass 2 holds h and the weight of at most 4 vectors at a time (Triton at fp32 32K: 8 loads in
   // flight in pass 1, then two rounds of 4 re-loads; 54 registers)
   constexpr int U2 = UNROLL > 4 ? 4 : UNROLL;
+  static_assert(UNROLL % U2 == 0, "pass 2 works in whole rounds of U2 vectors: UNROLL 1, 2, 3, 4 or a multiple of 4");
 #pragma unroll 1
   for (int c = 0; c < NCH; ++c) {
 #pragma unroll
