@@ -46,6 +46,9 @@ class Context:
     # time every candidate and baseline again in this run (compiles and verdicts still come from the
     # cache), so that all of a report's numbers come from one run; keys timed in this run
     remeasure: bool = False
+    # with remeasure: only problems whose label contains one of these (none: every problem); the
+    # others keep their cached timings, and each report row says when it was timed
+    remeasure_only: tuple = ()
     timed: set = field(default_factory=set)
     # resuming an interrupted --remeasure build: timings made since this time count as this run's
     timed_since: float | None = None
@@ -263,7 +266,7 @@ class _Evaluator:
             return self._record(cfg, Outcome(verdict["outcome"]), verdict["detail"], **res)
         mkey = keys.measure_key(binary.digest, self.hw, problem, cfg)
         m = cache.get("measurements", mkey)
-        if _must_time(self.ctx, mkey, m):
+        if _must_time(self.ctx, mkey, m, problem):
             self.ctx.timed.add(mkey)
             inc = (self.incumbent[0], self.incumbent[1]) if self.incumbent else None
             t0 = time.perf_counter()
@@ -382,6 +385,9 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
                    f"{utc_time(ctx.timed_since)} are kept")
+    if ctx.remeasure_only and hw and not any(remeasuring(ctx, p) for p in probs):
+        ctx.report("note", message=f"{t}: --remeasure-only {' / '.join(ctx.remeasure_only)} matches none of its "
+                   f"problems (labels look like {probs[0].label()}): every timing comes from the cache")
     pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
             if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
     interrupted, gpu_failure = False, None
@@ -456,6 +462,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
                "remeasured": bool(hw) and ctx.remeasure,
+               "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],
                # timed_since is only set by a resumed --remeasure build (hardware present)
                "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
                "remeasure_resumed": ctx.timed_since is not None,
@@ -486,13 +493,18 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     return TargetResult(t, "failed", reason, bool(hw), manifest)
 
 
-def _must_time(ctx: Context, key: str, row: dict | None) -> bool:
+def remeasuring(ctx: Context, problem: Problem) -> bool:
+    """Does this run time `problem` again (--remeasure, or --remeasure-only and its label matches)?"""
+    return ctx.remeasure and (not ctx.remeasure_only or any(p in problem.label() for p in ctx.remeasure_only))
+
+
+def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bool:
     """Time `key` now: never timed, or --remeasure and not yet timed in this run. A resumed
     --remeasure run counts the interrupted run's successful timings as its own; a failed one (which
     the interrupt itself may have caused: the worker gets the same SIGINT) is timed again."""
     if row is None:
         return True
-    if not ctx.remeasure or key in ctx.timed:
+    if not remeasuring(ctx, problem) or key in ctx.timed:
         return False
     fresh = (ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
              and row.get("outcome", "ok") == "ok")
@@ -514,7 +526,7 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
                  keys.PROTOCOL_VERSION)
     row = ctx.cache.get("measurements", key)
-    if _must_time(ctx, key, row):
+    if _must_time(ctx, key, row, problem):
         row = None
     ctx.timed.add(key)
     if row is not None:

@@ -195,10 +195,14 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
               "compiles and verdicts still come from the cache): all of a report's numbers from one run. "
               "After an interrupted --remeasure build it resumes, keeping that run's successful timings.")
+@click.option("--remeasure-only", "remeasure_only", multiple=True, metavar="TEXT",
+              help="Like --remeasure, but only for problems whose label contains TEXT (repeatable), e.g. "
+              "'float32[32768x2048]'; the others keep their cached timings, and each report row says when "
+              "it was timed.")
 @click.option("--no-resume", is_flag=True, help="With --remeasure: start over even after an interrupted "
               "--remeasure build (e.g. when the GPU was shared while it ran).")
 @click.pass_obj
-def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure, no_resume):
+def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure, remeasure_only, no_resume):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
@@ -208,9 +212,13 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
     ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
+    if remeasure and remeasure_only:
+        raise ConfigError("give --remeasure (every problem) or --remeasure-only TEXT (some), not both")
+    remeasure = remeasure or bool(remeasure_only)
     if no_resume and not remeasure:
         raise ConfigError("--no-resume only applies with --remeasure")
     ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
+    ctx.remeasure_only = tuple(remeasure_only)
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")

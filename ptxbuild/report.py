@@ -134,7 +134,11 @@ def markdown(data: dict) -> str:
         since = s.get("timed_since") if s.get("remeasure_resumed") else None
         when = (f" since {utc_time(since)} (a rerun after an "
                 "interruption keeps what the interrupted run timed)") if since else " in this run"
-        lines.append("- timings: " + (f"every candidate and baseline timed{when} (`--remeasure`)"
+        only = s.get("remeasured_only") or []
+        lines.append("- timings: " + (f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
+                                      f"timed again{when} (`--remeasure-only`); the others come from the cache"
+                                      if s.get("remeasured") and only else
+                                      f"every candidate and baseline timed{when} (`--remeasure`)"
                                       if s.get("remeasured") else
                                       "timings of configs and baselines already measured on this GPU come from the "
                                       "cache (same GPU fingerprint and protocol); `--remeasure` times all again"))
@@ -157,7 +161,7 @@ def markdown(data: dict) -> str:
               for d, r in zip(data["dispatch"], table_rows(data))]
     base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
     if base_rows:
-        one_run = s.get("remeasured") and not s.get("remeasure_resumed")
+        one_run = s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")
         lines += ["", f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)", "",
                   "| problem | baseline | outcome | p50 (us) | p20-p80 (us) | samples |" + (" timed (UTC) |" if timed else ""),
                   "|---|---|---|---:|---:|---:|" + ("---|" if timed else "")]

@@ -368,6 +368,38 @@ def test_each_row_says_when_its_timings_were_taken_and_a_rebuild_keeps_the_cache
     assert "## Baselines (same GPU, same run, same protocol)" in (proj / "reports/scale@h100/report.md").read_text()
 
 
+def test_remeasure_only_times_again_just_the_matching_problems(proj):
+    """--remeasure-only TEXT: the problems whose label contains TEXT get every candidate and their
+    baselines timed again; the others keep their cached timings (and times); the report says which."""
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    first = {d["label"]: d for d in json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]}
+    pick = "float32[64x1024]"
+    assert pick in first and len(first) > 1
+    calls = []
+
+    class Counting(FakeGpu):
+        def baselines(self, op_folder, problem):
+            calls.append(problem.label())
+            return super().baselines(op_folder, problem)
+
+    fresh = Counting()
+    build(make_ctx(proj, gpu=fresh, gpu_match=fake_match, force=True, remeasure=True, remeasure_only=(pick,)),
+          [Target("scale", "h100")])
+    again = {d["label"]: d for d in json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]}
+    assert calls == [pick] and fresh.measured > 0
+    assert again[pick]["timed_at"] > first[pick]["timed_at"]
+    assert all(again[k]["timed_at"] == first[k]["timed_at"] for k in first if k != pick)
+    text = (proj / "reports/scale@h100/report.md").read_text()
+    assert f"problems matching `{pick}` timed again in this run (`--remeasure-only`)" in text
+    assert "## Baselines (same GPU, same protocol)" in text
+    notes = []
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True, remeasure=True,
+                   remeasure_only=("x4096]",))
+    ctx.report = lambda kind, **kw: notes.append(kw.get("message", "")) if kind == "note" else None
+    build(ctx, [Target("scale", "h100")])
+    assert any("matches none of its problems" in n and "scale@h100" in n for n in notes)
+
+
 def test_the_report_lists_each_problems_timed_candidates_fastest_first(proj):
     """The losers are evidence: each problem's fastest timed configs of the run, with their ratio to
     the fastest (FakeGpu: threads=256, vec=4 wins at 0.01 ms)."""

@@ -15,3 +15,11 @@ def test_missing_compiler_is_a_tool_error_not_a_failed_build(proj, monkeypatch):
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
     assert res.exit_code == cli.EXIT_TOOL == 3
     assert res.output == "Error: the CUDA compiler is not installed (no module cuda); run: pip install x\n"
+
+
+def test_remeasure_and_remeasure_only_together_is_a_usage_error(proj, monkeypatch):
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "--remeasure", "--remeasure-only", "x1024]"])
+    assert res.exit_code != 0 and "not both" in res.output
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "--no-resume"])
+    assert res.exit_code != 0 and "--no-resume only applies with --remeasure" in res.output
