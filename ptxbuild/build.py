@@ -276,9 +276,8 @@ class _Evaluator:
                  "problem": json.dumps(problem.key()), "outcome": r.outcome.value, "p50_ms": r.p50_ms,
                  "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "samples": r.samples, "floor_ms": r.floor_ms,
                  "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": round(measure_s, 4)}
-            cache.put("measurements", m)
-            m = cache.get("measurements", mkey) or m        # with the time the timing was stored
-        self.timed_at[tuple(sorted(cfg.items()))] = m.get("created") or time.time()
+            m["created"] = cache.put("measurements", m)
+        self.timed_at[tuple(sorted(cfg.items()))] = m["created"]
         res.update(measure_s=m["seconds"], p50_ms=m["p50_ms"], measured_on=self.hw.get("name", ""))
         if m["outcome"] != "ok":
             return self._record(cfg, Outcome(m["outcome"]), m["detail"], **res)
@@ -440,10 +439,9 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                                                       "lesson" if cfg in [u["params"] for u in used] else "default"),
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                      "_binary": binary}
-            if hw:
-                entry["timed_at"] = ev.timed_at.get(tuple(sorted(cfg.items())))
             t_base = time.perf_counter()
             if hw:
+                entry["timed_at"] = ev.timed_at.get(tuple(sorted(cfg.items())))
                 entry["baselines"] = _baselines(ctx, op, problem, hw)
             chosen.append(entry)
             ctx.report("problem_done", target=t, problem=problem, entry=entry,
@@ -541,10 +539,9 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
                      "samples": r.samples, "detail": r.detail}
     if any(v["outcome"] in RETRY_BASELINE for v in out.values()):
         return out      # the harness failed (out of memory, a crash, a hang): measure again next build
-    ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
-                                   "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
-    stored = ctx.cache.get("measurements", key) or {}
-    return {n: {**v, "timed_at": stored.get("created") or time.time()} for n, v in out.items()}
+    created = ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
+                                             "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
+    return {n: {**v, "timed_at": created} for n, v in out.items()}
 
 
 # baseline outcomes that say the run failed, not the baseline: not cached

@@ -152,8 +152,11 @@ class Cache:
         rows = list(self.db.query(f"select * from {table} where key = ?", [key]))
         return rows[0] if rows else None
 
-    def put(self, table: str, row: dict) -> None:
-        self.db[table].upsert({**row, "created": time.time()}, pk="key")
+    def put(self, table: str, row: dict) -> float:
+        """Store `row` (by its key) stamped with the time; returns that time."""
+        created = time.time()
+        self.db[table].upsert({**row, "created": created}, pk="key")
+        return created
 
     # -- attempts and builds --------------------------------------------------------------------
     def add_attempt(self, **row: Any) -> int:
