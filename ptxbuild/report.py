@@ -114,8 +114,25 @@ def table_rows(data: dict) -> list[list[str]]:
 HEAD = ["problem", "p50 (us)", "% of floor", "best baseline (us)", "speed-up", "config"]
 
 
+def _timings(s: dict) -> str:
+    """Which of a build's timings were taken by that build (the report's `timings` line)."""
+    since = s.get("timed_since") if s.get("remeasure_resumed") else None
+    when = (f" since {utc_time(since)} (a rerun after an "
+            "interruption keeps what the interrupted run timed)") if since else " in this run"
+    only = s.get("remeasured_only") or []
+    if s.get("remeasured") and only:
+        return (f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
+                f"timed again{when} (`--remeasure-only`); the others come from the cache")
+    if s.get("remeasured"):
+        return f"every candidate and baseline timed{when} (`--remeasure`)"
+    return ("timings of configs and baselines already measured on this GPU come from the "
+            "cache (same GPU fingerprint and protocol); `--remeasure` times all again")
+
+
 def markdown(data: dict) -> str:
     s = data["summary"]
+    when_all = _timed_at(data)
+    rows = table_rows(data)
     env = data["environment"]
     hw = s.get("hardware")
     lines = [f"# {data['target']}", "",
@@ -131,18 +148,7 @@ def markdown(data: dict) -> str:
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
-        since = s.get("timed_since") if s.get("remeasure_resumed") else None
-        when = (f" since {utc_time(since)} (a rerun after an "
-                "interruption keeps what the interrupted run timed)") if since else " in this run"
-        only = s.get("remeasured_only") or []
-        lines.append("- timings: " + (f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
-                                      f"timed again{when} (`--remeasure-only`); the others come from the cache"
-                                      if s.get("remeasured") and only else
-                                      f"every candidate and baseline timed{when} (`--remeasure`)"
-                                      if s.get("remeasured") else
-                                      "timings of configs and baselines already measured on this GPU come from the "
-                                      "cache (same GPU fingerprint and protocol); `--remeasure` times all again"))
-        when_all = _timed_at(data)
+        lines.append("- timings: " + _timings(s))
         if when_all:
             lines.append(f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
                          "(the winners and baselines below; each row says when)")
@@ -154,11 +160,11 @@ def markdown(data: dict) -> str:
         lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}"
                      + ("" if s["measured"] else " (not judged: not measured on hardware)"))
         lines += [f"  - {f}" for f in g["failures"]]
-    timed = bool(_timed_at(data))
+    timed = bool(when_all)
     head = HEAD + (["timed (UTC)"] if timed else [])
     lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
-              for d, r in zip(data["dispatch"], table_rows(data))]
+              for d, r in zip(data["dispatch"], rows)]
     base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
     if base_rows:
         one_run = s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")
@@ -167,7 +173,7 @@ def markdown(data: dict) -> str:
                   "|---|---|---|---:|---:|---:|" + ("---|" if timed else "")]
         lines += [f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
                   + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
-    losses = [r for r in table_rows(data) if r[4] != "-" and float(r[4][:-1]) < 1.0]
+    losses = [r for r in rows if r[4] != "-" and float(r[4][:-1]) < 1.0]
     if losses:
         lines += ["", "## Rows where it loses to a baseline", ""] + [f"- {r[0]}: {r[4]}" for r in losses]
     lines += ["", "## Candidates", "", f"{data['attempts']} attempts this run: " +
