@@ -191,5 +191,17 @@ class Cache:
                 return rows[0]
         return None
 
+    def counts(self) -> dict[str, int]:
+        """Rows per table."""
+        return {t: self.db[t].count for t in sorted(self.db.table_names())}
+
+    def prune_compiles(self, older_than_s: float) -> int:
+        """Drop stored compiles (PTX and cubin: a pure function of source, arch and toolchain, redone
+        on demand) older than `older_than_s` seconds, then give the pages back; returns how many.
+        The evidence (attempts, verdicts, timings, builds, lessons) stays."""
+        n = self.db.execute("DELETE FROM compiles WHERE created < ?", [time.time() - older_than_s]).rowcount
+        self.db.execute("VACUUM")
+        return n
+
     def integrity(self) -> str:
         return list(self.db.query("PRAGMA integrity_check"))[0]["integrity_check"]

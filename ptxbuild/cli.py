@@ -341,6 +341,48 @@ def _gpu(kf, name):
     return gpu
 
 
+@main.group("cache", cls=_ShowByDefault)
+def cache_group():
+    """The SQLite cache: what it holds, and dropping what a build can redo.
+
+    Example: ptxbuild cache prune --older-than 7
+    """
+
+
+@cache_group.command("show")
+@click.pass_obj
+def cache_show(kernelfile):
+    """Where the cache is, its size and the rows of each table.
+
+    Example: ptxbuild cache show
+    """
+    from .cache import Cache
+    kf = _kernelfile(kernelfile)
+    counts = Cache(kf.cache_path).counts()
+    click.echo(f"{kf.cache_path}: {kf.cache_path.stat().st_size / 2**20:.1f} MiB")
+    for table, n in counts.items():
+        click.echo(f"  {table:13s} {n:8d} row(s)")
+
+
+@cache_group.command("prune")
+@click.option("--older-than", "days", type=float, default=7.0, show_default=True,
+              help="Drop compiled PTX and cubin stored more than this many days ago.")
+@click.pass_obj
+def cache_prune(kernelfile, days):
+    """Drop old compiled PTX and cubin (a build compiles them again when it needs them); attempts,
+    verdicts, timings, builds and lessons stay. For a cache that must travel small.
+
+    Example: ptxbuild cache prune --older-than 0
+    """
+    from .cache import Cache
+    kf = _kernelfile(kernelfile)
+    cache = Cache(kf.cache_path)                 # (creates an empty one if there is none yet)
+    before = kf.cache_path.stat().st_size
+    n = cache.prune_compiles(days * 86400)
+    click.echo(f"{kf.cache_path}: {n} compile(s) dropped, {before / 2**20:.1f} -> "
+               f"{kf.cache_path.stat().st_size / 2**20:.1f} MiB")
+
+
 @main.group(cls=_ShowByDefault)
 def lessons():
     """What builds learned: best configs, failure rules, sensitive parameters.

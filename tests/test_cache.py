@@ -115,6 +115,24 @@ def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
     assert len(c.db.execute("select cubin from compiles").fetchone()[0]) < 200
 
 
+def test_prune_drops_only_old_compiles_and_keeps_the_evidence(tmp_path):
+    from ptxbuild.problem import Binary
+    c = Cache(tmp_path / "c.sqlite")
+    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n" * 500, cubin=b"\x7fELF" + b"\0" * 5000,
+               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    c.put_compile("old", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
+    c.put_compile("new", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
+    c.db.execute("UPDATE compiles SET created = ? WHERE key = 'old'", [time.time() - 10 * 86400])
+    c.put("measurements", {"key": "m", "binary": "d", "p50_ms": 1.0})
+    c.add_attempt(run="r", target="t", outcome="ok", p50_ms=1.0)
+    before = c.counts()
+    assert c.prune_compiles(7 * 86400) == 1
+    after = Cache(tmp_path / "c.sqlite")
+    assert after.get_compile("old") is None and after.get_compile("new")["ptx"] == b.ptx
+    assert {**before, "compiles": 1} == after.counts()
+    assert c.prune_compiles(0) == 1 and after.counts()["compiles"] == 0
+
+
 def test_a_damaged_compile_row_reads_as_absent_and_is_compiled_again(tmp_path):
     from ptxbuild.problem import Binary
     c = Cache(tmp_path / "c.sqlite")

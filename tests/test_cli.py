@@ -23,3 +23,11 @@ def test_remeasure_and_remeasure_only_together_is_a_usage_error(proj, monkeypatc
     assert res.exit_code != 0 and "not both" in res.output
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "--no-resume"])
     assert res.exit_code != 0 and "--no-resume only applies with --remeasure" in res.output
+
+
+def test_cache_show_and_prune_name_the_cache_and_what_went(proj, monkeypatch):
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["cache", "prune", "--older-than", "0"])   # no cache yet
+    assert res.exit_code == 0 and "0 compile(s) dropped" in res.output
+    res = CliRunner().invoke(cli.main, ["cache"])
+    assert res.exit_code == 0 and ".sqlite: " in res.output and "compiles" in res.output
