@@ -119,10 +119,7 @@ class Cache:
                 MIGRATIONS[v](self.db)
                 self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
         if 0 < current < 4 <= SCHEMA_VERSION:
-            try:   # v4 shrank the compiles table in place: give the pages back, if nobody holds the file
-                self.db.execute("VACUUM")
-            except sqlite3.OperationalError:
-                pass   # busy or out of disk: the migration stands, the file just stays larger
+            self.give_pages_back()   # v4 shrank the compiles table in place
 
     # -- compile step ---------------------------------------------------------------------------
     def get_compile(self, key: str) -> dict | None:
@@ -191,6 +188,14 @@ class Cache:
                 return rows[0]
         return None
 
+    def give_pages_back(self) -> None:
+        """VACUUM, if nobody holds the file: busy or out of disk, what was deleted stays deleted and the
+        file just stays larger."""
+        try:
+            self.db.execute("VACUUM")
+        except sqlite3.OperationalError:
+            pass
+
     def counts(self) -> dict[str, int]:
         """Rows per table."""
         return {t: self.db[t].count for t in sorted(self.db.table_names())}
@@ -200,7 +205,7 @@ class Cache:
         on demand) older than `older_than_s` seconds, then give the pages back; returns how many.
         The evidence (attempts, verdicts, timings, builds, lessons) stays."""
         n = self.db.execute("DELETE FROM compiles WHERE created < ?", [time.time() - older_than_s]).rowcount
-        self.db.execute("VACUUM")
+        self.give_pages_back()
         return n
 
     def integrity(self) -> str:

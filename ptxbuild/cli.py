@@ -341,6 +341,10 @@ def _gpu(kf, name):
     return gpu
 
 
+def _mib(path: Path) -> str:
+    return f"{path.stat().st_size / 2**20:.1f} MiB"
+
+
 @main.group("cache", cls=_ShowByDefault)
 def cache_group():
     """The SQLite cache: what it holds, and dropping what a build can redo.
@@ -359,7 +363,7 @@ def cache_show(kernelfile):
     from .cache import Cache
     kf = _kernelfile(kernelfile)
     counts = Cache(kf.cache_path).counts()
-    click.echo(f"{kf.cache_path}: {kf.cache_path.stat().st_size / 2**20:.1f} MiB")
+    click.echo(f"{kf.cache_path}: {_mib(kf.cache_path)}")
     for table, n in counts.items():
         click.echo(f"  {table:13s} {n:8d} row(s)")
 
@@ -377,10 +381,9 @@ def cache_prune(kernelfile, days):
     from .cache import Cache
     kf = _kernelfile(kernelfile)
     cache = Cache(kf.cache_path)                 # (creates an empty one if there is none yet)
-    before = kf.cache_path.stat().st_size
+    before = _mib(kf.cache_path)
     n = cache.prune_compiles(days * 86400)
-    click.echo(f"{kf.cache_path}: {n} compile(s) dropped, {before / 2**20:.1f} -> "
-               f"{kf.cache_path.stat().st_size / 2**20:.1f} MiB")
+    click.echo(f"{kf.cache_path}: {n} compile(s) dropped, {before} -> {_mib(kf.cache_path)}")
 
 
 @main.group(cls=_ShowByDefault)
