@@ -34,3 +34,26 @@ def launch_attributes(cu, geom) -> list:
         attr.value.programmaticStreamSerializationAllowed = 1
         attrs.append(attr)
     return attrs
+
+
+_RESIDENT: dict = {}
+
+
+def resident_grid(cu, fn, cfg, geom) -> int:
+    """cfg.gridDimX for `geom`: as given, or for a persistent cluster launch (geom.persistent) at most
+    the clusters that can be resident at once (cuOccupancyMaxActiveClusters on cfg, which already
+    carries the block, shared memory and cluster attribute), times the cluster size. Cached per
+    function and shape; a shape no cluster of which fits raises RuntimeError."""
+    grid = int(cfg.gridDimX)
+    if not getattr(geom, "persistent", False):
+        return grid
+    size = int(np.prod(geom.cluster))
+    key = (int(fn), tuple(int(v) for v in geom.block), int(geom.smem_bytes), tuple(int(v) for v in geom.cluster))
+    if key not in _RESIDENT:
+        err, n = cu.cuOccupancyMaxActiveClusters(fn, cfg)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuOccupancyMaxActiveClusters: {err.name}")
+        _RESIDENT[key] = int(n)
+    if _RESIDENT[key] < 1:
+        raise RuntimeError(f"no cluster of {size} CTAs x {tuple(geom.block)} threads can be resident on this GPU")
+    return min(grid, _RESIDENT[key] * size)

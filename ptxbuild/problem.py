@@ -84,6 +84,10 @@ class Launch:
     # programmatic dependent launch: may start before the previous kernel on the stream has finished
     # (once all its blocks ran griddepcontrol.launch_dependents); the kernels synchronize themselves
     pdl: bool = False
+    # persistent kernel: grid is an upper bound (the kernel loops with stride gridDim); the launcher
+    # lowers it to the clusters that can be resident at once (cuOccupancyMaxActiveClusters), since a
+    # cluster that waits for a free GPC would run its whole share of rows after the others
+    persistent: bool = False
 
     @property
     def plain(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernel_params import launch_attributes, param
+from .kernel_params import launch_attributes, param, resident_grid
 from .oploader import load_op, op_dir, source_files
 from .problem import Problem
 
@@ -608,4 +608,5 @@ def _launch(fn, geom, args: list, stream: int) -> None:
     cfg.sharedMemBytes, cfg.hStream = smem, hstream
     attrs = launch_attributes(cu, geom)
     cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    cfg.gridDimX = resident_grid(cu, fn, cfg, geom)
     _ok(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0), "cuLaunchKernelEx")

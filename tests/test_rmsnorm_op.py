@@ -141,8 +141,15 @@ def test_bytes_moved():
     ({"regime": "block", "unroll": 4}, prob(shape=(4, 8192)), "unroll"),
     ({"regime": "block", "row_threads": 8}, prob(shape=(4, 8192)), "warp regime"),
     ({"regime": "warp", "threads": 256}, prob(shape=(4, 1024), residual_out_fp32=True), "residual=True"),
-    ({"regime": "cluster", "threads": 512, "cluster": 2, "stage": "pipe"}, prob(shape=(4, 65536)), "exact block and warp"),
-    ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "exact block and warp"),
+    # persistent clusters hold this row's and the next row's part: 2 x 32 words at 4 x 1024 threads
+    ({"regime": "cluster", "threads": 1024, "cluster": 4, "stage": "pipe"}, prob(shape=(4, 262144)), "registers per lane"),
+    ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}, prob(shape=(4, 262144), residual=True),
+     "registers per lane"),
+    ({"regime": "block", "stage": "pipe", "exact": False}, prob(shape=(4, 8192)), "only applies to exact variants"),
+    # integer parameters come from SPACE (a chunk's pass 2 works in whole rounds: unroll 5 would skip some)
+    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 5}, prob(shape=(4, 65536)), "unroll=5 is not one of"),
+    ({"regime": "block", "threads": 512, "min_blocks": 5}, prob(shape=(4, 8192)), "min_blocks=5 is not one of"),
+    ({"regime": "warp", "threads": 128, "rows_per_group": 3}, prob(shape=(4, 512)), "rows_per_group=3"),
     ({"regime": "warp", "threads": 256, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 1024)),
      "places the weight"),
     ({"regime": "block", "threads": 512, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 8192)),
@@ -152,7 +159,7 @@ def test_bytes_moved():
     ({"regime": "warp", "threads": 256, "stage": "chunk"}, prob(shape=(4, 2048)), "exact block/cluster"),
     ({"regime": "block", "threads": 256, "stage": "chunk", "exact": False}, prob(shape=(4, 8192)), "exact block/cluster"),
     ({"regime": "block", "threads": 512, "load_hint": "l2"}, prob(shape=(4, 8192)), "only applies to stage=chunk"),
-    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 4}, prob(shape=(4, 8192)), "one chunk holds them all"),
+    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 4}, prob(shape=(4, 8192)), "unroll=2 holds them all"),
     ({"regime": "block", "threads": 256, "stage": "chunk", "weight_load": "early"}, prob(shape=(4, 8192)),
      "register-resident"),
     ({"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "min_blocks": 2}, prob(shape=(4, 262144)),
@@ -173,6 +180,10 @@ def test_check_rejects(params, problem, words):
      prob("float32", (8192, 262144), residual=True)),
     ({"regime": "block", "threads": 512, "stage": "pipe"}, prob("float32", (32768, 8192))),
     ({"regime": "block", "threads": 512, "stage": "chunk", "min_blocks": 3, "load_hint": "l2"}, prob("float32", (1, 8192))),
+    # one chunk of 4 slots for 3 vectors per lane (bf16 8K at 384 threads: 1024 vectors)
+    ({"regime": "block", "threads": 384, "stage": "chunk", "unroll": 4, "load_hint": "l2"}, prob(shape=(1, 8192))),
+    ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}, prob(shape=(8192, 262144))),
+    ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}, prob(shape=(16384, 131072), residual=True)),
     ({"regime": "cluster", "threads": 1024, "cluster": 8, "stage": "chunk", "unroll": 2, "load_hint": "l2"},
      prob("float32", (8192, 262144), residual=True)),
 ])
@@ -235,6 +246,10 @@ def test_verify_problems():
     shapes = {v.shape for v in op.verify_problems(p, wpipe)}
     assert shapes == {(1, 1024), (199, 1024), (2 * 160 * 2 * 16 + 7, 1024)}
     assert op.launch(wpipe, p.with_shape((2 * 160 * 2 * 16 + 7, 1024)), 160).grid == (320, 1, 1)
+    # persistent clusters: 160 SMs / 8 = 20 clusters loop twice, and 3 of them a third time
+    cpipe = op._full({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"})
+    big = prob("bfloat16", (8192, 262144))
+    assert {v.shape for v in op.verify_problems(big, cpipe)} == {(1, 262144), (199, 262144), (43, 262144)}
     generic = op._full({"regime": "warp", "threads": 256, "exact": False, "unroll": 2})
     odd = [v for v in op.verify_problems(p, generic) if v.shape[1] % 8]
     assert odd and all(op.check(generic, v) is None for v in odd)
@@ -262,6 +277,10 @@ REPRESENTATIVE = [
                                     "min_blocks": 2}),
     ("float16", (32768, 1024), {"residual": True, "rstd": True},
      {"regime": "warp", "threads": 128, "row_threads": 32, "stage": "pipe", "min_blocks": 4, "store_cs": True}),
+    ("bfloat16", (8192, 262144), {"rstd": True}, {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}),
+    ("float16", (16384, 131072), {"residual": True, "bias": True},
+     {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}),
+    ("bfloat16", (16384, 131072), {}, {"regime": "cluster", "threads": 256, "cluster": 8, "stage": "pipe", "min_blocks": 2}),
 ]
 
 
@@ -359,6 +378,20 @@ def test_pipe_launches_persistent_blocks_with_two_rows_of_shared_memory():
     assert L.grid == (264, 1, 1) and L.block == (256, 1, 1) and L.smem_bytes == 2 * 4096 * 2 * 2
     assert op.launch(cfg, prob("bfloat16", (100, 4096), residual=True), 132).grid == (100, 1, 1)
     assert op.launch(cfg, p, 0).grid == (32768, 1, 1)
+
+
+def test_cluster_pipe_launches_persistent_clusters():
+    """stage=pipe in the cluster regime: at most SMs x min_blocks / cluster clusters (never more than
+    rows), marked persistent so that the launcher lowers the grid to the clusters resident at once."""
+    p = prob("bfloat16", (8192, 262144))
+    cfg = op._full({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"})
+    L = op.launch(cfg, p, 132)
+    assert L.grid == (128, 1, 1) and L.cluster == (8, 1, 1) and L.persistent and L.smem_bytes == 0
+    two = op._full({**cfg, "threads": 256, "min_blocks": 2})
+    assert op.launch(two, p, 132).grid == (33 * 8, 1, 1)
+    assert op.launch(cfg, prob("bfloat16", (5, 262144)), 132).grid == (40, 1, 1)     # 5 rows: 5 clusters
+    assert op.launch(cfg, p, 0).grid == (8192 * 8, 1, 1)                             # SM count unknown
+    assert not op.launch({**cfg, "stage": "reg"}, p, 132).persistent
 
 
 def test_warp_pipe_launches_min_blocks_persistent_blocks_per_sm():

@@ -218,3 +218,34 @@ def test_launch_attributes_for_clusters_and_programmatic_dependent_launches():
     assert attrs[1].value.programmaticStreamSerializationAllowed == 1
     pdl_only = launch_attributes(cu, Launch((4, 1, 1), (128, 1, 1), pdl=True))
     assert [a.id for a in pdl_only] == [cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+
+
+def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident_at_once():
+    """A persistent cluster Launch's grid is an upper bound: the launcher asks the driver how many
+    clusters fit at once (once per function and shape) and launches that many; other launches keep
+    their grid, and a shape of which no cluster fits is an error, not a hang."""
+    from types import SimpleNamespace
+
+    from ptxbuild import kernel_params
+    from ptxbuild.problem import Launch
+
+    calls = []
+    ok = SimpleNamespace(name="CUDA_SUCCESS")
+    fits = {"n": 15}
+
+    def occupancy(fn, cfg):
+        calls.append((int(fn), cfg.gridDimX))
+        return ok, fits["n"]
+
+    cu = SimpleNamespace(cuOccupancyMaxActiveClusters=occupancy, CUresult=SimpleNamespace(CUDA_SUCCESS=ok))
+    kernel_params._RESIDENT.clear()
+    geom = Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True)
+    cfg = SimpleNamespace(gridDimX=128)
+    assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8
+    assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8 and len(calls) == 1     # cached
+    assert kernel_params.resident_grid(cu, 7, SimpleNamespace(gridDimX=40), geom) == 40   # fewer rows
+    assert kernel_params.resident_grid(cu, 7, cfg, Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1))) == 128
+    fits["n"] = 0
+    with pytest.raises(RuntimeError, match="can be resident"):
+        kernel_params.resident_grid(cu, 9, cfg, geom)
+    kernel_params._RESIDENT.clear()

@@ -11,14 +11,17 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
   warp    a group of row_threads (4..32) lanes per row, rows_per_group rows per group, several
           groups per block; shuffle-only reduction. For rows up to ~2K elements.
   block   one block per row; warp shuffles + one shared-memory exchange. ~2K..32K.
-  cluster one row split over a cluster of 2/4/8 CTAs (sm_90+), CTA partials exchanged through
-          distributed shared memory (mapa + ld.shared::cluster between barrier.cluster phases).
+  cluster one row split over a cluster of 2/4/8 CTAs (sm_90+); each CTA pushes its partial into
+          every CTA's shared memory (st.async, counted by that CTA's mbarrier).
   exact=True : N is a compile-time constant; the row lives in registers (stage="reg") or, for rows
           too long for registers (block/cluster only), in dynamic shared memory (stage="smem");
           x (+ residual) is read from global memory exactly once.
           stage="chunk" (block/cluster): two passes over the row in chunks of `unroll` vectors per
           lane, few registers; pass 2 re-reads x (L1/L2 hits) or, with a residual, reads h back
           from residual_out.
+          stage="pipe": persistent; block: the next row bulk-copied into shared memory while this
+          one is finished; warp / cluster: the next row loaded into a second register set (cluster:
+          as many clusters as can be resident, Launch.persistent).
   exact=False: any N at run time (also N % 8 != 0, via element accesses); two passes over global
           memory (the second re-reads x (+ residual), usually from L2). Rendered without N.
 """
@@ -48,8 +51,8 @@ SPACE = {
     "rows_per_group": [1, 2, 4],          # warp regime: rows per lane group, all loads issued first
     "cluster": [1, 2, 4, 8, 16],          # cluster regime: CTAs per row (16 is refused, see check)
     "exact": [True, False],               # N compile-time (register/smem resident) vs generic N
-    "stage": ["reg", "smem", "pipe", "chunk"],  # exact: where the row is held (pipe: persistent blocks,
-                                          # next row bulk-copied into a double buffer; chunk: two passes)
+    "stage": ["reg", "smem", "pipe", "chunk"],  # exact: where the row is held (pipe: persistent, the
+                                          # next row fetched while this one finishes; chunk: two passes)
     "unroll": [1, 2, 4, 8],               # generic / smem / chunk stage: vectors per lane per batch
     "min_blocks": [1, 2, 3, 4],           # __launch_bounds__ min blocks per SM (occupancy / regs)
     "load_hint": ["none", "nc", "nc_na", "nc_ef", "l2"],  # ld.global / .nc / .nc.L1::no_allocate /
@@ -126,6 +129,8 @@ def _data_regs(p: dict, problem: Problem) -> int:
     _, vpt = _geometry(p, problem)
     if p["stage"] == "pipe" and p["regime"] == "warp":      # this group's x (+ residual), the next's, h
         return p["rows_per_group"] * vpt * (2 * 4 * (1 + res) + _words(kh, vec)) + 12
+    if p["stage"] == "pipe" and p["regime"] == "cluster":   # x (+ residual) of this row and the next;
+        return vpt * (2 * 4 * (1 + res) + (_words(kh, vec) if res else 0)) + 12   # h is x without one
     if p["stage"] == "pipe":                                # h of the row + the weight held across rows
         return vpt * (_words(kh, vec) + wwords) + 12
     # ptxas keeps the packed h (it may combine x + residual as loads land, at fewer bytes in flight)
@@ -174,10 +179,9 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"unknown parameter {k}"
         if isinstance(SPACE[k][0], (str, bool)) and v not in SPACE[k]:
             return f"{k}={v!r} is not one of {SPACE[k]}"
-    if p["cluster"] not in SPACE["cluster"] or p["row_threads"] not in SPACE["row_threads"]:
-        return "cluster must be 1/2/4/8/16 and row_threads 4/8/16/32"
-    if min(p["unroll"], p["rows_per_group"], p["min_blocks"]) < 1:
-        return "unroll, rows_per_group and min_blocks must be >= 1"
+    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks"):
+        if p[k] not in SPACE[k]:
+            return f"{k}={p[k]!r} is not one of {SPACE[k]}"
     n = problem.shape[1]
     vec = _vec(problem.dtype)
     regime, threads = p["regime"], p["threads"]
@@ -196,12 +200,12 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=chunk only applies to exact block/cluster variants"
     if p["load_hint"] == "l2" and p["stage"] != "chunk":
         return "load_hint=l2 (pass 1 evict_last, pass 2 evict_first) only applies to stage=chunk"
-    if p["stage"] == "pipe" and (not p["exact"] or regime == "cluster"):
-        return "stage=pipe only applies to exact block and warp variants"
+    if p["stage"] == "pipe" and not p["exact"]:
+        return "stage=pipe only applies to exact variants"
     if p["stage"] == "pipe" and (p["weight_load"] != canon["weight_load"] or p["unroll"] != canon["unroll"]):
         return "stage=pipe places the weight itself and has no batches (leave weight_load, unroll)"
     if p["exact"] and p["stage"] == "reg" and p["unroll"] != canon["unroll"]:
-        return "unroll only applies to generic or smem-staged variants (leave 1)"
+        return "unroll only applies to generic, smem-staged or chunked variants (leave 1)"
     if not p["exact"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load=early only applies to exact register-resident variants"
     if p["stage"] in ("smem", "chunk") and p["weight_load"] != canon["weight_load"]:
@@ -225,8 +229,8 @@ def check(params: dict, problem: Problem) -> str | None:
         if p["stage"] == "smem" and p["unroll"] > vpt:
             return f"unroll={p['unroll']} > {vpt} vectors per lane"
         if p["stage"] == "chunk":
-            if p["unroll"] > vpt:
-                return f"stage=chunk: unroll={p['unroll']} > {vpt} vectors per lane (one chunk holds them all)"
+            if p["unroll"] // 2 >= vpt:
+                return f"stage=chunk: unroll={p['unroll']} for {vpt} vectors per lane (unroll={p['unroll'] // 2} holds them all)"
             need = _chunk_regs(p, problem)
             if need > _reg_cap(p):
                 return f"chunk needs ~{need} registers per lane > {_reg_cap(p)}"
@@ -262,7 +266,8 @@ def default_params(problem: Problem) -> dict:
     * N <= 32768: block regime, exact, the fewest threads (>= 128) giving <= 4 vectors per lane
       that fits the registers; if none fits (fp32 with residual) the next cluster size.
     * larger N: cluster regime, exact, the smallest cluster in 2/4/8 whose part fits registers at
-      512 or 1024 threads; else cluster 8 staged in shared memory (unroll 4); else generic cluster.
+      512 or 1024 threads; else cluster 8 staged in shared memory (unroll 4, 512 then 1024
+      threads); else cluster 8 chunked (512 threads, unroll 2); else generic cluster, else generic block.
     Loads ld.global.nc, rsqrt.approx, weight loaded in the epilogue, default stores.
     The first candidate of that list that passes check() is returned.
     """
@@ -350,6 +355,9 @@ def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
             return Launch(grid=(min(m, sm_count * p["min_blocks"]), 1, 1), block=(t, 1, 1), smem_bytes=smem)
         return Launch(grid=(m, 1, 1), block=(t, 1, 1), smem_bytes=smem)
     c = p["cluster"]
+    if p["exact"] and p["stage"] == "pipe":   # persistent clusters: the launcher clamps to those resident
+        cap = m if not sm_count else min(m, max(1, sm_count * p["min_blocks"] // c))
+        return Launch(grid=(cap * c, 1, 1), block=(t, 1, 1), smem_bytes=smem, cluster=(c, 1, 1), persistent=True)
     return Launch(grid=(m * c, 1, 1), block=(t, 1, 1), smem_bytes=smem, cluster=(c, 1, 1))
 
 
@@ -385,6 +393,10 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
         # group partial
         rpb = p["threads"] // p["row_threads"] * p["rows_per_group"]
         out.append(problem.with_shape((2 * MAX_SMS * p["min_blocks"] * rpb + 7, n)))
+    if p is not None and p["exact"] and p["stage"] == "pipe" and p["regime"] == "cluster":
+        # persistent clusters: every cluster loops over >= 2 rows (both slot sets and parities) on
+        # up to 160 SMs, and some one row more than others
+        out.append(problem.with_shape((2 * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

@@ -17,7 +17,10 @@
 //               x (+ residual) fetched by one cp.async.bulk into a double buffer in dynamic shared
 //               memory while the previous row is reduced and written; weight/bias held in registers.
 //               Warp regime: persistent lane groups (grid SMs x MIN_BLOCKS), the next row group's x
-//               (+ residual) loaded into a second register set before this group is finished
+//               (+ residual) loaded into a second register set before this group is finished.
+//               Cluster regime: persistent clusters (as many as can be resident at once: the launcher
+//               clamps the grid), each CTA loading its part of the next row into a second register
+//               set before this row's cluster sum; two mbarriers / slot sets, alternating by row
 //   STAGE_CHUNK EXACT block/cluster: two passes over the row in chunks of UNROLL vectors per lane (few
 //               registers, so more CTAs per SM); pass 2 re-reads x (pass 1's loads left it in L1/L2)
 //               or, with a residual, reads h back from residual_out (one stream instead of two)
@@ -303,51 +306,67 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 // CLUSTER x 4 bytes on its own. Every CTA sums the same slots in the same order: bit-identical
 // totals. A CTA leaves only after all CLUSTER partials have landed in its shared memory, and a
 // CTA pushes only into CTAs still waiting for it, so no exit barrier is needed.
-__shared__ __align__(8) unsigned long long cl_bar;
-__shared__ float cl_part[CLUSTER];
+//
+// Persistent clusters (STAGE_PIPE) sum one row per iteration `it`: slot set and mbarrier it % 2, phase
+// parity (it / 2) % 2. A CTA pushes row it + 2 into set it % 2 only after its own wait for row it + 1,
+// which needs every CTA's push of row it + 1, which each CTA makes after its block_sum barrier of row
+// it + 1, i.e. after all of its threads read set it % 2 for row it and its mbarrier finished that phase.
+#define CL_SETS (STAGE_PIPE ? 2 : 1)
+__shared__ __align__(8) unsigned long long cl_bar[CL_SETS];
+__shared__ float cl_part[CL_SETS][CLUSTER];
 
 __device__ __forceinline__ u32 cl_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cluster_prologue() {
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cl_smem(&cl_bar)) : "memory");
+#pragma unroll
+    for (int k = 0; k < CL_SETS; ++k)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cl_smem(&cl_bar[k])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_arrive_relaxed();
 }
 
-__device__ __forceinline__ float cluster_sum(float s) {
+__device__ __forceinline__ float cluster_sum(float s, int it) {
   s = block_sum(s);
-  cluster_wait_acquire();                       // every CTA's mbarrier is initialized
+  if (it == 0) cluster_wait_acquire();          // every CTA's mbarriers are initialized
   const u32 rank = cluster_rank();
+  const int k = it % CL_SETS;
+  const u32 parity = (u32)(it / CL_SETS) & 1u;
   if (threadIdx.x == 0)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 ::"r"(cl_smem(&cl_bar)), "r"((u32)(CLUSTER * 4)) : "memory");
+                 ::"r"(cl_smem(&cl_bar[k])), "r"((u32)(CLUSTER * 4)) : "memory");
   if (threadIdx.x < CLUSTER) {
     u32 slot, bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(cl_smem(&cl_part[rank])), "r"(threadIdx.x));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(cl_smem(&cl_bar)), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(cl_smem(&cl_part[k][rank])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(cl_smem(&cl_bar[k])), "r"(threadIdx.x));
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                  ::"r"(slot), "r"(__float_as_uint(s)), "r"(bar) : "memory");
   }
-  asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
-               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], 0;\n"
-               " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar)) : "memory");
+  if constexpr (CL_SETS == 1)     // one row per CTA: phase 0, an immediate (as before persistent clusters)
+    asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
+                 " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], 0;\n"
+                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar[0])) : "memory");
+  else
+    asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
+                 " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n"
+                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar[k])), "r"(parity) : "memory");
   float v = 0.f;
 #pragma unroll
-  for (int r = 0; r < CLUSTER; ++r) v += cl_part[r];
+  for (int r = 0; r < CLUSTER; ++r) v += cl_part[k][r];
   return v;
 }
 #endif
 
-// Sum over the row worker: a group of G lanes (warp regime), a block, or a cluster.
-__device__ __forceinline__ float row_sum(float s) {
+// Sum over the row worker: a group of G lanes (warp regime), a block, or a cluster (`it`: the
+// persistent cluster's row iteration, 0 otherwise).
+__device__ __forceinline__ float row_sum(float s, int it = 0) {
 #if REGIME == 0
   return group_sum(s, ROW_THREADS);
 #elif REGIME == 1
   return block_sum(s);
 #else
-  return cluster_sum(s);
+  return cluster_sum(s, it);
 #endif
 }
 
@@ -384,7 +403,7 @@ __device__ __forceinline__ void load_rows(const Args& a, const i64* rows, const 
 }
 
 __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, const bool* rok, int t, i64 lo,
-                                            float eps, const RowWords& xw, const ResWords& rw) {
+                                            float eps, const RowWords& xw, const ResWords& rw, int it = 0) {
   constexpr int NV = EX_NV, VPT = EX_VPT;
   constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
   u32 ww[WEARLY ? VPT : 1][WWN], bw[(WEARLY && HAS_BIAS) ? VPT : 1][WWN];
@@ -417,7 +436,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
   }
   float rs[RPG];
 #pragma unroll
-  for (int k = 0; k < RPG; ++k) rs[k] = rstd_of(row_sum(ss[k]), (float)NC, eps);
+  for (int k = 0; k < RPG; ++k) rs[k] = rstd_of(row_sum(ss[k], it), (float)NC, eps);
 #if HAS_RSTD
 #pragma unroll
   for (int k = 0; k < RPG; ++k)
@@ -493,6 +512,39 @@ __device__ __forceinline__ void run_warp_pipe(const Args& a, i64 M, int t, int g
 #endif
         }
     }
+  }
+}
+#endif
+
+#if REGIME == 2 && STAGE_PIPE
+// Persistent clusters: cluster c of C (C = gridDim.x / CLUSTER, clamped by the launcher to what can be
+// resident) handles rows c, c + C, ...; each CTA loads its part of the next row into a second register
+// set before this row's sum goes round the cluster, so the wait and the stores overlap those loads.
+__device__ __forceinline__ void run_cluster_pipe(const Args& a, i64 M, int t, i64 lo, float eps) {
+  const i64 stride = gridDim.x / CLUSTER;
+  i64 row = blockIdx.x / CLUSTER;
+  RowWords xw, xn;
+  ResWords rw, rn;
+  bool ok[1] = {row < M};
+  load_rows(a, &row, ok, t, lo, xw, rw);
+#pragma unroll 1
+  for (int it = 0; row < M; row += stride, ++it) {
+    i64 next[1] = {row + stride};
+    bool nok[1] = {next[0] < M};
+    if (!nok[0]) next[0] = 0;                    // past M: no loads (zeros)
+    load_rows(a, next, nok, t, lo, xn, rn);
+    const bool rok[1] = {true};
+    finish_rows(a, &row, rok, t, lo, eps, xw, rw, it);
+    __syncthreads();                             // block_sum's partials and this row's slot set are free
+#pragma unroll
+    for (int i = 0; i < EX_VPT; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        xw[0][i][j] = xn[0][i][j];
+#if HAS_RES
+        rw[0][i][j] = rn[0][i][j];
+#endif
+      }
   }
 }
 #endif
@@ -688,9 +740,9 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
 #endif
 
 // ---------------------------------------------------------------- exact-N, persistent and pipelined
-#if EXACT && STAGE_PIPE && REGIME != 0
-#if REGIME != 1 || __CUDA_ARCH__ < 900
-#error "stage=pipe in the block regime is for sm_90 or newer (cp.async.bulk, mbarrier); not the cluster regime"
+#if EXACT && STAGE_PIPE && REGIME == 1
+#if __CUDA_ARCH__ < 900
+#error "stage=pipe in the block regime is for sm_90 or newer (cp.async.bulk, mbarrier)"
 #endif
 // Block b handles rows b, b + gridDim.x, ...; thread 0 fetches row i + 1's x (+ residual) with
 // cp.async.bulk into the other half of a double buffer (its mbarrier counts the bytes) before row
@@ -917,6 +969,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   run_staged(a, row, t, lo, eps);
 #elif STAGE_CHUNK
   run_chunk(a, row, t, lo, eps);
+#elif STAGE_PIPE
+  run_cluster_pipe(a, M, t, lo, eps);
 #else
   const bool rok[1] = {true};
   run_exact(a, &row, rok, t, lo, eps);

@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from ptxbuild.compiler import compile_kernel  # noqa: E402
 from ptxbuild.gpu import check  # noqa: E402
+from ptxbuild.kernel_params import resident_grid  # noqa: E402
 from ptxbuild.oploader import load_op  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
 
@@ -93,12 +94,21 @@ CASES = [
     # not yet run on a GPU
     ("bfloat16", (8, 100000), {"residual": True, "rstd": True},
      {**C, "threads": 384, "cluster": 2, "stage": "chunk", "unroll": 2, "load_hint": "l2"}),
+    # stage=pipe in the cluster regime: persistent clusters (the launcher clamps the grid to those
+    # resident), each looping over several rows, both slot sets and mbarrier parities; M not a
+    # multiple of the cluster count; a residual (two register sets of x and residual); 2 CTAs per SM
+    ("bfloat16", (203, 262144), {"rstd": True}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
+    ("float16", (301, 131072), {"residual": True, "rstd": True, "bias": True},
+     {**C, "threads": 512, "cluster": 8, "stage": "pipe", "store_cs": True}),
+    ("bfloat16", (1001, 65536), {"weight": "fp32"}, {**C, "threads": 256, "cluster": 4, "stage": "pipe", "min_blocks": 2}),
+    ("float32", (77, 65536), {"residual": True, "residual_out_fp32": True}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
     # M*N past 2^31 elements: 64-bit indexing in every regime (one seed, compared in row chunks)
     ("bfloat16", (1048577, 2048), {}, {**W, "threads": 256, "row_threads": 32, "load_hint": "nc"}),
     ("bfloat16", (65537, 32768), {"rstd": True}, {**B, "threads": 1024, "load_hint": "nc"}),
     ("bfloat16", (65540, 32767), {}, {**B, "threads": 512, "exact": False, "unroll": 4}),
     ("bfloat16", (16385, 131072), {"residual": True}, {**C, "threads": 512, "cluster": 4}),
     ("bfloat16", (65537, 32768), {"residual": True}, {**B, "threads": 512, "stage": "chunk", "load_hint": "l2"}),
+    ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
 ]
 BIG = 1 << 31          # cases with more elements run one seed and compare ROWS rows at a time
 ROW_ARRAYS = ("x", "residual", "y", "residual_out", "rstd")
@@ -135,7 +145,9 @@ def launch(cp, driver, kern, L, args):
         attrs.append(at)
     cfg.attrs = attrs
     cfg.numAttrs = len(attrs)
-    err, = driver.cuLaunchKernelEx(cfg, driver.CUfunction(kern.kernel.ptr), (tuple(values), tuple(types)), 0)
+    fn = driver.CUfunction(kern.kernel.ptr)
+    cfg.gridDimX = resident_grid(driver, fn, cfg, L)      # persistent clusters: those resident at once
+    err, = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
     if int(err) != 0:
         raise RuntimeError(f"cuLaunchKernelEx: {err}")
     cp.cuda.get_current_stream().synchronize()

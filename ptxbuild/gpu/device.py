@@ -6,7 +6,7 @@ import tempfile
 
 import numpy as np
 
-from ..kernel_params import launch_attributes, param
+from ..kernel_params import launch_attributes, param, resident_grid
 from ..problem import Launch
 from .errors import CudaError
 
@@ -64,6 +64,7 @@ def launch(kernel, geom: Launch, args: list, stream) -> None:
     cfg.sharedMemBytes, cfg.hStream = smem, cu.CUstream(stream.ptr)
     attrs = launch_attributes(cu, geom)
     cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    cfg.gridDimX = resident_grid(cu, fn, cfg, geom)
     params = [param(a) for a in args]
     ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
     _check(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0))
