@@ -147,6 +147,8 @@ def launch(cp, driver, kern, L, args):
     cfg.numAttrs = len(attrs)
     fn = driver.CUfunction(kern.kernel.ptr)
     cfg.gridDimX = resident_grid(driver, fn, cfg, L)      # persistent clusters: those resident at once
+    if L.persistent and cfg.gridDimX != L.grid[0]:
+        print(f"  persistent: {cfg.gridDimX // L.cluster[0]} clusters resident of {L.grid[0] // L.cluster[0]} asked", flush=True)
     err, = driver.cuLaunchKernelEx(cfg, fn, (tuple(values), tuple(types)), 0)
     if int(err) != 0:
         raise RuntimeError(f"cuLaunchKernelEx: {err}")
