@@ -96,6 +96,7 @@ template <int K> __device__ __forceinline__ void pack(const float* f, u32* w) {
 }
 
 // ---------------------------------------------------------------- memory access
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }   // shared-window address
 // HINT = false: plain ld.global (late weight loads: ptxas may not hoist those above the
 // reduction's barriers, which it does with .nc loads, turning "late" into "early").
 // LDH == 3: x streams through L2 (evict_first) while the late weight loads ask L2 to keep the
@@ -315,13 +316,12 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 __shared__ __align__(8) unsigned long long cl_bar[CL_SETS];
 __shared__ float cl_part[CL_SETS][CLUSTER];
 
-__device__ __forceinline__ u32 cl_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cluster_prologue() {
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int k = 0; k < CL_SETS; ++k)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(cl_smem(&cl_bar[k])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&cl_bar[k])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_arrive_relaxed();
@@ -335,22 +335,22 @@ __device__ __forceinline__ float cluster_sum(float s, int it) {
   const u32 parity = (u32)(it / CL_SETS) & 1u;
   if (threadIdx.x == 0)
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 ::"r"(cl_smem(&cl_bar[k])), "r"((u32)(CLUSTER * 4)) : "memory");
+                 ::"r"(smem_u32(&cl_bar[k])), "r"((u32)(CLUSTER * 4)) : "memory");
   if (threadIdx.x < CLUSTER) {
     u32 slot, bar;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(cl_smem(&cl_part[k][rank])), "r"(threadIdx.x));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(cl_smem(&cl_bar[k])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(smem_u32(&cl_part[k][rank])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_u32(&cl_bar[k])), "r"(threadIdx.x));
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
                  ::"r"(slot), "r"(__float_as_uint(s)), "r"(bar) : "memory");
   }
   if constexpr (CL_SETS == 1)     // one row per CTA: phase 0, an immediate (as before persistent clusters)
     asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
                  " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], 0;\n"
-                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar[0])) : "memory");
+                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(smem_u32(&cl_bar[0])) : "memory");
   else
     asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
                  " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n"
-                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(cl_smem(&cl_bar[k])), "r"(parity) : "memory");
+                 " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(smem_u32(&cl_bar[k])), "r"(parity) : "memory");
   float v = 0.f;
 #pragma unroll
   for (int r = 0; r < CLUSTER; ++r) v += cl_part[k][r];
@@ -550,6 +550,40 @@ __device__ __forceinline__ void run_cluster_pipe(const Args& a, i64 M, int t, i6
 #endif
 #endif
 
+// ---------------------------------------------------------------- exact-N, two passes (smem / chunk)
+#if EXACT && (STAGE_SMEM || STAGE_CHUNK)
+// Pass 1 of one batch: vectors (i0 + u) * G + t, u < UNROLL, of the row part at rowoff. Every load of
+// the batch (x, + residual) is issued first; then h = x (+ residual) into hw[u], residual_out stored,
+// squares added to ss. Vectors at or past NV are zeros (FULL: there are none).
+template <bool FULL, int NV>
+__device__ __forceinline__ void pass1_batch(const Args& a, i64 rowoff, int i0, int t, float& ss,
+                                            u32 (&hw)[UNROLL][Kind<KH>::words]) {
+  u32 xw[UNROLL][4];
+#if HAS_RES
+  u32 rw[UNROLL][4];
+#endif
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int v = (i0 + u) * G + t;
+    const bool ok = FULL || v < NV;
+    if (ok) vload<DT>(a.x, rowoff + (i64)v * VEC, xw[u]); else zero<DT>(xw[u]);
+#if HAS_RES
+    if (ok) vload<DT>(a.r, rowoff + (i64)v * VEC, rw[u]); else zero<DT>(rw[u]);
+#endif
+  }
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+#if HAS_RES
+    ss += combine(xw[u], rw[u], hw[u]);
+    const int v = (i0 + u) * G + t;
+    if (FULL || v < NV) vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw[u]);
+#else
+    ss += combine(xw[u], nullptr, hw[u]);
+#endif
+  }
+}
+#endif
+
 // ---------------------------------------------------------------- exact-N, staged in smem
 #if EXACT && STAGE_SMEM
 // Block/cluster only (RPG == 1). h goes to dynamic shared memory as [VPT][HWN][THREADS] words
@@ -562,32 +596,13 @@ __device__ __forceinline__ void run_staged(const Args& a, i64 row, int t, i64 lo
   float ss = 0.f;
 #pragma unroll 1
   for (int i0 = 0; i0 < VPT; i0 += UNROLL) {
-    u32 xw[UNROLL][4];
-#if HAS_RES
-    u32 rw[UNROLL][4];
-#endif
+    u32 hw[UNROLL][HWN];
+    pass1_batch<NV % (G * UNROLL) == 0, NV>(a, rowoff, i0, t, ss, hw);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int i = i0 + u, v = i * G + t;
-      const bool ok = i < VPT && v < NV;
-      if (ok) vload<DT>(a.x, rowoff + (i64)v * VEC, xw[u]); else zero<DT>(xw[u]);
-#if HAS_RES
-      if (ok) vload<DT>(a.r, rowoff + (i64)v * VEC, rw[u]); else zero<DT>(rw[u]);
-#endif
-    }
+      if (i0 + u < VPT) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = i0 + u, v = i * G + t;
-      u32 hw[HWN];
-#if HAS_RES
-      ss += combine(xw[u], rw[u], hw);
-      if (i < VPT && v < NV) vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw);
-#else
-      ss += combine(xw[u], nullptr, hw);
-#endif
-      if (i < VPT) {
-#pragma unroll
-        for (int q = 0; q < HWN; ++q) stage[(i * HWN + q) * THREADS + t] = hw[q];
+        for (int q = 0; q < HWN; ++q) stage[((i0 + u) * HWN + q) * THREADS + t] = hw[u][q];
       }
     }
   }
@@ -675,30 +690,8 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
   float ss = 0.f;
 #pragma unroll 1
   for (int c = 0; c < NCH; ++c) {
-    u32 xw[UNROLL][4];
-#if HAS_RES
-    u32 rw[UNROLL][4];
-#endif
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int v = c * STEP + u * G + t;
-      const bool ok = FULL || v < NV;
-      if (ok) vload<DT>(a.x, rowoff + (i64)v * VEC, xw[u]); else zero<DT>(xw[u]);
-#if HAS_RES
-      if (ok) vload<DT>(a.r, rowoff + (i64)v * VEC, rw[u]); else zero<DT>(rw[u]);
-#endif
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      u32 hw[HWN];
-#if HAS_RES
-      ss += combine(xw[u], rw[u], hw);
-      const int v = c * STEP + u * G + t;
-      if (FULL || v < NV) vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw);
-#else
-      ss += combine(xw[u], nullptr, hw);
-#endif
-    }
+    u32 hw[UNROLL][HWN];                               // pass 2 re-reads h: pass 1's copy is dropped
+    pass1_batch<FULL, NV>(a, rowoff, c * UNROLL, t, ss, hw);
   }
   const float rs = rstd_of(row_sum(ss), (float)NC, eps);
 #if HAS_RSTD
@@ -751,10 +744,9 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
 // Buffer s is filled for the k-th time in iteration 2k + s: its phase parity there is k & 1.
 constexpr unsigned PIPE_XB = NC * Kind<DT>::bytes;                  // bytes of one row of x
 constexpr unsigned PIPE_BUF = HAS_RES ? 2 * PIPE_XB : PIPE_XB;      // x, then residual
-__device__ __forceinline__ u32 pipe_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void pipe_fetch(unsigned char* buf, const Args& a, i64 row, unsigned long long* bar) {
-  const u32 b = pipe_smem(bar), d = pipe_smem(buf);
+  const u32 b = smem_u32(bar), d = smem_u32(buf);
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(PIPE_BUF) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(d), "l"((const char*)a.x + row * (i64)PIPE_XB), "r"(PIPE_XB), "r"(b) : "memory");
@@ -767,7 +759,7 @@ __device__ __forceinline__ void pipe_fetch(unsigned char* buf, const Args& a, i6
 __device__ __forceinline__ void pipe_wait(unsigned long long* bar, u32 parity) {
   asm volatile("{\n .reg .pred P1;\n LAB_WAIT:\n"
                " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-               " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}" ::"r"(pipe_smem(bar)), "r"(parity) : "memory");
+               " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 
 __device__ __forceinline__ void run_pipe(const Args& a, i64 M, int t, float eps) {
@@ -784,8 +776,8 @@ __device__ __forceinline__ void run_pipe(const Args& a, i64 M, int t, float eps)
   }
   const i64 stride = gridDim.x;
   if (t == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(pipe_smem(&bars[0])));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(pipe_smem(&bars[1])));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[0])));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[1])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     if ((i64)blockIdx.x < M) pipe_fetch(pipe, a, blockIdx.x, &bars[0]);
   }
@@ -927,6 +919,9 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   // Groups of G lanes; group g of block b handles rows b*RPB + k*NG + g, k < RPG.
   constexpr int NG = THREADS / G, RPB = NG * RPG;
   const int t = threadIdx.x % G, g = threadIdx.x / G;
+#if EXACT && STAGE_PIPE
+  run_warp_pipe(a, M, t, g, eps);
+#else
   i64 rows[RPG]; bool rok[RPG];
 #pragma unroll
   for (int k = 0; k < RPG; ++k) {
@@ -934,13 +929,12 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
     rok[k] = row < M;
     rows[k] = rok[k] ? row : 0;
   }
-#if EXACT && STAGE_PIPE
-  run_warp_pipe(a, M, t, g, eps);
-#elif EXACT
+#if EXACT
   run_exact(a, rows, rok, t, 0, eps);
 #else
 #pragma unroll 1
   for (int k = 0; k < RPG; ++k) run_generic(a, rows[k], rok[k], t, 0, N, N, eps);
+#endif
 #endif
 #elif REGIME == 1
   const i64 row = blockIdx.x;
