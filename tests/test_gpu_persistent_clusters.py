@@ -43,7 +43,8 @@ def test_runtime_launches_persistent_clusters_no_more_than_fit():
         runtime._launch(fn, geom, op.kernel_args(params, problem, inputs, outputs), cp.cuda.get_current_stream().ptr)
     cp.cuda.get_current_stream().synchronize()
     (fits,) = kernel_params._RESIDENT.values()          # the launcher asked the driver, once
-    assert 1 <= fits <= dev.sm_count // 8
+    # run 15f on an H200: 30 clusters of 8 x 512 fit here (2 CTAs per SM at this N's registers)
+    assert 1 <= fits <= dev.sm_count * (2048 // 512) // 8
     ref = op.reference(problem, inputs, cp)
     for name in ("y", "rstd"):
         got = outputs[name] if name == "rstd" else to_float(outputs[name], "bfloat16", cp)
