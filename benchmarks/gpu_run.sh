@@ -44,6 +44,15 @@ step rmsnorm-bf16-remeasure 600 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnor
 step rmsnorm-vs-best-known 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
 # what torch.compile runs at the rows still behind it (N = 512-1K): timings under ncu, and its PTX
 step rmsnorm-small-triton 300 bash -c 'for n in 512 1024; do ncu --clock-control none -k "regex:rmsnorm_fwd|triton_" --launch-count 8 --metrics gpu__time_duration.sum,dram__bytes_read.sum,l1tex__t_sector_hit_rate.pct,launch__registers_per_thread,launch__block_size,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active python3 benchmarks/rmsnorm_profile.py bfloat16 32768 $n --reps 2 --triton-ptx "'"$logs"'/triton-ptx-$n"; done'
+# session 8: persistent clusters (stage=pipe, cluster regime; falsified, see ops/rmsnorm/NOTES.md run 15),
+# the copy floor of the short rows, torch.compile's one-warp shape at 256-1K, then the whole matrix re-timed
+step rmsnorm-selftest-pipe 150 python3 ops/rmsnorm/selftest_gpu.py -k "'stage': 'pipe'"
+step rmsnorm-probe-cpipe 330 $PB -f benchmarks/rmsnorm_probe_cpipe.toml build rmsnorm@h200
+step copy-floor 90 python3 benchmarks/copy_floor.py --report reports/rmsnorm@h200/report.json --out reports/bf16/copy-floor.md
+step rmsnorm-probe-tiny 210 $PB -f benchmarks/rmsnorm_probe_tiny.toml build rmsnorm@h200
+step rmsnorm-probe-tiny32 120 $PB -f benchmarks/rmsnorm_probe_tiny32.toml build rmsnorm@h200
+step rmsnorm-remeasure-s8 900 $PB build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known-s8 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
