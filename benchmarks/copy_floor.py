@@ -19,6 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from event_timing import event_times_us, quantile  # noqa: E402
+
 SHAPES = [(32768, 256), (32768, 512), (32768, 1024), (32768, 2048), (32768, 4096)]
 
 SRC = r"""
@@ -37,21 +40,6 @@ extern "C" __global__ void copy4(const uint4* __restrict__ src, uint4* __restric
   }
 }
 """
-
-
-def median_us(cp, fn, flush, reps: int) -> float:
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        flush.fill(0)
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def report_p50(path: Path | None) -> dict:
@@ -92,12 +80,13 @@ def main(argv=None) -> int:
         src = cp.ones(nbytes // 16 * 4, dtype=cp.uint32)
         dst = cp.empty_like(src)
         n16 = nbytes // 16
-        t = {
-            "memcpy": median_us(cp, lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3,
-                                                                        cp.cuda.get_current_stream().ptr), flush, a.reps),
-            "copy1": median_us(cp, lambda: k1(((n16 + 255) // 256,), (256,), (src, dst, cp.int64(n16))), flush, a.reps),
-            "copy4": median_us(cp, lambda: k4((sms * 8,), (256,), (src, dst, cp.int64(n16))), flush, a.reps),
+        calls = {
+            "memcpy": lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3,
+                                                          cp.cuda.get_current_stream().ptr),
+            "copy1": lambda: k1(((n16 + 255) // 256,), (256,), (src, dst, cp.int64(n16))),
+            "copy4": lambda: k4((sms * 8,), (256,), (src, dst, cp.int64(n16))),
         }
+        t = {name: quantile(event_times_us(cp, fn, flush, a.reps), 0.5) for name, fn in calls.items()}
         best = min(t.values())
         row = (f"| {m} x {n} | {2 * nbytes / 1e6:.1f} | {t['memcpy']:.1f} | {t['copy1']:.1f} | {t['copy4']:.1f} | "
                f"{2 * nbytes / best / 1e6:.2f} |")

@@ -27,7 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "ops" / "rmsnorm"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from event_timing import event_times_us, quantile  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
 
 
@@ -89,18 +91,8 @@ def main(argv=None) -> int:
           f"({binary.registers} regs, {binary.spill_bytes} B spill)")
     floor_us = op.bytes_moved(problem) / 4.25e12 * 1e6
     for name, fn in (("ours", ours),) + (() if a.no_baseline else (("torch_compile", theirs),)):
-        fn(), fn()                               # compile / warm up
-        times = []
-        for _ in range(a.reps):
-            flush.fill(0)
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-        times.sort()
-        q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
+        times = event_times_us(cp, fn, flush, a.reps)       # two warm-up calls first (torch.compile compiles)
+        q = lambda f: quantile(times, f)  # noqa: E731
         print(f"{name:>14}: {q(0.5):8.1f} us [p20 {q(0.2):.1f}, p80 {q(0.8):.1f}, n={len(times)}] "
               f"({floor_us / q(0.5):.0%} of bytes / 4.25 TB/s)")
     torch.cuda.synchronize()

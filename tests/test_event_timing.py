@@ -1,0 +1,53 @@
+"""benchmarks/event_timing.py and benchmarks/copy_floor.py: the parts that run without a GPU."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import copy_floor  # noqa: E402
+from event_timing import event_times_us, quantile  # noqa: E402
+
+
+def fake_cupy(durations_ms):
+    """A cupy stand-in whose events measure the next duration of `durations_ms` and log the order."""
+    log, left = [], list(durations_ms)
+
+    class Event:
+        def record(self):
+            log.append("record")
+
+        def synchronize(self):
+            log.append("sync")
+
+    def elapsed(start, end):
+        return left.pop(0)
+
+    return SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed)), log
+
+
+def test_event_times_are_sorted_microseconds_each_after_a_flush():
+    cp, log = fake_cupy([0.030, 0.010, 0.020])
+    flush = SimpleNamespace(fill=lambda v: log.append(f"flush {v}"))
+    calls = []
+    times = event_times_us(cp, lambda: (calls.append(1), log.append("call")), flush, 3)
+    assert times == [10.0, 20.0, 30.0]
+    assert len(calls) == 2 + 3                                      # two warm-up calls, then one per rep
+    assert log[:5] == ["call", "call", "flush 0", "record", "call"]  # flush, start event, the call, end event
+    assert log[5:7] == ["record", "sync"]
+    assert quantile(times, 0.5) == 20.0 and quantile(times, 0.0) == 10.0 and quantile(times, 1.0) == 30.0
+
+
+def test_copy_floor_reads_the_plain_bf16_rows_of_a_report(tmp_path):
+    report = tmp_path / "report.json"
+    rows = [{"problem": {"dtype": "bfloat16", "options": {}, "shape": [32768, 512]}, "p50_ms": 0.0215},
+            {"problem": {"dtype": "bfloat16", "options": {"residual": True}, "shape": [32768, 512]}, "p50_ms": 0.037},
+            {"problem": {"dtype": "float16", "options": {}, "shape": [32768, 256]}, "p50_ms": 0.0134},
+            {"problem": {"dtype": "bfloat16", "options": {}, "shape": [32768, 256]}, "p50_ms": None}]
+    report.write_text(json.dumps({"dispatch": rows}))
+    assert copy_floor.report_p50(report) == {(32768, 512): 21.5}
+    assert copy_floor.report_p50(tmp_path / "missing.json") == {} and copy_floor.report_p50(None) == {}
