@@ -37,23 +37,39 @@ def launch_attributes(cu, geom) -> list:
 
 
 _RESIDENT: dict = {}
+_RESIDENT_MAX = 256          # entries; a long build loads many kernels (handles are reused after unloads)
 
 
 def resident_grid(cu, fn, cfg, geom) -> int:
     """cfg.gridDimX for `geom`: as given, or for a persistent cluster launch (geom.persistent) at most
     the clusters that can be resident at once (cuOccupancyMaxActiveClusters on cfg, which already
     carries the block, shared memory and cluster attribute), times the cluster size. Cached per
-    function and shape; a shape no cluster of which fits raises RuntimeError."""
+    function handle, its registers and static shared memory (a handle may be reused by a later
+    module), and the launch shape; a shape no cluster of which fits raises RuntimeError."""
     grid = int(cfg.gridDimX)
     if not getattr(geom, "persistent", False):
         return grid
-    size = int(np.prod(geom.cluster))
-    key = (int(fn), tuple(int(v) for v in geom.block), int(geom.smem_bytes), tuple(int(v) for v in geom.cluster))
+    if tuple(geom.cluster)[1:] != (1, 1) or tuple(geom.grid)[1:] != (1, 1):
+        raise ValueError(f"a persistent launch is one-dimensional: grid {tuple(geom.grid)}, cluster {tuple(geom.cluster)}")
+    size = int(geom.cluster[0])
+    attr = cu.CUfunction_attribute
+    regs = _attr(cu, attr.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
+    static_smem = _attr(cu, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn)
+    key = (int(fn), regs, static_smem, tuple(int(v) for v in geom.block), int(geom.smem_bytes), size)
     if key not in _RESIDENT:
         err, n = cu.cuOccupancyMaxActiveClusters(fn, cfg)
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuOccupancyMaxActiveClusters: {err.name}")
+        if len(_RESIDENT) >= _RESIDENT_MAX:
+            _RESIDENT.clear()
         _RESIDENT[key] = int(n)
     if _RESIDENT[key] < 1:
         raise RuntimeError(f"no cluster of {size} CTAs x {tuple(geom.block)} threads can be resident on this GPU")
     return min(grid, _RESIDENT[key] * size)
+
+
+def _attr(cu, which, fn) -> int:
+    err, value = cu.cuFuncGetAttribute(which, fn)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuFuncGetAttribute: {err.name}")
+    return int(value)

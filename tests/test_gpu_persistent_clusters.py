@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.gpu,
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_runtime_launches_persistent_clusters_no_more_than_fit():
+def test_runtime_launches_persistent_clusters_no_more_than_fit(monkeypatch):
+    """83 rows asked as 83 clusters of 8 (no SM count given to launch()): the launcher must lower the
+    grid to the clusters that fit, and those clusters must still compute every row."""
     import cupy as cp
 
     from ptxbuild import kernel_params, runtime
@@ -24,30 +26,40 @@ def test_runtime_launches_persistent_clusters_no_more_than_fit():
 
     op = load_op("rmsnorm", ROOT)
     dev = runtime._device(0)
-    arch = f"sm_{dev.cc}" + ("a" if dev.cc in (90, 100) else "")
     if dev.cc < 90:
         pytest.skip(f"clusters need sm_90 or newer (this GPU is sm_{dev.cc})")
+    arch = f"sm_{dev.cc}" + ("a" if dev.cc in (90, 100) else "")
     problem = Problem.make("rmsnorm", "bfloat16", (83, 65536), {"rstd": True})
     params = op._full({"regime": "cluster", "cluster": 8, "threads": 512, "stage": "pipe", "load_hint": "nc"})
     assert op.check(params, problem) is None
     binary = compile_kernel(op.render(params, problem, arch), arch)
     inputs, outputs = op.make_inputs(problem, 1, cp), op.make_outputs(problem, cp)
-    geom = op.launch(params, problem, dev.sm_count)
-    assert geom.persistent and geom.grid[0] == min(83, dev.sm_count // 8) * 8
-    cu = runtime._cu()
+    geom = op.launch(params, problem, 0)
+    assert geom.persistent and geom.grid == (83 * 8, 1, 1)
+
+    real, launched = runtime._cu(), []
+
+    class Driver:                                   # the driver, with the launch's grid recorded
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def cuLaunchKernelEx(self, cfg, *rest):
+            launched.append(int(cfg.gridDimX))
+            return real.cuLaunchKernelEx(cfg, *rest)
+
+    monkeypatch.setattr(runtime, "_cu", lambda: Driver())
     kernel_params._RESIDENT.clear()
     with runtime._Current(dev):
         buf = np.frombuffer(binary.cubin, dtype=np.uint8)
-        module = runtime._ok(cu.cuModuleLoadData(buf.ctypes.data), "cuModuleLoadData")
-        fn = runtime._ok(cu.cuModuleGetFunction(module, binary.entry.encode()), "cuModuleGetFunction")
+        module = runtime._ok(real.cuModuleLoadData(buf.ctypes.data), "cuModuleLoadData")
+        fn = runtime._ok(real.cuModuleGetFunction(module, binary.entry.encode()), "cuModuleGetFunction")
         runtime._launch(fn, geom, op.kernel_args(params, problem, inputs, outputs), cp.cuda.get_current_stream().ptr)
     cp.cuda.get_current_stream().synchronize()
-    (fits,) = kernel_params._RESIDENT.values()          # the launcher asked the driver, once
-    # run 15f on an H200: 30 clusters of 8 x 512 fit here (2 CTAs per SM at this N's registers)
-    assert 1 <= fits <= dev.sm_count * (2048 // 512) // 8
+    (fits,) = kernel_params._RESIDENT.values()      # the launcher asked the driver, once
+    # run 15f on an H200: 30 clusters of 8 x 512 fit at this N (2 CTAs per SM)
+    assert 1 <= fits < 83 and launched == [fits * 8]
     ref = op.reference(problem, inputs, cp)
     for name in ("y", "rstd"):
         got = outputs[name] if name == "rstd" else to_float(outputs[name], "bfloat16", cp)
         atol, rtol = op.tolerance(problem, name)
         np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(ref[name]).reshape(got.shape), atol=atol, rtol=rtol)
-

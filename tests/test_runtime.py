@@ -222,8 +222,9 @@ def test_launch_attributes_for_clusters_and_programmatic_dependent_launches():
 
 def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident_at_once():
     """A persistent cluster Launch's grid is an upper bound: the launcher asks the driver how many
-    clusters fit at once (once per function and shape) and launches that many; other launches keep
-    their grid, and a shape of which no cluster fits is an error, not a hang."""
+    clusters fit at once (once per function, registers, shape) and launches that many; other
+    launches keep their grid; a reused handle with other registers asks again; a shape of which no
+    cluster fits is an error, not a hang; a persistent launch must be one-dimensional."""
     from types import SimpleNamespace
 
     from ptxbuild import kernel_params
@@ -231,13 +232,19 @@ def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident
 
     calls = []
     ok = SimpleNamespace(name="CUDA_SUCCESS")
-    fits = {"n": 15}
+    state = {"fits": 15, "regs": 95}
 
     def occupancy(fn, cfg):
         calls.append((int(fn), cfg.gridDimX))
-        return ok, fits["n"]
+        return ok, state["fits"]
 
-    cu = SimpleNamespace(cuOccupancyMaxActiveClusters=occupancy, CUresult=SimpleNamespace(CUDA_SUCCESS=ok))
+    def attribute(which, fn):
+        return ok, state["regs"] if which == "regs" else 1040
+
+    cu = SimpleNamespace(cuOccupancyMaxActiveClusters=occupancy, cuFuncGetAttribute=attribute,
+                         CUresult=SimpleNamespace(CUDA_SUCCESS=ok),
+                         CUfunction_attribute=SimpleNamespace(CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
+                                                              CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="smem"))
     kernel_params._RESIDENT.clear()
     geom = Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True)
     cfg = SimpleNamespace(gridDimX=128)
@@ -245,7 +252,11 @@ def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident
     assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8 and len(calls) == 1     # cached
     assert kernel_params.resident_grid(cu, 7, SimpleNamespace(gridDimX=40), geom) == 40   # fewer rows
     assert kernel_params.resident_grid(cu, 7, cfg, Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1))) == 128
-    fits["n"] = 0
+    state.update(fits=16, regs=64)                       # the same handle, another module's kernel
+    assert kernel_params.resident_grid(cu, 7, cfg, geom) == 16 * 8 and len(calls) == 2
+    state["fits"] = 0
     with pytest.raises(RuntimeError, match="can be resident"):
         kernel_params.resident_grid(cu, 9, cfg, geom)
+    with pytest.raises(ValueError, match="one-dimensional"):
+        kernel_params.resident_grid(cu, 7, cfg, Launch((128, 2, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True))
     kernel_params._RESIDENT.clear()

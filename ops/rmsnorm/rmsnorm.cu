@@ -521,6 +521,7 @@ __device__ __forceinline__ void run_warp_pipe(const Args& a, i64 M, int t, int g
 // resident) handles rows c, c + C, ...; each CTA loads its part of the next row into a second register
 // set before this row's sum goes round the cluster, so the wait and the stores overlap those loads.
 __device__ __forceinline__ void run_cluster_pipe(const Args& a, i64 M, int t, i64 lo, float eps) {
+  static_assert(RPG == 1, "one row per iteration: one slot set and one mbarrier phase per row");
   const i64 stride = gridDim.x / CLUSTER;
   i64 row = blockIdx.x / CLUSTER;
   RowWords xw, xn;
