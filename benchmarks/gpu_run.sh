@@ -51,6 +51,7 @@ step rmsnorm-probe-cpipe 330 $PB -f benchmarks/rmsnorm_probe_cpipe.toml build rm
 step copy-floor 90 python3 benchmarks/copy_floor.py --report reports/rmsnorm@h200/report.json --out reports/bf16/copy-floor.md
 step rmsnorm-probe-tiny 210 $PB -f benchmarks/rmsnorm_probe_tiny.toml build rmsnorm@h200
 step rmsnorm-probe-tiny32 120 $PB -f benchmarks/rmsnorm_probe_tiny32.toml build rmsnorm@h200
+step rmsnorm-probe-512 200 $PB -f benchmarks/rmsnorm_probe_512.toml build rmsnorm@h200   # not yet run (session 8's last idea)
 step rmsnorm-remeasure-s8 900 $PB build rmsnorm@h200 --remeasure
 step rmsnorm-vs-best-known-s8 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
