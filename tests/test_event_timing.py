@@ -51,3 +51,17 @@ def test_copy_floor_reads_the_plain_bf16_rows_of_a_report(tmp_path):
     report.write_text(json.dumps({"dispatch": rows}))
     assert copy_floor.report_p50(report) == {(32768, 512): 21.5}
     assert copy_floor.report_p50(tmp_path / "missing.json") == {} and copy_floor.report_p50(None) == {}
+
+
+def test_chunk_regs_sweep_yields_chunk_configs_refused_only_for_registers():
+    import chunk_regs_sweep as sweep
+    from ptxbuild.oploader import load_op
+
+    op = load_op("rmsnorm", ROOT)
+    rows = list(sweep.configs(op))
+    assert rows and all(p["stage"] == "chunk" and p["regime"] == "block" for _, p, _, _ in rows)
+    for problem, params, est, cap in rows:
+        why = op.check(params, problem)
+        assert (why is None) == (est <= cap), (problem.label(), params, why)
+        assert why is None or "registers" in why
+    assert any(est > cap for _, _, est, cap in rows)          # the sweep covers refusals too
