@@ -159,7 +159,23 @@ def test_bytes_moved():
     ({"regime": "warp", "threads": 256, "stage": "chunk"}, prob(shape=(4, 2048)), "exact block/cluster"),
     ({"regime": "block", "threads": 256, "stage": "chunk", "exact": False}, prob(shape=(4, 8192)), "exact block/cluster"),
     ({"regime": "block", "threads": 512, "load_hint": "l2"}, prob(shape=(4, 8192)), "only applies to stage=chunk"),
-    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 4}, prob(shape=(4, 8192)), "unroll=2 holds them all"),
+    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 4}, prob(shape=(4, 8192)), "half the chunk would hold them all"),
+    # integers, not floats or bools that compare equal
+    ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 2.0}, prob(shape=(4, 8192)), "unroll=2.0 is not one of"),
+    ({"regime": "warp", "threads": 128, "rows_per_group": True}, prob(shape=(4, 512)), "rows_per_group=True"),
+    ({"regime": "block", "threads": 512.0}, prob(shape=(4, 8192)), "must be an integer"),
+    ({"regime": "block", "threads": 512, "exact": 1}, prob(shape=(4, 8192)), "exact=1 is not one of"),
+    # stage=bulk: exact block/cluster, the part in shared memory, unroll within the part, weight late
+    ({"regime": "warp", "threads": 256, "stage": "bulk"}, prob(shape=(4, 2048)), "exact block/cluster"),
+    ({"regime": "block", "threads": 256, "stage": "bulk", "exact": False}, prob(shape=(4, 8192)), "exact block/cluster"),
+    ({"regime": "block", "threads": 1024, "stage": "bulk", "unroll": 8}, prob(shape=(4, 8192)), "unroll=8 > 1 vectors"),
+    ({"regime": "block", "threads": 256, "stage": "bulk", "weight_load": "early"}, prob(shape=(4, 8192)), "register-resident"),
+    ({"regime": "cluster", "cluster": 8, "threads": 512, "stage": "bulk"}, prob("float32", (4, 262144), residual=True),
+     "bulk-copied row part needs 262144 bytes"),
+    ({"regime": "cluster", "cluster": 8, "threads": 256, "stage": "bulk", "min_blocks": 4}, prob(shape=(4, 262144)),
+     "min_blocks=4 CTAs exceed"),
+    ({"regime": "cluster", "cluster": 8, "threads": 512, "stage": "bulk", "unroll": 2, "min_blocks": 3},
+     prob(shape=(4, 262144)), "registers per lane"),
     ({"regime": "block", "threads": 256, "stage": "chunk", "weight_load": "early"}, prob(shape=(4, 8192)),
      "register-resident"),
     ({"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "min_blocks": 2}, prob(shape=(4, 262144)),
@@ -186,6 +202,8 @@ def test_check_rejects(params, problem, words):
     ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}, prob(shape=(16384, 131072), residual=True)),
     ({"regime": "cluster", "threads": 1024, "cluster": 8, "stage": "chunk", "unroll": 2, "load_hint": "l2"},
      prob("float32", (8192, 262144), residual=True)),
+    ({"regime": "cluster", "threads": 256, "cluster": 8, "stage": "bulk", "unroll": 4, "min_blocks": 3}, prob(shape=(8192, 262144))),
+    ({"regime": "block", "threads": 128, "stage": "bulk", "unroll": 2}, prob("float16", (199, 4000), residual=True, bias=True)),
 ])
 def test_check_accepts(params, problem):
     assert op.check(params, problem) is None
@@ -246,10 +264,11 @@ def test_verify_problems():
     shapes = {v.shape for v in op.verify_problems(p, wpipe)}
     assert shapes == {(1, 1024), (199, 1024), (2 * 160 * 2 * 16 + 7, 1024)}
     assert op.launch(wpipe, p.with_shape((2 * 160 * 2 * 16 + 7, 1024)), 160).grid == (320, 1, 1)
-    # persistent clusters: 160 SMs / 8 = 20 clusters loop twice, and 3 of them a third time
+    # persistent clusters: 160 SMs / 8 = 20 clusters loop 4 times (both slot sets reach parity 1),
+    # and 3 of them a fifth time
     cpipe = op._full({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"})
     big = prob("bfloat16", (8192, 262144))
-    assert {v.shape for v in op.verify_problems(big, cpipe)} == {(1, 262144), (199, 262144), (43, 262144)}
+    assert {v.shape for v in op.verify_problems(big, cpipe)} == {(1, 262144), (199, 262144), (83, 262144)}
     generic = op._full({"regime": "warp", "threads": 256, "exact": False, "unroll": 2})
     odd = [v for v in op.verify_problems(p, generic) if v.shape[1] % 8]
     assert odd and all(op.check(generic, v) is None for v in odd)
@@ -281,7 +300,26 @@ REPRESENTATIVE = [
     ("float16", (16384, 131072), {"residual": True, "bias": True},
      {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "pipe"}),
     ("bfloat16", (16384, 131072), {}, {"regime": "cluster", "threads": 256, "cluster": 8, "stage": "pipe", "min_blocks": 2}),
+    ("bfloat16", (8192, 262144), {}, {"regime": "cluster", "threads": 256, "cluster": 8, "stage": "bulk", "unroll": 4,
+                                      "min_blocks": 3}),
+    ("float16", (199, 4000), {"residual": True, "bias": True, "weight": "fp32"},
+     {"regime": "block", "threads": 128, "stage": "bulk", "unroll": 2}),
 ]
+
+
+@pytest.mark.compile
+def test_bulk_copies_the_part_in_four_pieces_and_holds_no_row_in_registers():
+    """stage=bulk: one cp.async.bulk per quarter of the CTA's part (x and residual: 8), four mbarriers,
+    and far fewer registers than the register-resident kernel of the same row (which holds the part)."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("bfloat16", (8192, 262144), residual=True)
+    bulk = op._full({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "bulk", "unroll": 2})
+    b = compiler.compile_kernel(op.render(bulk, p, "sm_90a"), "sm_90a")
+    assert b.ptx.count("cp.async.bulk.shared::cluster.global") == 8
+    assert b.ptx.count("mbarrier.init.shared::cta.b64") >= 4
+    reg = compiler.compile_kernel(op.render({**bulk, "stage": "reg", "unroll": 1}, p, "sm_90a"), "sm_90a")
+    assert b.registers + 24 <= reg.registers, (b.registers, reg.registers)
+    assert op.launch(bulk, p, 132).smem_bytes == 2 * 262144 // 8 * 2
 
 
 @pytest.mark.compile

@@ -19,6 +19,8 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
           stage="chunk" (block/cluster): two passes over the row in chunks of `unroll` vectors per
           lane, few registers; pass 2 re-reads x (L1/L2 hits) or, with a residual, reads h back
           from residual_out.
+          stage="bulk" (block/cluster): thread 0 bulk-copies the CTA's row part (x, residual) into
+          shared memory (cp.async.bulk, no registers held), two passes over it; weight loaded late.
           stage="pipe": persistent; block: the next row bulk-copied into shared memory while this
           one is finished; warp / cluster: the next row loaded into a second register set (cluster:
           as many clusters as can be resident, Launch.persistent).
@@ -51,9 +53,10 @@ SPACE = {
     "rows_per_group": [1, 2, 4],          # warp regime: rows per lane group, all loads issued first
     "cluster": [1, 2, 4, 8, 16],          # cluster regime: CTAs per row (16 is refused, see check)
     "exact": [True, False],               # N compile-time (register/smem resident) vs generic N
-    "stage": ["reg", "smem", "pipe", "chunk"],  # exact: where the row is held (pipe: persistent, the
-                                          # next row fetched while this one finishes; chunk: two passes)
-    "unroll": [1, 2, 4, 8],               # generic / smem / chunk stage: vectors per lane per batch
+    "stage": ["reg", "smem", "pipe", "chunk", "bulk"],  # exact: where the row is held (pipe: persistent,
+                                          # the next row fetched while this one finishes; chunk: two
+                                          # passes; bulk: bulk-copied into shared memory)
+    "unroll": [1, 2, 4, 8],               # generic / smem / chunk / bulk stage: vectors per lane per batch
     "min_blocks": [1, 2, 3, 4],           # __launch_bounds__ min blocks per SM (occupancy / regs)
     "load_hint": ["none", "nc", "nc_na", "nc_ef", "l2"],  # ld.global / .nc / .nc.L1::no_allocate /
                                           # + .L2::evict_first / (chunk) L2 evict_last then evict_first
@@ -124,7 +127,7 @@ def _data_regs(p: dict, problem: Problem) -> int:
     res = bool(o["residual"])
     per_vec = max(4 * (1 + res), _words(kh, vec))
     wwords = _words(kw, vec) * ((o["weight"] != "none") + bool(o["bias"]))
-    if not p["exact"] or p["stage"] == "smem":
+    if not p["exact"] or p["stage"] in ("smem", "bulk"):
         return p["unroll"] * (per_vec + wwords) + 12        # + 64-bit loop indices / bounds
     _, vpt = _geometry(p, problem)
     if p["stage"] == "pipe" and p["regime"] == "warp":      # this group's x (+ residual), the next's, h
@@ -155,6 +158,8 @@ def _chunk_regs(p: dict, problem: Problem) -> int:
 def _smem_bytes(p: dict, problem: Problem) -> int:
     if p["exact"] and p["stage"] == "pipe" and p["regime"] == "block":   # two rows of x (+ residual)
         return 2 * problem.shape[1] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
+    if p["exact"] and p["stage"] == "bulk":          # the CTA's part of x (+ residual), as stored
+        return problem.shape[1] // p["cluster"] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
     if not (p["exact"] and p["stage"] == "smem"):
         return 0
     _, _, kh = _kinds(problem)
@@ -177,10 +182,12 @@ def check(params: dict, problem: Problem) -> str | None:
     for k, v in p.items():
         if k not in SPACE:
             return f"unknown parameter {k}"
-        if isinstance(SPACE[k][0], (str, bool)) and v not in SPACE[k]:
+        if isinstance(SPACE[k][0], (str, bool)) and (v not in SPACE[k] or type(v) is not type(SPACE[k][0])):
             return f"{k}={v!r} is not one of {SPACE[k]}"
+    if type(p["threads"]) is not int:
+        return f"threads={p['threads']!r} must be an integer"
     for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks"):
-        if p[k] not in SPACE[k]:
+        if type(p[k]) is not int or p[k] not in SPACE[k]:
             return f"{k}={p[k]!r} is not one of {SPACE[k]}"
     n = problem.shape[1]
     vec = _vec(problem.dtype)
@@ -198,6 +205,8 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=smem only applies to exact block/cluster variants"
     if p["stage"] == "chunk" and (not p["exact"] or regime == "warp"):
         return "stage=chunk only applies to exact block/cluster variants"
+    if p["stage"] == "bulk" and (not p["exact"] or regime == "warp"):
+        return "stage=bulk only applies to exact block/cluster variants"
     if p["load_hint"] == "l2" and p["stage"] != "chunk":
         return "load_hint=l2 (pass 1 evict_last, pass 2 evict_first) only applies to stage=chunk"
     if p["stage"] == "pipe" and not p["exact"]:
@@ -208,7 +217,7 @@ def check(params: dict, problem: Problem) -> str | None:
         return "unroll only applies to generic, smem-staged or chunked variants (leave 1)"
     if not p["exact"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load=early only applies to exact register-resident variants"
-    if p["stage"] in ("smem", "chunk") and p["weight_load"] != canon["weight_load"]:
+    if p["stage"] in ("smem", "chunk", "bulk") and p["weight_load"] != canon["weight_load"]:
         return "weight_load=early only applies to exact register-resident variants"
     if o["weight"] == "none" and not o["bias"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load is moot without weight or bias"
@@ -226,21 +235,25 @@ def check(params: dict, problem: Problem) -> str | None:
         nv, vpt = _geometry(p, problem)
         if nv < _group(p):
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
-        if p["stage"] == "smem" and p["unroll"] > vpt:
+        if p["stage"] in ("smem", "bulk") and p["unroll"] > vpt:
             return f"unroll={p['unroll']} > {vpt} vectors per lane"
         if p["stage"] == "chunk":
             if p["unroll"] // 2 >= vpt:
-                return f"stage=chunk: unroll={p['unroll']} for {vpt} vectors per lane (unroll={p['unroll'] // 2} holds them all)"
+                return f"stage=chunk: unroll={p['unroll']} for {vpt} vectors per lane (half the chunk would hold them all: use a smaller unroll)"
             need = _chunk_regs(p, problem)
             if need > _reg_cap(p):
                 return f"chunk needs ~{need} registers per lane > {_reg_cap(p)}"
         if _smem_bytes(p, problem):                  # smem, block pipe: rows staged in shared memory
             smem = _smem_bytes(p, problem)
-            what = "two staged rows need" if p["stage"] == "pipe" else "staged row part needs"
+            what = {"pipe": "two staged rows need", "bulk": "the bulk-copied row part needs"}.get(p["stage"], "staged row part needs")
             if smem > SMEM_LIMIT_BYTES:
                 return f"{what} {smem} bytes of shared memory > {SMEM_LIMIT_BYTES}"
             if smem * p["min_blocks"] > 228 * 1024:
                 return f"{what} {smem} bytes of shared memory: min_blocks={p['min_blocks']} CTAs exceed the SM's"
+        if p["stage"] == "bulk":                     # pass 2's batch: weight loads in flight
+            need = _data_regs(p, problem) + REG_OVERHEAD
+            if need > _reg_cap(p):
+                return f"batch needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
         if p["stage"] in ("reg", "pipe"):            # the row's data in registers
             if vpt > 64:
                 return f"{vpt} vectors per lane is too many to unroll"
@@ -328,6 +341,7 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         "STAGE_SMEM": int(exact and p["stage"] == "smem"),
         "STAGE_PIPE": int(exact and p["stage"] == "pipe"),
         "STAGE_CHUNK": int(exact and p["stage"] == "chunk"),
+        "STAGE_BULK": int(exact and p["stage"] == "bulk"),
         "UNROLL": p["unroll"],
         "LDH": LDH[p["load_hint"]],
         "STCS": int(bool(p["store_cs"])),
@@ -396,7 +410,8 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
     if p is not None and p["exact"] and p["stage"] == "pipe" and p["regime"] == "cluster":
         # persistent clusters: every cluster loops over >= 2 rows (both slot sets and parities) on
         # up to 160 SMs, and some one row more than others
-        out.append(problem.with_shape((2 * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
+        # (4 x the clusters: every resident cluster gets >= 4 rows, so slot set 1 reaches parity 1)
+        out.append(problem.with_shape((4 * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

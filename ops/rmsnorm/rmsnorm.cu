@@ -24,7 +24,11 @@
 //   STAGE_CHUNK EXACT block/cluster: two passes over the row in chunks of UNROLL vectors per lane (few
 //               registers, so more CTAs per SM); pass 2 re-reads x (pass 1's loads left it in L1/L2)
 //               or, with a residual, reads h back from residual_out (one stream instead of two)
-//   UNROLL      vectors per thread per batch (generic, staged and chunked variants)
+//   STAGE_BULK  EXACT block/cluster: thread 0 copies this CTA's row part (x, then residual) into dynamic
+//               shared memory with cp.async.bulk, in up to 4 parts on 4 mbarriers; no register holds a
+//               load, so several CTAs per SM keep whole row parts in flight. Pass 1 sums from shared
+//               memory, pass 2 re-reads it and writes y, UNROLL vectors per lane per batch
+//   UNROLL      vectors per thread per batch (generic, staged, chunked and bulk variants)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -377,7 +381,7 @@ __device__ __forceinline__ float row_sum(float s, int it = 0) {
 #endif
 
 // ---------------------------------------------------------------- exact-N, register-resident
-#if EXACT && !STAGE_SMEM && !STAGE_CHUNK
+#if EXACT && !STAGE_SMEM && !STAGE_CHUNK && !STAGE_BULK
 // Row worker holds RPG rows x VPT vectors; every load (x, residual, early weight) is issued
 // before the first use. Vector v = i*G + t of the worker's range [lo, lo + LEN).
 constexpr int EX_NV = NC / CLUSTER / VEC, EX_VPT = (EX_NV + G - 1) / G;
@@ -743,6 +747,115 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
 }
 #endif
 
+// ---------------------------------------------------------------- exact-N, bulk-copied to smem
+#if EXACT && STAGE_BULK
+#if __CUDA_ARCH__ < 900
+#error "stage=bulk is for sm_90 or newer (cp.async.bulk, mbarrier)"
+#endif
+// Block/cluster only (RPG == 1). Thread 0 issues one cp.async.bulk per part of this CTA's row part
+// (x, then residual), BK_PARTS parts, each counted by its own mbarrier, so pass 1 starts on part 0
+// while the rest land. Lane t owns vectors v = i * G + t; part j holds iterations [j * IPP, (j+1) * IPP).
+// Pass 1 sums squares from shared memory (and writes residual_out); pass 2 reads x (+ residual) again
+// from shared memory, recomputes the identical h, and writes y, UNROLL vectors per lane per batch,
+// the weight loaded late. Shared memory is written once per launch: no proxy fence or reuse.
+constexpr int BK_NV = NC / CLUSTER / VEC, BK_VPT = (BK_NV + G - 1) / G;
+constexpr int BK_PARTS = (BK_NV % G) ? 1 : (BK_VPT % 4 == 0 ? 4 : (BK_VPT % 2 == 0 ? 2 : 1));
+constexpr int BK_IPP = BK_VPT / BK_PARTS;                           // iterations per part
+constexpr unsigned BK_XB = (unsigned)(NC / CLUSTER) * Kind<DT>::bytes;   // bytes of x per CTA
+constexpr unsigned BK_PB = BK_XB / BK_PARTS;                        // bytes of x per part
+
+__device__ __forceinline__ void bk_wait(const unsigned long long* bar) {
+  asm volatile("{\n .reg .pred P1;\n BK_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], 0;\n"
+               " @P1 bra BK_DONE;\n bra BK_WAIT;\n BK_DONE:\n}" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bk_vec(const unsigned char* buf, int v, u32* xw, u32* rw) {
+  const uint4 xq = *reinterpret_cast<const uint4*>(buf + (size_t)v * 16);
+  xw[0] = xq.x; xw[1] = xq.y; xw[2] = xq.z; xw[3] = xq.w;
+#if HAS_RES
+  const uint4 rq = *reinterpret_cast<const uint4*>(buf + BK_XB + (size_t)v * 16);
+  rw[0] = rq.x; rw[1] = rq.y; rw[2] = rq.z; rw[3] = rq.w;
+#endif
+}
+
+__device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, float eps) {
+  constexpr int NV = BK_NV, VPT = BK_VPT;
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
+  extern __shared__ __align__(128) unsigned char bk[];
+  __shared__ __align__(8) unsigned long long bk_bar[BK_PARTS];
+  const i64 rowoff = row * (i64)NC + lo;
+  if (t == 0) {
+#pragma unroll
+    for (int j = 0; j < BK_PARTS; ++j)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bk_bar[j])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < BK_PARTS; ++j) {
+      const u32 b = smem_u32(&bk_bar[j]), d = smem_u32(bk + (size_t)j * BK_PB);
+      const char* xs = (const char*)a.x + rowoff * Kind<DT>::bytes + (size_t)j * BK_PB;
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                   ::"r"(b), "r"(HAS_RES ? 2 * BK_PB : BK_PB) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(d), "l"(xs), "r"(BK_PB), "r"(b) : "memory");
+#if HAS_RES
+      const char* rs_ = (const char*)a.r + rowoff * Kind<DT>::bytes + (size_t)j * BK_PB;
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   ::"r"(d + BK_XB), "l"(rs_), "r"(BK_PB), "r"(b) : "memory");
+#endif
+    }
+  }
+  __syncthreads();                       // the mbarriers are initialized before anyone waits on them
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (i % BK_IPP == 0) bk_wait(&bk_bar[i / BK_IPP]);
+    const int v = i * G + t;
+    if ((i + 1) * G <= NV || v < NV) {
+      u32 xw[4], rw[4], hw[HWN];
+      bk_vec(bk, v, xw, rw);
+#if HAS_RES
+      ss += combine(xw, rw, hw);
+      vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw);
+#else
+      ss += combine(xw, nullptr, hw);
+#endif
+    }
+  }
+  const float rs = rstd_of(row_sum(ss), (float)NC, eps);
+#if HAS_RSTD
+  if (t == 0 && lo == 0) a.rstd[row] = rs;
+#endif
+#pragma unroll 1
+  for (int i0 = 0; i0 < VPT; i0 += UNROLL) {
+    u32 wl[UNROLL][WWN], bl[UNROLL][WWN];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = i0 + u, v = i * G + t;
+      if (i < VPT && v < NV) {
+        if (WT != 0) vload<KW, false>(a.w, lo + (i64)v * VEC, wl[u]);
+        if (HAS_BIAS) vload<KW, false>(a.b, lo + (i64)v * VEC, bl[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = i0 + u, v = i * G + t;
+      if (i < VPT && v < NV) {
+        u32 xw[4], rw[4], hw[HWN], yw[4];
+        bk_vec(bk, v, xw, rw);
+#if HAS_RES
+        combine(xw, rw, hw);
+#else
+        combine(xw, nullptr, hw);
+#endif
+        normalize(hw, wl[u], bl[u], rs, yw);
+        vstore<DT>(a.y, rowoff + (i64)v * VEC, yw);
+      }
+    }
+  }
+}
+#endif
+
 // ---------------------------------------------------------------- exact-N, persistent and pipelined
 #if EXACT && STAGE_PIPE && REGIME == 1
 #if __CUDA_ARCH__ < 900
@@ -956,6 +1069,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   run_staged(a, row, t, 0, eps);
 #elif EXACT && STAGE_CHUNK
   run_chunk(a, row, t, 0, eps);
+#elif EXACT && STAGE_BULK
+  run_bulk(a, row, t, 0, eps);
 #elif EXACT
   const bool rok[1] = {true};
   run_exact(a, &row, rok, t, 0, eps);
@@ -974,6 +1089,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   run_staged(a, row, t, lo, eps);
 #elif STAGE_CHUNK
   run_chunk(a, row, t, lo, eps);
+#elif STAGE_BULK
+  run_bulk(a, row, t, lo, eps);
 #elif STAGE_PIPE
   run_cluster_pipe(a, M, t, lo, eps);
 #else

@@ -102,6 +102,17 @@ CASES = [
      {**C, "threads": 512, "cluster": 8, "stage": "pipe", "store_cs": True}),
     ("bfloat16", (1001, 65536), {"weight": "fp32"}, {**C, "threads": 256, "cluster": 4, "stage": "pipe", "min_blocks": 2}),
     ("float32", (77, 65536), {"residual": True, "residual_out_fp32": True}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
+    # stage=bulk: the CTA's row part bulk-copied into shared memory in 4 parts (NV % threads == 0) or
+    # one (a partial last iteration); block and cluster; residual (+ fp32 residual_out), bias, no weight
+    ("bfloat16", (199, 4096), {}, {**B, "threads": 128, "stage": "bulk", "unroll": 2}),
+    ("float16", (199, 4000), {"residual": True, "bias": True, "weight": "fp32"},
+     {**B, "threads": 128, "stage": "bulk", "unroll": 2, "store_cs": True}),
+    ("bfloat16", (64, 65536), {"rstd": True}, {**C, "threads": 256, "cluster": 2, "stage": "bulk", "unroll": 4, "min_blocks": 3}),
+    ("float32", (16, 131072), {"residual": True, "residual_out_fp32": True, "rstd": True},
+     {**C, "threads": 512, "cluster": 8, "stage": "bulk", "unroll": 1}),
+    ("float16", (33, 131072), {"weight": "none", "bias": True, "rstd": True},
+     {**C, "threads": 384, "cluster": 4, "stage": "bulk", "unroll": 8}),
+    ("bfloat16", (203, 262144), {"residual": True}, {**C, "threads": 512, "cluster": 8, "stage": "bulk", "unroll": 2}),
     # M*N past 2^31 elements: 64-bit indexing in every regime (one seed, compared in row chunks)
     ("bfloat16", (1048577, 2048), {}, {**W, "threads": 256, "row_threads": 32, "load_hint": "nc"}),
     ("bfloat16", (65537, 32768), {"rstd": True}, {**B, "threads": 1024, "load_hint": "nc"}),
@@ -109,6 +120,7 @@ CASES = [
     ("bfloat16", (16385, 131072), {"residual": True}, {**C, "threads": 512, "cluster": 4}),
     ("bfloat16", (65537, 32768), {"residual": True}, {**B, "threads": 512, "stage": "chunk", "load_hint": "l2"}),
     ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
+    ("bfloat16", (8193, 262144), {}, {**C, "threads": 256, "cluster": 8, "stage": "bulk", "unroll": 4, "min_blocks": 3}),
 ]
 BIG = 1 << 31          # cases with more elements run one seed and compare ROWS rows at a time
 ROW_ARRAYS = ("x", "residual", "y", "residual_out", "rstd")
