@@ -174,8 +174,14 @@ def test_bytes_moved():
      "bulk-copied row part needs 262144 bytes"),
     ({"regime": "cluster", "cluster": 8, "threads": 256, "stage": "bulk", "min_blocks": 4}, prob(shape=(4, 262144)),
      "min_blocks=4 CTAs exceed"),
-    ({"regime": "cluster", "cluster": 8, "threads": 512, "stage": "bulk", "unroll": 2, "min_blocks": 3},
+    ({"regime": "cluster", "cluster": 8, "threads": 512, "stage": "bulk", "unroll": 4, "min_blocks": 3},
      prob(shape=(4, 262144)), "registers per lane"),
+    ({"regime": "block", "threads": 512, "bulk_reg": 4}, prob(shape=(4, 65536)), "only applies to stage=bulk"),
+    ({"regime": "cluster", "cluster": 2, "threads": 1024, "stage": "bulk", "bulk_reg": 16}, prob(shape=(4, 262144)),
+     "at least one in shared memory"),
+    ({"regime": "block", "threads": 384, "stage": "bulk", "bulk_reg": 2}, prob(shape=(4, 65536)), "whole iterations"),
+    # 256 KB per CTA: without a register tail the part does not fit shared memory
+    ({"regime": "cluster", "cluster": 2, "threads": 1024, "stage": "bulk"}, prob(shape=(4, 262144)), "262144 bytes"),
     ({"regime": "block", "threads": 256, "stage": "chunk", "weight_load": "early"}, prob(shape=(4, 8192)),
      "register-resident"),
     ({"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "min_blocks": 2}, prob(shape=(4, 262144)),
@@ -204,6 +210,7 @@ def test_check_rejects(params, problem, words):
      prob("float32", (8192, 262144), residual=True)),
     ({"regime": "cluster", "threads": 256, "cluster": 8, "stage": "bulk", "unroll": 4, "min_blocks": 3}, prob(shape=(8192, 262144))),
     ({"regime": "block", "threads": 128, "stage": "bulk", "unroll": 2}, prob("float16", (199, 4000), residual=True, bias=True)),
+    ({"regime": "cluster", "cluster": 2, "threads": 1024, "stage": "bulk", "bulk_reg": 8}, prob(shape=(8192, 262144))),
 ])
 def test_check_accepts(params, problem):
     assert op.check(params, problem) is None
@@ -320,6 +327,22 @@ def test_bulk_copies_the_part_in_four_pieces_and_holds_no_row_in_registers():
     reg = compiler.compile_kernel(op.render({**bulk, "stage": "reg", "unroll": 1}, p, "sm_90a"), "sm_90a")
     assert b.registers + 24 <= reg.registers, (b.registers, reg.registers)
     assert op.launch(bulk, p, 132).smem_bytes == 2 * 262144 // 8 * 2
+
+
+@pytest.mark.compile
+def test_bulk_register_tail_halves_shared_memory_and_fits_the_register_cap():
+    """bulk_reg=8 at cluster 2 x 1024 threads (bf16 256K: 256 KB per CTA): 128 KB bulk-copied in 4
+    parts, 8 vectors per lane (128 KB) loaded into registers, no spills at the 64-register cap."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("bfloat16", (8192, 262144))
+    hybrid = op._full({"regime": "cluster", "threads": 1024, "cluster": 2, "stage": "bulk", "bulk_reg": 8,
+                       "load_hint": "nc"})
+    assert op.check(hybrid, p) is None
+    assert op.launch(hybrid, p, 132).smem_bytes == 128 * 1024
+    b = compiler.compile_kernel(op.render(hybrid, p, "sm_90a"), "sm_90a")
+    assert b.ptx.count("cp.async.bulk.shared::cluster.global") == 4
+    assert b.spill_bytes == 0 and b.registers <= 64
+    assert b.ptx.count("ld.global.nc.v4") >= 8             # the register tail: 8 vectors of x per lane
 
 
 @pytest.mark.compile

@@ -21,6 +21,8 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
           from residual_out.
           stage="bulk" (block/cluster): thread 0 bulk-copies the CTA's row part (x, residual) into
           shared memory (cp.async.bulk, no registers held), two passes over it; weight loaded late.
+          bulk_reg vectors per lane of the part are held in registers instead (parts too big for
+          shared memory alone: bf16 256K over a cluster of 2 is 256 KB per CTA).
           stage="pipe": persistent; block: the next row bulk-copied into shared memory while this
           one is finished; warp / cluster: the next row loaded into a second register set (cluster:
           as many clusters as can be resident, Launch.persistent).
@@ -63,6 +65,7 @@ SPACE = {
     "store_cs": [False, True],            # st.global.cs (streaming) for y and residual_out
     "rsqrt": ["approx", "precise"],       # rsqrt.approx.f32 vs 1 / sqrt.rn
     "weight_load": ["late", "early"],     # weight/bias loaded in the epilogue or with x
+    "bulk_reg": [0, 2, 4, 8, 16],         # stage=bulk: vectors per lane held in registers, not smem
 }
 
 # Cluster dims > 8 need cudaFuncAttributeNonPortableClusterSizeAllowed on the function, which a
@@ -127,7 +130,9 @@ def _data_regs(p: dict, problem: Problem) -> int:
     res = bool(o["residual"])
     per_vec = max(4 * (1 + res), _words(kh, vec))
     wwords = _words(kw, vec) * ((o["weight"] != "none") + bool(o["bias"]))
-    if not p["exact"] or p["stage"] in ("smem", "bulk"):
+    if p["exact"] and p["stage"] == "bulk":                 # pass 2's batch + the register tail
+        return p["unroll"] * (per_vec + wwords) + p["bulk_reg"] * max(4 * (1 + res), _words(kh, vec))
+    if not p["exact"] or p["stage"] == "smem":
         return p["unroll"] * (per_vec + wwords) + 12        # + 64-bit loop indices / bounds
     _, vpt = _geometry(p, problem)
     if p["stage"] == "pipe" and p["regime"] == "warp":      # this group's x (+ residual), the next's, h
@@ -158,8 +163,9 @@ def _chunk_regs(p: dict, problem: Problem) -> int:
 def _smem_bytes(p: dict, problem: Problem) -> int:
     if p["exact"] and p["stage"] == "pipe" and p["regime"] == "block":   # two rows of x (+ residual)
         return 2 * problem.shape[1] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
-    if p["exact"] and p["stage"] == "bulk":          # the CTA's part of x (+ residual), as stored
-        return problem.shape[1] // p["cluster"] * SIZE_BYTES[problem.dtype] * (1 + bool(_opts(problem)["residual"]))
+    if p["exact"] and p["stage"] == "bulk":          # the CTA's part of x (+ residual) less the register tail
+        part = problem.shape[1] // p["cluster"] * SIZE_BYTES[problem.dtype] - p["bulk_reg"] * p["threads"] * 16
+        return part * (1 + bool(_opts(problem)["residual"]))
     if not (p["exact"] and p["stage"] == "smem"):
         return 0
     _, _, kh = _kinds(problem)
@@ -207,6 +213,8 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=chunk only applies to exact block/cluster variants"
     if p["stage"] == "bulk" and (not p["exact"] or regime == "warp"):
         return "stage=bulk only applies to exact block/cluster variants"
+    if p["stage"] != "bulk" and p["bulk_reg"] != canon["bulk_reg"]:
+        return "bulk_reg only applies to stage=bulk (leave 0)"
     if p["load_hint"] == "l2" and p["stage"] != "chunk":
         return "load_hint=l2 (pass 1 evict_last, pass 2 evict_first) only applies to stage=chunk"
     if p["stage"] == "pipe" and not p["exact"]:
@@ -237,6 +245,9 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
         if p["stage"] in ("smem", "bulk") and p["unroll"] > vpt:
             return f"unroll={p['unroll']} > {vpt} vectors per lane"
+        if p["stage"] == "bulk" and p["bulk_reg"] and (nv % threads or p["bulk_reg"] >= vpt):
+            return (f"bulk_reg={p['bulk_reg']} needs whole iterations ({nv} vectors % {threads} lanes == 0) "
+                    f"and at least one in shared memory (< {vpt} vectors per lane)")
         if p["stage"] == "chunk":
             if p["unroll"] // 2 >= vpt:
                 return f"stage=chunk: unroll={p['unroll']} for {vpt} vectors per lane (half the chunk would hold them all: use a smaller unroll)"
@@ -342,6 +353,7 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         "STAGE_PIPE": int(exact and p["stage"] == "pipe"),
         "STAGE_CHUNK": int(exact and p["stage"] == "chunk"),
         "STAGE_BULK": int(exact and p["stage"] == "bulk"),
+        "BULK_REG": p["bulk_reg"] if exact and p["stage"] == "bulk" else 0,
         "UNROLL": p["unroll"],
         "LDH": LDH[p["load_hint"]],
         "STCS": int(bool(p["store_cs"])),

@@ -27,7 +27,8 @@
 //   STAGE_BULK  EXACT block/cluster: thread 0 copies this CTA's row part (x, then residual) into dynamic
 //               shared memory with cp.async.bulk, in up to 4 parts on 4 mbarriers; no register holds a
 //               load, so several CTAs per SM keep whole row parts in flight. Pass 1 sums from shared
-//               memory, pass 2 re-reads it and writes y, UNROLL vectors per lane per batch
+//               memory, pass 2 re-reads it and writes y, UNROLL vectors per lane per batch; the last
+//               BULK_REG vectors per lane are loaded into registers instead (parts too big for smem)
 //   UNROLL      vectors per thread per batch (generic, staged, chunked and bulk variants)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
@@ -752,16 +753,21 @@ __device__ __forceinline__ void run_chunk(const Args& a, i64 row, int t, i64 lo,
 #if __CUDA_ARCH__ < 900
 #error "stage=bulk is for sm_90 or newer (cp.async.bulk, mbarrier)"
 #endif
-// Block/cluster only (RPG == 1). Thread 0 issues one cp.async.bulk per part of this CTA's row part
-// (x, then residual), BK_PARTS parts, each counted by its own mbarrier, so pass 1 starts on part 0
-// while the rest land. Lane t owns vectors v = i * G + t; part j holds iterations [j * IPP, (j+1) * IPP).
-// Pass 1 sums squares from shared memory (and writes residual_out); pass 2 reads x (+ residual) again
-// from shared memory, recomputes the identical h, and writes y, UNROLL vectors per lane per batch,
-// the weight loaded late. Shared memory is written once per launch: no proxy fence or reuse.
+// Block/cluster only (RPG == 1). Lane t owns vectors v = i * G + t of the CTA's part, i < VPT. The
+// first BK_VS iterations live in shared memory: thread 0 copies them (x, then residual) with one
+// cp.async.bulk per part, BK_PARTS parts on as many mbarriers, so pass 1 starts on part 0 while the
+// rest land; no register holds those loads. The last BULK_REG iterations are loaded into registers
+// as the register-resident kernel does (so a part too big for shared memory alone still fits:
+// e.g. 256 KB = 128 KB in each). Pass 1 sums squares (and writes residual_out); pass 2 reads x
+// (+ residual) again from shared memory, recomputes the identical h, and writes y, UNROLL vectors
+// per lane per batch with the weight loaded late. Shared memory is written once per launch.
 constexpr int BK_NV = NC / CLUSTER / VEC, BK_VPT = (BK_NV + G - 1) / G;
-constexpr int BK_PARTS = (BK_NV % G) ? 1 : (BK_VPT % 4 == 0 ? 4 : (BK_VPT % 2 == 0 ? 2 : 1));
-constexpr int BK_IPP = BK_VPT / BK_PARTS;                           // iterations per part
-constexpr unsigned BK_XB = (unsigned)(NC / CLUSTER) * Kind<DT>::bytes;   // bytes of x per CTA
+constexpr int BK_VR = BULK_REG, BK_VS = BK_VPT - BK_VR;            // iterations in registers / smem
+static_assert(BK_VR == 0 || (BK_NV % G == 0 && BK_VS > 0), "a register tail needs whole iterations");
+constexpr int BK_PARTS = (BK_NV % G) ? 1 : (BK_VS % 4 == 0 ? 4 : (BK_VS % 2 == 0 ? 2 : 1));
+constexpr int BK_IPP = BK_VS / BK_PARTS;                            // iterations per part
+constexpr unsigned BK_XB = BK_VR ? (unsigned)BK_VS * G * 16u       // bytes of x in smem per CTA
+                                 : (unsigned)(NC / CLUSTER) * Kind<DT>::bytes;
 constexpr unsigned BK_PB = BK_XB / BK_PARTS;                        // bytes of x per part
 
 __device__ __forceinline__ void bk_wait(const unsigned long long* bar) {
@@ -780,7 +786,7 @@ __device__ __forceinline__ void bk_vec(const unsigned char* buf, int v, u32* xw,
 }
 
 __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, float eps) {
-  constexpr int NV = BK_NV, VPT = BK_VPT;
+  constexpr int NV = BK_NV, VS = BK_VS, VR = BK_VR, VPT = BK_VPT;
   constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
   extern __shared__ __align__(128) unsigned char bk[];
   __shared__ __align__(8) unsigned long long bk_bar[BK_PARTS];
@@ -805,10 +811,19 @@ __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, 
 #endif
     }
   }
+  // the register tail: every load issued now, before any wait (VR == 0: none)
+  u32 xr[VR ? VR : 1][4], rr[(VR && HAS_RES) ? VR : 1][4], hr[VR ? VR : 1][HWN];
+#pragma unroll
+  for (int k = 0; k < VR; ++k) {
+    vload<DT>(a.x, rowoff + (i64)((VS + k) * G + t) * VEC, xr[k]);
+#if HAS_RES
+    vload<DT>(a.r, rowoff + (i64)((VS + k) * G + t) * VEC, rr[k]);
+#endif
+  }
   __syncthreads();                       // the mbarriers are initialized before anyone waits on them
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
+  for (int i = 0; i < VS; ++i) {
     if (i % BK_IPP == 0) bk_wait(&bk_bar[i / BK_IPP]);
     const int v = i * G + t;
     if ((i + 1) * G <= NV || v < NV) {
@@ -822,17 +837,26 @@ __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, 
 #endif
     }
   }
+#pragma unroll
+  for (int k = 0; k < VR; ++k) {
+#if HAS_RES
+    ss += combine(xr[k], rr[k], hr[k]);
+    vstore<KH>(a.ro, rowoff + (i64)((VS + k) * G + t) * VEC, hr[k]);
+#else
+    ss += combine(xr[k], nullptr, hr[k]);
+#endif
+  }
   const float rs = rstd_of(row_sum(ss), (float)NC, eps);
 #if HAS_RSTD
   if (t == 0 && lo == 0) a.rstd[row] = rs;
 #endif
 #pragma unroll 1
-  for (int i0 = 0; i0 < VPT; i0 += UNROLL) {
+  for (int i0 = 0; i0 < VS; i0 += UNROLL) {
     u32 wl[UNROLL][WWN], bl[UNROLL][WWN];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = i0 + u, v = i * G + t;
-      if (i < VPT && v < NV) {
+      if (i < VS && v < NV) {
         if (WT != 0) vload<KW, false>(a.w, lo + (i64)v * VEC, wl[u]);
         if (HAS_BIAS) vload<KW, false>(a.b, lo + (i64)v * VEC, bl[u]);
       }
@@ -840,7 +864,7 @@ __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, 
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = i0 + u, v = i * G + t;
-      if (i < VPT && v < NV) {
+      if (i < VS && v < NV) {
         u32 xw[4], rw[4], hw[HWN], yw[4];
         bk_vec(bk, v, xw, rw);
 #if HAS_RES
@@ -851,6 +875,22 @@ __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, 
         normalize(hw, wl[u], bl[u], rs, yw);
         vstore<DT>(a.y, rowoff + (i64)v * VEC, yw);
       }
+    }
+  }
+#pragma unroll
+  for (int k0 = 0; k0 < VR; k0 += UNROLL) {
+    u32 wl[UNROLL][WWN], bl[UNROLL][WWN];
+#pragma unroll
+    for (int u = 0; u < UNROLL && k0 + u < VR; ++u) {
+      const i64 idx = lo + (i64)((VS + k0 + u) * G + t) * VEC;
+      if (WT != 0) vload<KW, false>(a.w, idx, wl[u]);
+      if (HAS_BIAS) vload<KW, false>(a.b, idx, bl[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL && k0 + u < VR; ++u) {
+      u32 yw[4];
+      normalize(hr[k0 + u], wl[u], bl[u], rs, yw);
+      vstore<DT>(a.y, rowoff + (i64)((VS + k0 + u) * G + t) * VEC, yw);
     }
   }
 }

@@ -113,6 +113,12 @@ CASES = [
     ("float16", (33, 131072), {"weight": "none", "bias": True, "rstd": True},
      {**C, "threads": 384, "cluster": 4, "stage": "bulk", "unroll": 8}),
     ("bfloat16", (203, 262144), {"residual": True}, {**C, "threads": 512, "cluster": 8, "stage": "bulk", "unroll": 2}),
+    # stage=bulk with a register tail (bulk_reg vectors per lane loaded into registers)
+    ("bfloat16", (17, 262144), {"rstd": True}, {**C, "threads": 1024, "cluster": 2, "stage": "bulk", "bulk_reg": 8}),
+    ("float16", (33, 262144), {"residual": True, "bias": True},
+     {**C, "threads": 1024, "cluster": 4, "stage": "bulk", "bulk_reg": 2}),
+    ("float32", (199, 16384), {"residual": True, "weight": "fp32", "rstd": True},
+     {**B, "threads": 256, "stage": "bulk", "bulk_reg": 4, "unroll": 2, "min_blocks": 2, "store_cs": True}),
     # M*N past 2^31 elements: 64-bit indexing in every regime (one seed, compared in row chunks)
     ("bfloat16", (1048577, 2048), {}, {**W, "threads": 256, "row_threads": 32, "load_hint": "nc"}),
     ("bfloat16", (65537, 32768), {"rstd": True}, {**B, "threads": 1024, "load_hint": "nc"}),
@@ -121,6 +127,7 @@ CASES = [
     ("bfloat16", (65537, 32768), {"residual": True}, {**B, "threads": 512, "stage": "chunk", "load_hint": "l2"}),
     ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, "stage": "pipe"}),
     ("bfloat16", (8193, 262144), {}, {**C, "threads": 256, "cluster": 8, "stage": "bulk", "unroll": 4, "min_blocks": 3}),
+    ("bfloat16", (8193, 262144), {}, {**C, "threads": 1024, "cluster": 2, "stage": "bulk", "bulk_reg": 8}),
 ]
 BIG = 1 << 31          # cases with more elements run one seed and compare ROWS rows at a time
 ROW_ARRAYS = ("x", "residual", "y", "residual_out", "rstd")
