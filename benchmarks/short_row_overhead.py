@@ -1,0 +1,150 @@
+"""Where the short bf16 rows lose ~1 us to a plain copy: a fixed cost per launch, or a slower stream?
+
+    python3 benchmarks/short_row_overhead.py [--report reports/rmsnorm@h200/report.json] [--rotate] [--out FILE]
+
+At N = 256 / 512 / 1K / 2K the built RMSNorm runs 0.8-1.3 us slower than `copy1` (one 16-byte load
+and store per thread) moving the same bytes (reports/bf16/copy-floor.md): about the same microsecond
+at every N. This script times, for each N, the report's winner for 32768 x N (an exact variant: it
+serves any M) and copy1 at several M, under the build's protocol (256 MiB memset, CUDA events,
+median of --reps), and fits time = fixed + per_row * M by least squares. Equal slopes and a larger
+intercept mean a fixed cost (launch, the first round trip, the drain); a larger slope means the
+kernel streams more slowly. Two variants of the winner separate causes:
+  no-weight     the same config with weight = none (no weight loads at all)
+  min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
+--rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
+does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
+(the L2 is flushed either way). The difference is what the rotation itself costs a kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "ops" / "rmsnorm"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from event_timing import event_times_us, quantile  # noqa: E402
+from ptxbuild.problem import Problem  # noqa: E402
+
+NS = [256, 512, 1024, 2048]
+MS = [8192, 16384, 32768, 65536, 131072]
+COPY = r"""
+extern "C" __global__ void copy1(const uint4* __restrict__ src, uint4* __restrict__ dst, long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+"""
+
+
+def fit(ms: list[int], ts: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept us, slope us per 1K rows)."""
+    n = len(ms)
+    mx, my = sum(ms) / n, sum(ts) / n
+    sxx = sum((m - mx) ** 2 for m in ms)
+    b = sum((m - mx) * (t - my) for m, t in zip(ms, ts)) / sxx
+    return my - b * mx, b * 1024
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--report", type=Path, default=ROOT / "reports/rmsnorm@h200/report.json")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--out", type=Path, help="also write the table here (markdown)")
+    ap.add_argument("--rotate", action="store_true", help="rotate input/output sets as the build does")
+    ap.add_argument("--kinds", default="copy1,winner,no-weight,min_blocks=2")
+    a = ap.parse_args(argv)
+
+    import cupy as cp
+    from selftest_gpu import arch_of
+
+    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.gpu import device
+    from ptxbuild.oploader import load_op
+
+    op = load_op("rmsnorm", ROOT)
+    arch = arch_of(cp)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    copy1 = cp.RawKernel(COPY, "copy1")
+    flush = cp.empty(256 << 20, dtype=cp.uint8)
+    l2 = cp.cuda.Device().attributes["L2CacheSize"]
+
+    def sets_for(nbytes: int) -> int:
+        return (-(-2 * l2 // nbytes) + 1) if a.rotate else 1
+
+    def rotating(fns: list):
+        state = {"i": 0}
+
+        def call():
+            fns[state["i"] % len(fns)]()
+            state["i"] += 1
+        return call
+    winners = {tuple(d["problem"]["shape"]): d["params"] for d in json.loads(a.report.read_text())["dispatch"]
+               if d["problem"]["dtype"] == "bfloat16" and not d["problem"].get("options") and d.get("params")}
+
+    def ours(n: int, opts: dict, extra: dict):
+        params = op._full({**winners[(32768, n)], **extra})
+        problem = Problem.make("rmsnorm", "bfloat16", (32768, n), opts)
+        if op.check(params, problem):
+            return None
+        b = compile_kernel(op.render(params, problem, arch), arch)
+        kern = device.load(b.entry, b.cubin, b.ptx)
+
+        def run_at(m: int):
+            pm = problem.with_shape((m, n))
+            geom, stream = op.launch(params, pm, sms), cp.cuda.get_current_stream()
+            fns = []
+            for k in range(sets_for(2 * m * n * 2)):
+                inputs, outputs = op.make_inputs(pm, k, cp), op.make_outputs(pm, cp)
+                args = op.kernel_args(params, pm, inputs, outputs)
+                fns.append(lambda args=args: device.launch(kern, geom, args, stream))
+            return rotating(fns)
+        return run_at
+
+    def copy_at(n: int):
+        def run_at(m: int):
+            nv = m * n * 2 // 16
+            grid = (nv + 255) // 256
+            fns = []
+            for _ in range(sets_for(2 * m * n * 2)):
+                src, dst = cp.ones(nv * 4, dtype=cp.uint32), cp.empty(nv * 4, dtype=cp.uint32)
+                fns.append(lambda src=src, dst=dst: copy1((grid,), (256,), (src, dst, cp.int64(nv))))
+            return rotating(fns)
+        return run_at
+
+    lines = ["# Short bf16 rows: fixed cost or slower stream? (NVIDIA H200)", "",
+             f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}`",
+             f"- each kernel at M = {', '.join(map(str, MS))}; 256 MiB memset before each call; CUDA events; median of {a.reps}",
+             "- input/output sets: " + ("rotated, ceil(2 x L2 / set) + 1 of them, as the build times" if a.rotate
+                                        else "one, reused by every call (the L2 flushed before each)"),
+             "- fit: time = fixed + per_1K_rows x M / 1024 (least squares over the M)", "",
+             "| N | kernel | " + " | ".join(f"M={m} (us)" for m in MS) + " | fixed (us) | per 1K rows (us) |",
+             "|---|---|" + "---:|" * (len(MS) + 2)]
+    for n in NS:
+        make = {"copy1": lambda: copy_at(n), "winner": lambda: ours(n, {}, {}),
+                "no-weight": lambda: ours(n, {"weight": "none"}, {}),
+                "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2})}
+        kinds = [(k, make[k]()) for k in a.kinds.split(",")]
+        for name, run_at in kinds:
+            if run_at is None:
+                continue
+            ts = []
+            for m in MS:
+                fn = run_at(m)
+                ts.append(quantile(event_times_us(cp, fn, flush, a.reps), 0.5))
+                cp.get_default_memory_pool().free_all_blocks()
+            c0, c1 = fit(MS, ts)
+            row = f"| {n} | {name} | " + " | ".join(f"{t:.1f}" for t in ts) + f" | {c0:.2f} | {c1:.3f} |"
+            print(row, flush=True)
+            lines.append(row)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
