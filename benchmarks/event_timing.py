@@ -4,11 +4,12 @@ from __future__ import annotations
 
 def event_times_us(cp, fn, flush, reps: int) -> list[float]:
     """`reps` timings of fn() in microseconds, sorted: two warm-up calls, then each call after
-    flush.fill(0) (an L2 flush) between two CUDA events."""
+    flush.fill(0) (an L2 flush; or flush() when flush is a function) between two CUDA events."""
+    do_flush = flush if callable(flush) else (lambda: flush.fill(0))
     fn(), fn()
     times = []
     for _ in range(reps):
-        flush.fill(0)
+        do_flush()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         fn()

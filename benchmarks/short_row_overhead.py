@@ -14,6 +14,9 @@ kernel streams more slowly. Two variants of the winner separate causes:
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
 does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
 (the L2 is flushed either way). The difference is what the rotation itself costs a kernel.
+--flush: how the L2 is flushed before each call (256 MiB either way): `fill` cupy's fill(0) kernel (the
+other benchmark scripts), `memset` cudaMemsetAsync with a byte that changes every call (what the build
+does, ptxbuild/gpu/runs.py), `read` a sum over the buffer (evicts the L2 and leaves no dirty lines).
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="also write the table here (markdown)")
     ap.add_argument("--rotate", action="store_true", help="rotate input/output sets as the build does")
     ap.add_argument("--kinds", default="copy1,winner,no-weight,min_blocks=2")
+    ap.add_argument("--flush", choices=["fill", "memset", "read"], default="fill")
     a = ap.parse_args(argv)
 
     import cupy as cp
@@ -69,7 +73,13 @@ def main(argv=None) -> int:
     arch = arch_of(cp)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     copy1 = cp.RawKernel(COPY, "copy1")
-    flush = cp.empty(256 << 20, dtype=cp.uint8)
+    buf = cp.zeros(256 << 20, dtype=cp.uint8)
+    count = {"n": 0}
+
+    def memset():
+        count["n"] += 1
+        cp.cuda.runtime.memsetAsync(buf.data.ptr, count["n"] & 0xFF, buf.nbytes, cp.cuda.get_current_stream().ptr)
+    flush = {"fill": buf, "memset": memset, "read": lambda: buf.view(cp.uint32).sum(dtype=cp.uint32)}[a.flush]
     l2 = cp.cuda.Device().attributes["L2CacheSize"]
 
     def sets_for(nbytes: int) -> int:
@@ -116,8 +126,10 @@ def main(argv=None) -> int:
         return run_at
 
     lines = ["# Short bf16 rows: fixed cost or slower stream? (NVIDIA H200)", "",
-             f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}`",
-             f"- each kernel at M = {', '.join(map(str, MS))}; 256 MiB memset before each call; CUDA events; median of {a.reps}",
+             f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}"
+             f"{' --rotate' if a.rotate else ''} --flush {a.flush} --kinds {a.kinds}`",
+             f"- each kernel at M = {', '.join(map(str, MS))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
+             f"CUDA events; median of {a.reps}",
              "- input/output sets: " + ("rotated, ceil(2 x L2 / set) + 1 of them, as the build times" if a.rotate
                                         else "one, reused by every call (the L2 flushed before each)"),
              "- fit: time = fixed + per_1K_rows x M / 1024 (least squares over the M)", "",
