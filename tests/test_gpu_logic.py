@@ -632,3 +632,10 @@ def test_a_problem_sent_to_the_worker_comes_back_hashable_and_equal():
     p = Problem.make("kda", "bfloat16", (24, 2), {"lengths": [4, 8, 12], "initial_state": False})
     q = decode_problem(json.loads(json.dumps(encode_problem(p))))
     assert q == p and hash(q) == hash(p) and q in {p}
+
+
+def test_protocol_version_is_one_number():
+    """The measure key (keys.py) and the protocol (gpu/stats.py) name the same protocol version."""
+    from ptxbuild import keys
+    from ptxbuild.gpu import stats as gpu_stats
+    assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "2"

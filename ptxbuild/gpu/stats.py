@@ -6,7 +6,8 @@ from typing import Callable
 
 from ..outcome import Outcome
 
-PROTOCOL_VERSION = "1"      # bump when anything below changes how a timing is taken (re-measures)
+PROTOCOL_VERSION = "2"      # bump when anything below changes how a timing is taken (re-measures);
+                            # 2: the worker times batches behind a gate (gate.py); keys.py has the same
 SUSPICIOUS_BELOW = 0.97     # p50 under this fraction of the roofline floor is never a win
 REMEASURE_MARGIN = 0.10     # a candidate beating the incumbent by more than this is re-timed alone
 
