@@ -257,9 +257,10 @@ class Gpu:
     def _timer(self, runners: dict):
         """timer(name, n): n calls of runners[name](pool_index), each after an L2 flush, timed with events.
         Batches of GATE_BATCH calls are enqueued behind a gate and released together, so the host's
-        own time per call (Python, guards, the launch) never shows up between a call's events. A
-        runner whose gate timed out (its call waits on the GPU from the host) is re-timed without, and
-        named in timer.ungated."""
+        own time per call (Python, guards, the launch) never shows up between a call's events. A batch
+        whose gate timed out is timed again behind a new gate; a runner whose gate times out twice in
+        a row (its call waits on the GPU from the host) is timed without gates, and named in
+        timer.ungated."""
         cp = self.cp
         ungated: set = set()
 
@@ -287,11 +288,14 @@ class Gpu:
             out = []
             while len(out) < n:
                 k = min(GATE_BATCH, n - len(out))
-                gated = name not in ungated
-                times = batch(name, k, gated)
-                if gated and self.gate.timed_out():
-                    ungated.add(name)
-                    times = batch(name, k, False)
+                times = batch(name, k, name not in ungated)
+                if name not in ungated and self.gate.timed_out():
+                    # once: a one-off host stall (a first call that compiles, a GC pause); twice in a
+                    # row: the call itself waits on the GPU, so it is timed without gates from now on
+                    times = batch(name, k, True)
+                    if self.gate.timed_out():
+                        ungated.add(name)
+                        times = batch(name, k, False)
                 out += times
             return out
         timer.ungated = ungated
