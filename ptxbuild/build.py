@@ -464,6 +464,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                # timed_since is only set by a resumed --remeasure build (hardware present)
                "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
                "remeasure_resumed": ctx.timed_since is not None,
+               "protocol": keys.PROTOCOL_VERSION if hw else None,   # the timing protocol every timing here used
                "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)

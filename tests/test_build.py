@@ -356,6 +356,9 @@ def test_each_row_says_when_its_timings_were_taken_and_a_rebuild_keeps_the_cache
     text = (proj / "reports/scale@h100/report.md").read_text()
     assert "- timed between " in text and "timed (UTC) |" in text
     assert "## Baselines (same GPU, same protocol)" in text           # not claimed as one run
+    from ptxbuild import keys
+    assert f"- timing protocol: version {keys.PROTOCOL_VERSION} " in text
+    assert json.loads((proj / "reports/scale@h100/report.json").read_text())["summary"]["protocol"] == keys.PROTOCOL_VERSION
     time.sleep(0.05)
     build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
     again = json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]
