@@ -639,3 +639,84 @@ def test_protocol_version_is_one_number():
     from ptxbuild import keys
     from ptxbuild.gpu import stats as gpu_stats
     assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "2"
+
+
+class _FakeGate:
+    """A gate whose batches time out as scripted: `plan` holds one bool per gated batch."""
+
+    def __init__(self, plan):
+        self.plan, self.held, self.released, self._out = list(plan), 0, 0, False
+
+    def reset(self):
+        self._out = False
+
+    def hold(self, stream):
+        self.held += 1
+        self._out = self.plan.pop(0) if self.plan else False
+
+    def release(self):
+        self.released += 1
+
+    def timed_out(self):
+        return self._out
+
+
+def _gated_gpu(plan):
+    """A bare runs.Gpu whose events report 1 ms (2 ms for a call made without a gate)."""
+    from types import SimpleNamespace
+
+    g = _bare_gpu()
+    g.gate, g.rotation = _FakeGate(plan), 0
+    g.flush = lambda: None
+    state = {"gated": False}
+    real_hold = g.gate.hold
+
+    def hold(stream):
+        state["gated"] = True
+        real_hold(stream)
+    g.gate.hold = hold
+
+    class Event:
+        def record(self, stream=None):
+            self.gated = state["gated"]
+
+    def elapsed(a, b):
+        return 1.0 if a.gated else 2.0
+
+    g.cp = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed))
+    real_sync = g.sync
+
+    def sync():
+        state["gated"] = False    # a batch starts ungated until hold()
+        real_sync()
+    g.sync = sync
+    return g
+
+
+def test_timer_batches_calls_behind_gates():
+    from ptxbuild.gpu.runs import GATE_BATCH
+    g = _gated_gpu([])
+    calls = []
+    timer = g._timer({"c": (calls.append, 3)})
+    samples = timer("c", 2 * GATE_BATCH + 5)
+    assert len(samples) == len(calls) == 2 * GATE_BATCH + 5 and set(samples) == {1.0}
+    assert g.gate.held == g.gate.released == 3            # one gate per batch of GATE_BATCH
+    assert calls[:4] == [0, 1, 2, 0]                       # the pool still rotates
+    assert timer.ungated == set()
+
+
+def test_timer_retries_a_timed_out_batch_once_behind_a_new_gate():
+    g = _gated_gpu([True, False])                          # one stall (a first call that compiles)
+    timer = g._timer({"c": (lambda i: None, 1)})
+    samples = timer("c", 5)
+    assert samples == [1.0] * 5                            # the retry's samples only
+    assert g.gate.held == 2 and timer.ungated == set()
+
+
+def test_timer_drops_the_gate_after_two_timeouts_in_a_row_and_says_so():
+    g = _gated_gpu([True, True])                           # the call waits on the GPU from the host
+    timer = g._timer({"c": (lambda i: None, 1), "d": (lambda i: None, 1)})
+    assert timer("c", 4) == [2.0] * 4                      # timed again without a gate
+    assert timer.ungated == {"c"}
+    assert timer("c", 3) == [2.0] * 3 and g.gate.held == 2   # no more gates for "c"
+    assert timer("d", 3) == [1.0] * 3 and timer.ungated == {"c"}   # other runners keep theirs
