@@ -21,6 +21,11 @@ GATE_BATCH = 32                    # timed calls enqueued behind one gate (gate.
 UNGATED_NOTE = "timed without the gate (the call waits on the GPU from the host, so its host time counts): "
 
 
+def add_detail(result: dict, note: str) -> None:
+    """Append `note` to a measurement's detail text ("; " between notes)."""
+    result["detail"] = "; ".join(filter(None, [result.get("detail", ""), note]))
+
+
 def nbytes(arrays: dict) -> int:
     return sum(int(a.nbytes) for a in arrays.values())
 
@@ -321,10 +326,10 @@ class Gpu:
             res = stats.run(timer, incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms)
         out = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"])
         if res["remeasured"]:
-            out["detail"] = "; ".join(filter(None, [out["detail"], "beat the incumbent by >10%: re-timed alone, slower kept"]))
+            add_detail(out, "beat the incumbent by >10%: re-timed alone, slower kept")
         ungated = getattr(timer, "ungated", ())
         if ungated:
-            out["detail"] = "; ".join(filter(None, [out["detail"], UNGATED_NOTE + ", ".join(sorted(ungated))]))
+            add_detail(out, UNGATED_NOTE + ", ".join(sorted(ungated)))
         return out
 
     def baselines(self, op_folder: str, root: str, problem, copy_tbps: float = 0.0,
@@ -361,7 +366,7 @@ class Gpu:
                     res = stats.run(timer, warmup_ms=warmup_ms, budget_ms=budget_ms)
                 results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps))
                 if getattr(timer, "ungated", ()):
-                    results[name]["detail"] = "; ".join(filter(None, [results[name]["detail"], UNGATED_NOTE + name]))
+                    add_detail(results[name], UNGATED_NOTE + name)
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised
                 from .errors import classify, is_cuda_error
                 if is_cuda_error(exc) and classify(str(exc))[1]:
