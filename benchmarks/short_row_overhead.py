@@ -30,17 +30,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "ops" / "rmsnorm"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from copy_floor import SRC as COPY_SRC  # noqa: E402  (copy1: one 16-byte load and store per thread)
 from event_timing import event_times_us, quantile  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
 
 NS = [256, 512, 1024, 2048]
 MS = [8192, 16384, 32768, 65536, 131072]
-COPY = r"""
-extern "C" __global__ void copy1(const uint4* __restrict__ src, uint4* __restrict__ dst, long long n) {
-  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i];
-}
-"""
 
 
 def fit(ms: list[int], ts: list[float]) -> tuple[float, float]:
@@ -72,7 +67,7 @@ def main(argv=None) -> int:
     op = load_op("rmsnorm", ROOT)
     arch = arch_of(cp)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    copy1 = cp.RawKernel(COPY, "copy1")
+    copy1 = cp.RawModule(code=COPY_SRC).get_function("copy1")
     buf = cp.zeros(256 << 20, dtype=cp.uint8)
     count = {"n": 0}
 
