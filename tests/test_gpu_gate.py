@@ -66,11 +66,12 @@ def test_timer_falls_back_to_ungated_for_a_call_that_waits_on_the_gpu():
     gpu = Gpu()
     x = cp.zeros(1 << 20, dtype=cp.float32)
     x.fill(0)                      # cupy compiles its fill kernel now, not behind a gate
-    stalls = [0.4]                 # one host stall longer than the gate waits (a first call that compiles)
+    calls = {"n": 0}
 
     def polite(_i):
-        if stalls:
-            time.sleep(stalls.pop())
+        calls["n"] += 1
+        if calls["n"] == 3:        # inside the first gated batch (call 1 primes the one input set):
+            time.sleep(0.4)        # one host stall longer than the gate waits (a GC pause, a compile)
         with gpu.stream:
             x.fill(1)
 
@@ -82,6 +83,7 @@ def test_timer_falls_back_to_ungated_for_a_call_that_waits_on_the_gpu():
     timer = gpu._timer({"polite": (polite, 1), "blocking": (blocking, 1)})
     samples = timer("polite", GATE_BATCH + 3)
     assert len(samples) == GATE_BATCH + 3 and max(samples) < 100.0   # the stalled batch was timed again
+    assert calls["n"] == 1 + GATE_BATCH + GATE_BATCH + 3                # priming, the stalled batch, the rest
     assert timer.ungated == set()                                   # one stall does not drop the gate
     samples = timer("blocking", 5)
     assert len(samples) == 5 and all(s < 100.0 for s in samples)   # the retry's samples, not the 250 ms stall

@@ -693,16 +693,21 @@ def _gated_gpu(plan):
     return g
 
 
-def test_timer_batches_calls_behind_gates():
+def test_timer_batches_calls_behind_gates_after_one_ungated_call_per_input_set():
     from ptxbuild.gpu.runs import GATE_BATCH
     g = _gated_gpu([])
-    calls = []
-    timer = g._timer({"c": (calls.append, 3)})
+    calls = []                                             # (input set, gates held so far)
+    timer = g._timer({"c": (lambda i: calls.append((i, g.gate.held)), 3)})
     samples = timer("c", 2 * GATE_BATCH + 5)
-    assert len(samples) == len(calls) == 2 * GATE_BATCH + 5 and set(samples) == {1.0}
+    # first: each input set once, before any gate (a first call on a set may wait on the GPU)
+    assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
+    assert len(samples) == len(calls) - 3 == 2 * GATE_BATCH + 5 and set(samples) == {1.0}
+    assert all(held >= 1 for _, held in calls[3:])         # every timed call behind a gate
     assert g.gate.held == g.gate.released == 3            # one gate per batch of GATE_BATCH
-    assert calls[:4] == [0, 1, 2, 0]                       # the pool still rotates
+    assert [i for i, _ in calls[3:7]] == [0, 1, 2, 0]      # the pool still rotates
     assert timer.ungated == set()
+    timer("c", 2)
+    assert len(calls) == 3 + 2 * GATE_BATCH + 5 + 2       # primed once per runner, not per call
 
 
 def test_timer_retries_a_timed_out_batch_once_behind_a_new_gate():

@@ -9,7 +9,8 @@ whole batch back to back, so each event pair brackets only the GPU's work.
 The gate is one thread spinning on a word in pinned host memory (mapped into the device's address
 space), released when the host writes the batch number there. It gives up after `max_wait_s` (so a
 call that synchronizes on the host cannot deadlock the stream); `timed_out()` says whether a gate
-gave up, and the timer then times that runner without gates.
+gave up. The timer (runs.py) then times that batch again behind a new gate, and after a second
+timeout in a row times that runner without gates.
 """
 from __future__ import annotations
 
