@@ -51,9 +51,25 @@ step rmsnorm-probe-cpipe 330 $PB -f benchmarks/rmsnorm_probe_cpipe.toml build rm
 step copy-floor 90 python3 benchmarks/copy_floor.py --report reports/rmsnorm@h200/report.json --out reports/bf16/copy-floor.md
 step rmsnorm-probe-tiny 210 $PB -f benchmarks/rmsnorm_probe_tiny.toml build rmsnorm@h200
 step rmsnorm-probe-tiny32 120 $PB -f benchmarks/rmsnorm_probe_tiny32.toml build rmsnorm@h200
-step rmsnorm-probe-512 200 $PB -f benchmarks/rmsnorm_probe_512.toml build rmsnorm@h200   # not yet run (session 8's last idea)
+step rmsnorm-probe-512 200 $PB -f benchmarks/rmsnorm_probe_512.toml build rmsnorm@h200   # run 16a: no gain
 step rmsnorm-remeasure-s8 900 $PB build rmsnorm@h200 --remeasure
 step rmsnorm-vs-best-known-s8 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
+# session 9: stage=bulk (verify, then probe), the short rows against a copy under four flush protocols,
+# timing protocol 2 (the gate) on six rows, then the bf16 rows and the GPU tests
+step rmsnorm-selftest-bulk 150 python3 ops/rmsnorm/selftest_gpu.py -k "'stage': 'bulk'"
+step rmsnorm-probe-bulk 270 $PB -f benchmarks/rmsnorm_probe_bulk.toml build rmsnorm@h200
+step rmsnorm-probe-bulk2 300 $PB -f benchmarks/rmsnorm_probe_bulk2.toml build rmsnorm@h200
+for f in fill memset read; do
+  step short-row-$f 90 python3 benchmarks/short_row_overhead.py --rotate --flush $f --kinds copy1,winner --out reports/bf16/short-row-overhead-$f.md
+done
+step rmsnorm-gate 240 $PB -f benchmarks/rmsnorm_gate.toml build rmsnorm@h200
+step rmsnorm-bf16-protocol2 300 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known-protocol2 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/bf16/rmsnorm@h200/report.json --out reports/bf16/vs-best-known-protocol2.md
+step pytest-gpu 200 python3 -m pytest -q -m gpu tests -rA -p no:cacheprovider
+# next (not yet run): the full matrix and KDA under protocol 2 (ops/rmsnorm/NOTES.md and ops/kda/NOTES.md)
+step rmsnorm-remeasure-protocol2 900 $PB build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known-protocol2-full 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
+step kda-remeasure-protocol2 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
