@@ -1,12 +1,14 @@
 """Where the short bf16 rows lose ~1 us to a plain copy: a fixed cost per launch, or a slower stream?
 
-    python3 benchmarks/short_row_overhead.py [--report reports/rmsnorm@h200/report.json] [--rotate] [--out FILE]
+    python3 benchmarks/short_row_overhead.py [--report reports/rmsnorm@h200/report.json] [--rotate]
+        [--flush fill|memset|read] [--kinds copy1,winner,...] [--out FILE]
 
 At N = 256 / 512 / 1K / 2K the built RMSNorm runs 0.8-1.3 us slower than `copy1` (one 16-byte load
 and store per thread) moving the same bytes (reports/bf16/copy-floor.md): about the same microsecond
 at every N. This script times, for each N, the report's winner for 32768 x N (an exact variant: it
-serves any M) and copy1 at several M, under the build's protocol (256 MiB memset, CUDA events,
-median of --reps), and fits time = fixed + per_row * M by least squares. Equal slopes and a larger
+serves any M) and copy1 at several M (a 256 MiB L2 flush before each call, CUDA events, median of
+--reps; the call synchronized after each, unlike the build), and fits time = fixed + per_row * M by
+least squares. Equal slopes and a larger
 intercept mean a fixed cost (launch, the first round trip, the drain); a larger slope means the
 kernel streams more slowly. Two variants of the winner separate causes:
   no-weight     the same config with weight = none (no weight loads at all)
