@@ -1,7 +1,8 @@
 """Where the short bf16 rows lose ~1 us to a plain copy: a fixed cost per launch, or a slower stream?
 
     python3 benchmarks/short_row_overhead.py [--report reports/rmsnorm@h200/report.json] [--rotate]
-        [--flush fill|memset|read] [--kinds copy1,winner,...] [--out FILE]
+        [--flush fill|memset|read] [--kinds copy1,winner,...] [--batch 32] [--settle-us U] [--idle-us U]
+        [--ns 256,512] [--ms 8192,32768] [--out FILE]
 
 At N = 256 / 512 / 1K / 2K the built RMSNorm runs 0.8-1.3 us slower than `copy1` (one 16-byte load
 and store per thread) moving the same bytes (reports/bf16/copy-floor.md): about the same microsecond
@@ -13,12 +14,17 @@ intercept mean a fixed cost (launch, the first round trip, the drain); a larger 
 kernel streams more slowly. Two variants of the winner separate causes:
   no-weight     the same config with weight = none (no weight loads at all)
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
+  torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
 does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
 (the L2 is flushed either way). The difference is what the rotation itself costs a kernel.
 --flush: how the L2 is flushed before each call (256 MiB either way): `fill` cupy's fill(0) kernel (the
 other benchmark scripts), `memset` cudaMemsetAsync with a byte that changes every call (what the build
 does, ptxbuild/gpu/runs.py), `read` a sum over the buffer (evicts the L2 and leaves no dirty lines).
+--batch: calls enqueued before the host waits (default 1: synchronized after each call; the build
+enqueued 32 behind a gate up to protocol 2). --cold: the host waits for each flush too, then
+enqueues the call (protocol 3, nvbench's cold measurement). --settle-us / --idle-us: a spin kernel of that many microseconds (no memory
+traffic) after each flush / before each flush, to tell the flush's own tail from the previous call's.
 """
 from __future__ import annotations
 
@@ -57,10 +63,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rotate", action="store_true", help="rotate input/output sets as the build does")
     ap.add_argument("--kinds", default="copy1,winner,no-weight,min_blocks=2")
     ap.add_argument("--flush", choices=["fill", "memset", "read"], default="fill")
+    ap.add_argument("--batch", type=int, default=1, help="calls enqueued before the host waits")
+    ap.add_argument("--cold", action="store_true",
+                    help="wait for each flush before enqueueing the call (the build's protocol 3)")
+    ap.add_argument("--settle-us", type=float, default=0.0, help="spin this long after each flush")
+    ap.add_argument("--idle-us", type=float, default=0.0, help="spin this long before each flush")
+    ap.add_argument("--fixed-out", action="store_true",
+                    help="with --rotate: rotate the inputs only; every call writes one output set (as a "
+                         "torch baseline does: its caching allocator hands back the same block)")
+    ap.add_argument("--ns", default=",".join(map(str, NS)))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
     a = ap.parse_args(argv)
+    ns, ms = [int(v) for v in a.ns.split(",")], [int(v) for v in a.ms.split(",")]
 
     import cupy as cp
     from selftest_gpu import arch_of
+
+    from event_timing import spinner
 
     from ptxbuild.compiler import compile_kernel
     from ptxbuild.gpu import device
@@ -78,6 +97,7 @@ def main(argv=None) -> int:
         cp.cuda.runtime.memsetAsync(buf.data.ptr, count["n"] & 0xFF, buf.nbytes, cp.cuda.get_current_stream().ptr)
     flush = {"fill": buf, "memset": memset, "read": lambda: buf.view(cp.uint32).sum(dtype=cp.uint32)}[a.flush]
     l2 = cp.cuda.Device().attributes["L2CacheSize"]
+    settle, idle = spinner(cp, a.settle_us), spinner(cp, a.idle_us)
 
     def sets_for(nbytes: int) -> int:
         return (-(-2 * l2 // nbytes) + 1) if a.rotate else 1
@@ -103,49 +123,64 @@ def main(argv=None) -> int:
         def run_at(m: int):
             pm = problem.with_shape((m, n))
             geom, stream = op.launch(params, pm, sms), cp.cuda.get_current_stream()
-            fns = []
+            fns, out0 = [], op.make_outputs(pm, cp)
             for k in range(sets_for(2 * m * n * 2)):
-                inputs, outputs = op.make_inputs(pm, k, cp), op.make_outputs(pm, cp)
+                inputs, outputs = op.make_inputs(pm, k, cp), (out0 if a.fixed_out else op.make_outputs(pm, cp))
                 args = op.kernel_args(params, pm, inputs, outputs)
                 fns.append(lambda args=args: device.launch(kern, geom, args, stream))
             return rotating(fns)
+        return run_at
+
+    def torch_at(n: int):
+        fn = op.baselines(Problem.make("rmsnorm", "bfloat16", (32768, n), {}))["torch_compile"]
+
+        def run_at(m: int):
+            pm = Problem.make("rmsnorm", "bfloat16", (m, n), {})
+            sets = [op.make_inputs(pm, k, cp) for k in range(sets_for(2 * m * n * 2))]
+            for s in sets:      # compiled and traced before timing, as the build primes each set
+                fn(s)
+            return rotating([lambda s=s: fn(s) for s in sets])
         return run_at
 
     def copy_at(n: int):
         def run_at(m: int):
             nv = m * n * 2 // 16
             grid = (nv + 255) // 256
-            fns = []
+            fns, dst0 = [], cp.empty(nv * 4, dtype=cp.uint32)
             for _ in range(sets_for(2 * m * n * 2)):
-                src, dst = cp.ones(nv * 4, dtype=cp.uint32), cp.empty(nv * 4, dtype=cp.uint32)
+                src, dst = cp.ones(nv * 4, dtype=cp.uint32), (dst0 if a.fixed_out else cp.empty(nv * 4, dtype=cp.uint32))
                 fns.append(lambda src=src, dst=dst: copy1((grid,), (256,), (src, dst, cp.int64(nv))))
             return rotating(fns)
         return run_at
 
     lines = ["# Short bf16 rows: fixed cost or slower stream? (NVIDIA H200)", "",
              f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}"
-             f"{' --rotate' if a.rotate else ''} --flush {a.flush} --kinds {a.kinds}`",
-             f"- each kernel at M = {', '.join(map(str, MS))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
+             f"{' --rotate' if a.rotate else ''}{' --fixed-out' if a.fixed_out else ''} --flush {a.flush} --kinds {a.kinds} --batch {a.batch}"
+             f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''} --ns {a.ns} --ms {a.ms}`",
+             f"- each kernel at M = {', '.join(map(str, ms))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
              f"CUDA events; median of {a.reps}",
+             f"- pacing: {'the flush waited for, then the call alone (cold)' if a.cold else 'synchronized after every call' if a.batch == 1 else f'{a.batch} calls enqueued, then a wait'}"
+             f"; spin {a.idle_us:g} us before / {a.settle_us:g} us after each flush",
              "- input/output sets: " + ("rotated, ceil(2 x L2 / set) + 1 of them, as the build times" if a.rotate
-                                        else "one, reused by every call (the L2 flushed before each)"),
+                                        else "one, reused by every call (the L2 flushed before each)")
+             + ("; one output set written by every call" if a.fixed_out else ""),
              "- fit: time = fixed + per_1K_rows x M / 1024 (least squares over the M)", "",
-             "| N | kernel | " + " | ".join(f"M={m} (us)" for m in MS) + " | fixed (us) | per 1K rows (us) |",
-             "|---|---|" + "---:|" * (len(MS) + 2)]
-    for n in NS:
+             "| N | kernel | " + " | ".join(f"M={m} (us)" for m in ms) + " | fixed (us) | per 1K rows (us) |",
+             "|---|---|" + "---:|" * (len(ms) + 2)]
+    for n in ns:
         make = {"copy1": lambda: copy_at(n), "winner": lambda: ours(n, {}, {}),
                 "no-weight": lambda: ours(n, {"weight": "none"}, {}),
-                "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2})}
+                "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n)}
         kinds = [(k, make[k]()) for k in a.kinds.split(",")]
         for name, run_at in kinds:
             if run_at is None:
                 continue
             ts = []
-            for m in MS:
+            for m in ms:
                 fn = run_at(m)
-                ts.append(quantile(event_times_us(cp, fn, flush, a.reps), 0.5))
+                ts.append(quantile(event_times_us(cp, fn, flush, a.reps, a.batch, settle, idle, a.cold), 0.5))
                 cp.get_default_memory_pool().free_all_blocks()
-            c0, c1 = fit(MS, ts)
+            c0, c1 = fit(ms, ts) if len(ms) > 1 else (float("nan"), float("nan"))
             row = f"| {n} | {name} | " + " | ".join(f"{t:.1f}" for t in ts) + f" | {c0:.2f} | {c1:.3f} |"
             print(row, flush=True)
             lines.append(row)

@@ -27,7 +27,9 @@ def fake_cupy(durations_ms):
     def elapsed(start, end):
         return left.pop(0)
 
-    return SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed)), log
+    stream = SimpleNamespace(synchronize=lambda: log.append("wait"))
+    return SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed,
+                                                get_current_stream=lambda: stream)), log
 
 
 def test_event_times_are_sorted_microseconds_each_after_a_flush():
@@ -37,9 +39,21 @@ def test_event_times_are_sorted_microseconds_each_after_a_flush():
     times = event_times_us(cp, lambda: (calls.append(1), log.append("call")), flush, 3)
     assert times == [10.0, 20.0, 30.0]
     assert len(calls) == 2 + 3                                      # two warm-up calls, then one per rep
-    assert log[:5] == ["call", "call", "flush 0", "record", "call"]  # flush, start event, the call, end event
-    assert log[5:7] == ["record", "sync"]
+    # warm-up calls waited for; then flush, start event, the call, end event, wait for the end event
+    assert log[:8] == ["call", "call", "wait", "flush 0", "record", "call", "record", "sync"]
     assert quantile(times, 0.5) == 20.0 and quantile(times, 0.0) == 10.0 and quantile(times, 1.0) == 30.0
+
+
+def test_event_times_batch_and_cold_pacing():
+    cp, log = fake_cupy([0.001] * 6)
+    flush = SimpleNamespace(fill=lambda v: log.append("flush"))
+    assert event_times_us(cp, lambda: log.append("call"), flush, 3, batch=3) == [1.0] * 3
+    one = ["flush", "record", "call", "record"]
+    assert log[3:] == one * 3 + ["sync"]                 # three calls enqueued, then one wait
+    del log[:]
+    assert event_times_us(cp, lambda: log.append("call"), flush, 3, batch=3, cold=True) == [1.0] * 3
+    cold = ["flush", "wait", "record", "call", "record", "sync"]
+    assert log[3:] == cold * 3                           # each flush waited for, each call alone
 
 
 def test_copy_floor_reads_the_plain_bf16_rows_of_a_report(tmp_path):

@@ -638,11 +638,12 @@ def test_protocol_version_is_one_number():
     """The measure key (keys.py) and the protocol (gpu/stats.py) name the same protocol version."""
     from ptxbuild import keys
     from ptxbuild.gpu import stats as gpu_stats
-    assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "2"
+    assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "3"
 
 
 class _FakeGate:
-    """A gate whose batches time out as scripted: `plan` holds one bool per gated batch."""
+    """A gate whose calls time out as scripted: `plan` holds one bool per gate held. Like the real
+    gate's device flag, a timeout stays set until reset()."""
 
     def __init__(self, plan):
         self.plan, self.held, self.released, self._out = list(plan), 0, 0, False
@@ -652,7 +653,7 @@ class _FakeGate:
 
     def hold(self, stream):
         self.held += 1
-        self._out = self.plan.pop(0) if self.plan else False
+        self._out = (self.plan.pop(0) if self.plan else False) or self._out
 
     def release(self):
         self.released += 1
@@ -662,13 +663,14 @@ class _FakeGate:
 
 
 def _gated_gpu(plan):
-    """A bare runs.Gpu whose events report 1 ms (2 ms for a call made without a gate)."""
+    """A bare runs.Gpu whose events report 1 ms (2 ms for a call made without a gate, 3 ms for a
+    call started before the host waited for the flush before it)."""
     from types import SimpleNamespace
 
     g = _bare_gpu()
     g.gate, g.rotation = _FakeGate(plan), 0
-    g.flush = lambda: None
-    state = {"gated": False}
+    state = {"gated": False, "flushing": False}
+    g.flush = lambda: state.update(flushing=True)
     real_hold = g.gate.hold
 
     def hold(stream):
@@ -678,16 +680,16 @@ def _gated_gpu(plan):
 
     class Event:
         def record(self, stream=None):
-            self.gated = state["gated"]
+            self.gated, self.flushing = state["gated"], state["flushing"]
 
     def elapsed(a, b):
-        return 1.0 if a.gated else 2.0
+        return 3.0 if a.flushing else 1.0 if a.gated else 2.0
 
     g.cp = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed))
     real_sync = g.sync
 
     def sync():
-        state["gated"] = False    # a batch starts ungated until hold()
+        state.update(gated=False, flushing=False)    # ungated until hold(); the flush is done
         real_sync()
     g.sync = sync
     return g
@@ -701,9 +703,10 @@ def test_timer_batches_calls_behind_gates_after_one_ungated_call_per_input_set()
     samples = timer("c", 2 * GATE_BATCH + 5)
     # first: each input set once, before any gate (a first call on a set may wait on the GPU)
     assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
+    # {1.0}: every call behind a gate, after the host waited for its flush
     assert len(samples) == len(calls) - 3 == 2 * GATE_BATCH + 5 and set(samples) == {1.0}
-    assert all(held >= 1 for _, held in calls[3:])         # every timed call behind a gate
-    assert g.gate.held == g.gate.released == 3            # one gate per batch of GATE_BATCH
+    assert [held for _, held in calls[3:]] == list(range(1, 2 * GATE_BATCH + 6))   # each call behind its own gate
+    assert g.gate.held == g.gate.released == 2 * GATE_BATCH + 5
     assert [i for i, _ in calls[3:7]] == [0, 1, 2, 0]      # the pool still rotates
     assert timer.ungated == set()
     timer("c", 2)
@@ -711,17 +714,18 @@ def test_timer_batches_calls_behind_gates_after_one_ungated_call_per_input_set()
 
 
 def test_timer_retries_a_timed_out_batch_once_behind_a_new_gate():
-    g = _gated_gpu([True, False])                          # one stall (a first call that compiles)
+    g = _gated_gpu([True])                                 # one stall (a first call that compiles)
     timer = g._timer({"c": (lambda i: None, 1)})
     samples = timer("c", 5)
     assert samples == [1.0] * 5                            # the retry's samples only
-    assert g.gate.held == 2 and timer.ungated == set()
+    assert g.gate.held == 10 and timer.ungated == set()
 
 
 def test_timer_drops_the_gate_after_two_timeouts_in_a_row_and_says_so():
-    g = _gated_gpu([True, True])                           # the call waits on the GPU from the host
+    g = _gated_gpu([True] + [False] * 3 + [True])          # the call waits on the GPU from the host:
+                                                           # a gate of each 4-call batch times out
     timer = g._timer({"c": (lambda i: None, 1), "d": (lambda i: None, 1)})
     assert timer("c", 4) == [2.0] * 4                      # timed again without a gate
     assert timer.ungated == {"c"}
-    assert timer("c", 3) == [2.0] * 3 and g.gate.held == 2   # no more gates for "c"
+    assert timer("c", 3) == [2.0] * 3 and g.gate.held == 8   # no more gates for "c"
     assert timer("d", 3) == [1.0] * 3 and timer.ungated == {"c"}   # other runners keep theirs

@@ -17,7 +17,7 @@ from .gate import Gate
 ONE_SEED_ABOVE_BYTES = 512 << 20   # above this many input bytes, one full-size seed (the others run on fewer rows)
 FLUSH_MIN_BYTES = 256 << 20
 POOL_MAX_SETS = 64
-GATE_BATCH = 32                    # timed calls enqueued behind one gate (gate.py), then a sync
+GATE_BATCH = 32                    # timed calls (each behind its own gate, gate.py) between gate checks
 UNGATED_NOTE = ("timed without the gate after it timed out twice in a row (a call that waits on the GPU "
                 "from the host, or more launches than the queue holds), so host time may count: ")
 
@@ -264,36 +264,43 @@ class Gpu:
         return self._pool
 
     def _timer(self, runners: dict):
-        """timer(name, n): n calls of runners[name](pool_index), each after an L2 flush, timed with events.
-        Batches of GATE_BATCH calls are enqueued behind a gate and released together, so the host's
-        own time per call (Python, guards, the launch) never shows up between a call's events. Each
-        runner is first called once on every input set, untimed and ungated: a first call on a set
-        may wait on the GPU from the host (a wrapper built per input, a .cpu() of its lengths). A batch
-        whose gate timed out is timed again behind a new gate; a runner whose gate times out twice in
-        a row is timed without gates, and named in timer.ungated."""
+        """timer(name, n): n calls of runners[name](pool_index), each timed alone with events, as
+        nvbench's cold measurement does: flush the L2 and wait for the flush; hold the stream behind a
+        gate; start event, the call, end event; release the gate; wait for the GPU. The GPU is idle
+        before each flush and between the flush and the call, so no call pays for the one before it
+        or for the flush's own tail (verification.md, timing rule 1), and the gate keeps the host's
+        own time per call (Python, guards, the launch) out of the events. Each runner is first
+        called once on every input set, untimed and ungated: a first call on a set may wait on the
+        GPU from the host (a wrapper built per input, a .cpu() of its lengths). Gates are checked
+        every GATE_BATCH calls: a batch in which a gate timed out is timed again; a runner whose
+        gates time out in two batches in a row is timed without gates, and named in timer.ungated."""
         cp = self.cp
         ungated: set = set()
         primed: set = set()
 
         def batch(name, n, gated):
             run, sets = runners[name]
-            evs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
+            times = []
             self.sync()
             if gated:
                 self.gate.reset()
-                self.gate.hold(self.stream)
-            try:
-                for a, b in evs:
-                    i, self.rotation = self.rotation % sets, self.rotation + 1
-                    self.flush()
+            for _ in range(n):
+                i, self.rotation = self.rotation % sets, self.rotation + 1
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                self.flush()
+                self.sync()
+                if gated:
+                    self.gate.hold(self.stream)
+                try:
                     a.record(self.stream)
                     run(i)
                     b.record(self.stream)
-            finally:
-                if gated:
-                    self.gate.release()
-            self.sync()
-            return [cp.cuda.get_elapsed_time(a, b) for a, b in evs]
+                finally:
+                    if gated:
+                        self.gate.release()
+                self.sync()
+                times.append(cp.cuda.get_elapsed_time(a, b))
+            return times
 
         def timer(name, n):
             if name not in primed:
