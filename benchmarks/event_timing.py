@@ -20,13 +20,15 @@ def spinner(cp, us: float):
 
 
 def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=None,
-                   cold: bool = False) -> list[float]:
+                   cold: bool = False, gate=None) -> list[float]:
     """`reps` timings of fn() in microseconds, sorted: two warm-up calls, then each call after
     flush.fill(0) (an L2 flush; or flush() when flush is a function) between two CUDA events.
     batch: calls enqueued before the host waits (1: synchronized after every call; the build
     enqueues 32, ptxbuild/gpu/runs.py). settle / idle: optional functions enqueued after the flush
     (before the start event) / before the flush. cold: the host also waits for each flush before
-    the call is enqueued (nvbench's cold measurement, the build's timing protocol 3; batch is 1)."""
+    the call is enqueued (nvbench's cold measurement, the build's timing protocol 3; batch is 1).
+    gate: a ptxbuild.gpu.gate.Gate held before the start event and released after the end event,
+    so the host's launch time is not counted (without it a cold call counts it: nothing is queued)."""
     do_flush = flush if callable(flush) else (lambda: flush.fill(0))
     fn(), fn()
     cp.cuda.get_current_stream().synchronize()
@@ -42,9 +44,13 @@ def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=N
             if settle:
                 settle()
             start, end = cp.cuda.Event(), cp.cuda.Event()
+            if gate:
+                gate.hold(cp.cuda.get_current_stream())
             start.record()
             fn()
             end.record()
+            if gate:
+                gate.release()
             evs.append((start, end))
         evs[-1][1].synchronize()
         times += [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in evs]

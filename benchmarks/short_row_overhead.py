@@ -23,7 +23,8 @@ other benchmark scripts), `memset` cudaMemsetAsync with a byte that changes ever
 does, ptxbuild/gpu/runs.py), `read` a sum over the buffer (evicts the L2 and leaves no dirty lines).
 --batch: calls enqueued before the host waits (default 1: synchronized after each call; the build
 enqueued 32 behind a gate up to protocol 2). --cold: the host waits for each flush too, then
-enqueues the call (protocol 3, nvbench's cold measurement). --settle-us / --idle-us: a spin kernel of that many microseconds (no memory
+enqueues the call (protocol 3, nvbench's cold measurement); add --gate, as the build does, or the
+host's launch time counts. --settle-us / --idle-us: a spin kernel of that many microseconds (no memory
 traffic) after each flush / before each flush, to tell the flush's own tail from the previous call's.
 """
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="calls enqueued before the host waits")
     ap.add_argument("--cold", action="store_true",
                     help="wait for each flush before enqueueing the call (the build's protocol 3)")
+    ap.add_argument("--gate", action="store_true",
+                    help="hold the stream behind ptxbuild's gate while each call is enqueued (as the build)")
     ap.add_argument("--settle-us", type=float, default=0.0, help="spin this long after each flush")
     ap.add_argument("--idle-us", type=float, default=0.0, help="spin this long before each flush")
     ap.add_argument("--fixed-out", action="store_true",
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
     flush = {"fill": buf, "memset": memset, "read": lambda: buf.view(cp.uint32).sum(dtype=cp.uint32)}[a.flush]
     l2 = cp.cuda.Device().attributes["L2CacheSize"]
     settle, idle = spinner(cp, a.settle_us), spinner(cp, a.idle_us)
+    from ptxbuild.gpu.gate import Gate
+    gate = Gate(cp) if a.gate else None
 
     def sets_for(nbytes: int) -> int:
         return (-(-2 * l2 // nbytes) + 1) if a.rotate else 1
@@ -156,11 +161,12 @@ def main(argv=None) -> int:
     lines = ["# Short bf16 rows: fixed cost or slower stream? (NVIDIA H200)", "",
              f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}"
              f"{' --rotate' if a.rotate else ''}{' --fixed-out' if a.fixed_out else ''} --flush {a.flush} --kinds {a.kinds} --batch {a.batch}"
-             f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''} --ns {a.ns} --ms {a.ms}`",
+             f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''}{' --gate' if a.gate else ''} --ns {a.ns} --ms {a.ms}`",
              f"- each kernel at M = {', '.join(map(str, ms))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
              f"CUDA events; median of {a.reps}",
              f"- pacing: {'the flush waited for, then the call alone (cold)' if a.cold else 'synchronized after every call' if a.batch == 1 else f'{a.batch} calls enqueued, then a wait'}"
-             f"; spin {a.idle_us:g} us before / {a.settle_us:g} us after each flush",
+             f"; spin {a.idle_us:g} us before / {a.settle_us:g} us after each flush"
+             + ("; each call enqueued behind a gate (ptxbuild/gpu/gate.py)" if a.gate else ""),
              "- input/output sets: " + ("rotated, ceil(2 x L2 / set) + 1 of them, as the build times" if a.rotate
                                         else "one, reused by every call (the L2 flushed before each)")
              + ("; one output set written by every call" if a.fixed_out else ""),
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
             ts = []
             for m in ms:
                 fn = run_at(m)
-                ts.append(quantile(event_times_us(cp, fn, flush, a.reps, a.batch, settle, idle, a.cold), 0.5))
+                ts.append(quantile(event_times_us(cp, fn, flush, a.reps, a.batch, settle, idle, a.cold, gate), 0.5))
                 cp.get_default_memory_pool().free_all_blocks()
             c0, c1 = fit(ms, ts) if len(ms) > 1 else (float("nan"), float("nan"))
             row = f"| {n} | {name} | " + " | ".join(f"{t:.1f}" for t in ts) + f" | {c0:.2f} | {c1:.3f} |"

@@ -45,7 +45,7 @@ def test_event_times_are_sorted_microseconds_each_after_a_flush():
 
 
 def test_event_times_batch_and_cold_pacing():
-    cp, log = fake_cupy([0.001] * 6)
+    cp, log = fake_cupy([0.001] * 7)
     flush = SimpleNamespace(fill=lambda v: log.append("flush"))
     assert event_times_us(cp, lambda: log.append("call"), flush, 3, batch=3) == [1.0] * 3
     one = ["flush", "record", "call", "record"]
@@ -54,6 +54,10 @@ def test_event_times_batch_and_cold_pacing():
     assert event_times_us(cp, lambda: log.append("call"), flush, 3, batch=3, cold=True) == [1.0] * 3
     cold = ["flush", "wait", "record", "call", "record", "sync"]
     assert log[3:] == cold * 3                           # each flush waited for, each call alone
+    del log[:]
+    gate = SimpleNamespace(hold=lambda stream: log.append("hold"), release=lambda: log.append("release"))
+    event_times_us(cp, lambda: log.append("call"), flush, 1, cold=True, gate=gate)
+    assert log[3:] == ["flush", "wait", "hold", "record", "call", "record", "release", "sync"]
 
 
 def test_copy_floor_reads_the_plain_bf16_rows_of_a_report(tmp_path):
