@@ -66,10 +66,22 @@ step rmsnorm-gate 240 $PB -f benchmarks/rmsnorm_gate.toml build rmsnorm@h200
 step rmsnorm-bf16-protocol2 300 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
 step rmsnorm-vs-best-known-protocol2 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/bf16/rmsnorm@h200/report.json --out reports/bf16/vs-best-known-protocol2.md
 step pytest-gpu 200 python3 -m pytest -q -m gpu tests -rA -p no:cacheprovider
-# next (not yet run): the full matrix and KDA under protocol 2 (ops/rmsnorm/NOTES.md and ops/kda/NOTES.md)
-step rmsnorm-remeasure-protocol2 900 $PB build rmsnorm@h200 --remeasure
-step rmsnorm-vs-best-known-protocol2-full 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
-step kda-remeasure-protocol2 900 $PB build kda@h200 --remeasure
+# session 10: how pacing moves the short rows (reports/bf16/pacing/), torch.compile's kernels, then
+# timing protocol 3 (each call alone after a synchronized flush) and everything re-timed under it
+S="python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --flush memset --reps 300 --ns 256,512,1024"
+step pacing-sync 150 $S --kinds copy1,winner --ms 16384,32768,65536 --out reports/bf16/pacing/sync.md
+step pacing-batch32 150 $S --kinds copy1,winner --ms 16384,32768,65536 --batch 32 --out reports/bf16/pacing/batch32.md
+step pacing-cold-gated 90 $S --kinds copy1,winner,torch_compile --ms 32768 --cold --gate --out reports/bf16/pacing/cold-gated.md
+step torch-kernel-shape 200 env TORCH_LOGS=output_code python3 benchmarks/torch_kernel_shape.py --ns 256,512,1024,2048
+step rmsnorm-remeasure-protocol3 900 $PB build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known-protocol3-full 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/rmsnorm@h200/report.json --out reports/bf16/vs-best-known.md
+step kda-protocol3 600 $PB -f benchmarks/kda_protocol3.toml build kda@h200
+step rmsnorm-probe-p3 170 $PB -f benchmarks/rmsnorm_probe_p3.toml build rmsnorm@h200
+step rmsnorm-bf16-protocol3 300 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
+step rmsnorm-vs-best-known-protocol3 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/bf16/rmsnorm@h200/report.json --out reports/bf16/vs-best-known-protocol3.md
+step pytest-gpu-protocol3 200 python3 -m pytest -q -m gpu tests -rA -p no:cacheprovider
+# next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
+step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
 step kda 900 python3 ops/kda/bench_gpu.py --quick
 # kda.md's whole case list (T = 131072, H = 32, 8192 x H4, many tiny segments) with the default config
