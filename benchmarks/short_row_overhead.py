@@ -15,6 +15,8 @@ kernel streams more slowly. Two variants of the winner separate causes:
   no-weight     the same config with weight = none (no weight loads at all)
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
   torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
+  winner+NAME=V the winner compiled with `#define NAME V` first (e.g. winner+FAST_FRONT=1: an
+                experimental path of rmsnorm.cu that op.py does not select yet)
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
 does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
 (the L2 is flushed either way). The difference is what the rotation itself costs a kernel.
@@ -117,12 +119,15 @@ def main(argv=None) -> int:
     winners = {tuple(d["problem"]["shape"]): d["params"] for d in json.loads(a.report.read_text())["dispatch"]
                if d["problem"]["dtype"] == "bfloat16" and not d["problem"].get("options") and d.get("params")}
 
-    def ours(n: int, opts: dict, extra: dict):
+    def ours(n: int, opts: dict, extra: dict, defines: str = ""):
         params = op._full({**winners[(32768, n)], **extra})
         problem = Problem.make("rmsnorm", "bfloat16", (32768, n), opts)
         if op.check(params, problem):
             return None
-        b = compile_kernel(op.render(params, problem, arch), arch)
+        kernel = op.render(params, problem, arch)
+        if defines:       # macros the op does not set yet, e.g. an experimental path of the .cu
+            kernel = type(kernel)(source=defines + kernel.source, entry=kernel.entry)
+        b = compile_kernel(kernel, arch)
         kern = device.load(b.entry, b.cubin, b.ptx)
 
         def run_at(m: int):
@@ -177,6 +182,10 @@ def main(argv=None) -> int:
         make = {"copy1": lambda: copy_at(n), "winner": lambda: ours(n, {}, {}),
                 "no-weight": lambda: ours(n, {"weight": "none"}, {}),
                 "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n)}
+        for k in a.kinds.split(","):    # winner+NAME=V+...: the winner compiled with those #defines
+            if k.startswith("winner+"):
+                defs = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in k.split("+")[1:])
+                make[k] = lambda defs=defs: ours(n, {}, {}, defs)
         kinds = [(k, make[k]()) for k in a.kinds.split(",")]
         for name, run_at in kinds:
             if run_at is None:

@@ -1,10 +1,12 @@
 """Run every rmsnorm regime / mode on small and odd shapes on this machine's GPU.
 
-    python3 ops/rmsnorm/selftest_gpu.py [-k substring]
+    python3 ops/rmsnorm/selftest_gpu.py [-k substring] [-D NAME=VALUE ...]
 
 Needs cupy and cuda-bindings. Compiles with ptxbuild.compiler for this GPU's arch, launches with
 cuLaunchKernelEx (cluster dims as a launch attribute), compares with op.reference(), prints one
-line per case; the exit code is the number of failures (capped at 1).
+line per case; the exit code is the number of failures (capped at 1). -D prepends `#define NAME VALUE`
+to every kernel's source: a path of rmsnorm.cu that op.py does not select yet (e.g. -D FAST_FRONT=1)
+is verified over the same cases before a parameter exposes it.
 """
 from __future__ import annotations
 
@@ -174,13 +176,16 @@ def launch(cp, driver, kern, L, args):
     cp.cuda.get_current_stream().synchronize()
 
 
-def run_case(cp, driver, arch, dtype, shape, opts, params) -> tuple[bool, str]:
+def run_case(cp, driver, arch, dtype, shape, opts, params, defines: str = "") -> tuple[bool, str]:
     problem = Problem.make("rmsnorm", dtype, shape, opts)
     params = op._full(params)
     why = op.check(params, problem)
     if why:
         return False, f"check: {why}"
-    binary = compile_kernel(op.render(params, problem, arch), arch)
+    kernel = op.render(params, problem, arch)
+    if defines:
+        kernel = type(kernel)(source=defines + kernel.source, entry=kernel.entry)
+    binary = compile_kernel(kernel, arch)
     if binary.spill_bytes:
         return False, f"spills {binary.spill_bytes} bytes"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -233,6 +238,8 @@ def main() -> int:
     from cuda.bindings import driver
 
     pick = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
+    defines = "".join(f"#define {v.replace('=', ' ', 1)}\n" for i, v in enumerate(sys.argv[1:])
+                      if sys.argv[i] == "-D")
     arch = arch_of(cp)
     fails = 0
     for dtype, shape, opts, params in CASES:
@@ -240,7 +247,7 @@ def main() -> int:
         if pick not in label:
             continue
         try:
-            ok, msg = run_case(cp, driver, arch, dtype, shape, opts, params)
+            ok, msg = run_case(cp, driver, arch, dtype, shape, opts, params, defines)
         except Exception as exc:  # a launch error or compile error is a FAIL, keep going
             ok, msg = False, f"{type(exc).__name__}: {exc}"[:400]
         fails += not ok
