@@ -33,6 +33,7 @@
 //   FAST_FRONT  (experimental, default 0; op.py does not set it yet) warp regime, exact, registers: a
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
+//   FAST_SUM    (experimental, default 0) each vector's sum of squares as a tree, not an FMA chain
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -51,6 +52,9 @@ typedef long long i64;
 #define VEC (DT == 2 ? 4 : 8)                                    // elements per 16-byte x vector
 #ifndef FAST_FRONT
 #define FAST_FRONT 0
+#endif
+#ifndef FAST_SUM
+#define FAST_SUM 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -236,12 +240,23 @@ __device__ __forceinline__ float combine(const u32* xw, const u32* rw, u32* hw) 
 #pragma unroll
   for (int q = 0; q < Kind<KH>::words; ++q) hw[q] = xw[q];
 #endif
+#if FAST_SUM
+  float sq[VEC];    // a tree: log2(VEC) dependent adds instead of a VEC-long FMA chain
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) { const float h = getf<KH>(hw, j); sq[j] = h * h; }
+#pragma unroll
+  for (int w = 1; w < VEC; w *= 2)
+#pragma unroll
+    for (int j = 0; j < VEC; j += 2 * w) sq[j] += sq[j + w];
+  return sq[0];
+#else
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     float h = getf<KH>(hw, j);
     ss = fmaf(h, h, ss);
   }
   return ss;
+#endif
 }
 
 // y = h * rstd * w (+ b) for one vector, packed in x's kind into yw.
