@@ -34,6 +34,9 @@
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
 //   FAST_SUM    (experimental, default 0) each vector's sum of squares as a tree, not an FMA chain
+//   W_EL        (experimental, default 0) exact register rows: weight / bias loads ask L1 to keep the
+//               line (ld.global.L1::evict_last, as Triton's weight loads)
+//   ROWWISE     (experimental, default 0) exact register rows, early weight: y stored row by row
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -55,6 +58,12 @@ typedef long long i64;
 #endif
 #ifndef FAST_SUM
 #define FAST_SUM 0
+#endif
+#ifndef W_EL
+#define W_EL 0
+#endif
+#ifndef ROWWISE
+#define ROWWISE 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -176,6 +185,21 @@ template <int K, bool HINT = true> __device__ __forceinline__ void vload(const v
 #pragma unroll
   for (int q = 0; q < Kind<K>::words / 4; ++q) ld16<HINT>(p + 16 * q, w + 4 * q);
 }
+
+#if W_EL
+template <int K> __device__ __forceinline__ void vload_el(const void* base, i64 idx, u32* w) {
+  const char* p = (const char*)base + idx * Kind<K>::bytes;
+#pragma unroll
+  for (int q = 0; q < Kind<K>::words / 4; ++q)
+    asm("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(w[4 * q]), "=r"(w[4 * q + 1]), "=r"(w[4 * q + 2]), "=r"(w[4 * q + 3]) : "l"(p + 16 * q));
+}
+#define WLOAD(K, base, idx, w) vload_el<K>(base, idx, w)
+#define WLOAD_LATE(K, base, idx, w) vload_el<K>(base, idx, w)
+#else
+#define WLOAD(K, base, idx, w) vload<K>(base, idx, w)
+#define WLOAD_LATE(K, base, idx, w) vload<K, false>(base, idx, w)
+#endif
 
 template <int K> __device__ __forceinline__ void vstore(void* base, i64 idx, const u32* w) {
   char* p = (char*)base + idx * Kind<K>::bytes;
@@ -448,8 +472,8 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     const int v = i * G + t;
     const bool ok = (i + 1) * G <= NV || v < NV;
     const i64 idx = lo + (i64)v * VEC;
-    if (WT != 0) { if (ok) vload<KW>(a.w, idx, ww[i]); else zero<KW>(ww[i]); }
-    if (HAS_BIAS) { if (ok) vload<KW>(a.b, idx, bw[i]); else zero<KW>(bw[i]); }
+    if (WT != 0) { if (ok) WLOAD(KW, a.w, idx, ww[i]); else zero<KW>(ww[i]); }
+    if (HAS_BIAS) { if (ok) WLOAD(KW, a.b, idx, bw[i]); else zero<KW>(bw[i]); }
   }
 #endif
   u32 hw[RPG][VPT][HWN];
@@ -477,6 +501,21 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
   for (int k = 0; k < RPG; ++k)
     if ((FAST || rok[k]) && t == 0 && lo == 0) a.rstd[rows[k]] = rs[k];
 #endif
+#if ROWWISE && WEARLY
+#pragma unroll
+  for (int k = 0; k < RPG; ++k) {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * G + t;
+      const bool colok = (i + 1) * G <= NV || v < NV;
+      const i64 idx = lo + (i64)v * VEC;
+      u32 yw[4];
+      normalize(hw[k][i], ww[i], bw[HAS_BIAS ? i : 0], rs[k], yw);
+      if ((FAST || rok[k]) && colok) vstore<DT>(a.y, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + idx, yw);
+    }
+  }
+  return;
+#endif
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int v = i * G + t;
@@ -486,8 +525,8 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     const u32* wi = ww[i]; const u32* bi = bw[HAS_BIAS ? i : 0];
 #else
     u32 wl[WWN], bl[WWN];
-    if (WT != 0) { if (colok) vload<KW, false>(a.w, idx, wl); else zero<KW>(wl); }
-    if (HAS_BIAS) { if (colok) vload<KW, false>(a.b, idx, bl); else zero<KW>(bl); }
+    if (WT != 0) { if (colok) WLOAD_LATE(KW, a.w, idx, wl); else zero<KW>(wl); }
+    if (HAS_BIAS) { if (colok) WLOAD_LATE(KW, a.b, idx, bl); else zero<KW>(bl); }
     const u32* wi = wl; const u32* bi = bl;
 #endif
 #pragma unroll
