@@ -15,7 +15,7 @@ kernel streams more slowly. Two variants of the winner separate causes:
   no-weight     the same config with weight = none (no weight loads at all)
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
   torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
-  winner+NAME=V the winner compiled with `#define NAME V` first (e.g. winner+FAST_FRONT=1: an
+  winner+NAME=V the winner compiled with -DNAME=V (e.g. winner+FAST_FRONT=1: an
                 experimental path of rmsnorm.cu that op.py does not select yet)
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
 does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
@@ -119,15 +119,12 @@ def main(argv=None) -> int:
     winners = {tuple(d["problem"]["shape"]): d["params"] for d in json.loads(a.report.read_text())["dispatch"]
                if d["problem"]["dtype"] == "bfloat16" and not d["problem"].get("options") and d.get("params")}
 
-    def ours(n: int, opts: dict, extra: dict, defines: str = ""):
+    def ours(n: int, opts: dict, extra: dict, defines: tuple = ()):
         params = op._full({**winners[(32768, n)], **extra})
         problem = Problem.make("rmsnorm", "bfloat16", (32768, n), opts)
         if op.check(params, problem):
             return None
-        kernel = op.render(params, problem, arch)
-        if defines:       # macros the op does not set yet, e.g. an experimental path of the .cu
-            kernel = type(kernel)(source=defines + kernel.source, entry=kernel.entry)
-        b = compile_kernel(kernel, arch)
+        b = compile_kernel(op.render(params, problem, arch).with_defines(*defines), arch)
         kern = device.load(b.entry, b.cubin, b.ptx)
 
         def run_at(m: int):
@@ -184,8 +181,7 @@ def main(argv=None) -> int:
                 "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n)}
         for k in a.kinds.split(","):    # winner+NAME=V+...: the winner compiled with those #defines
             if k.startswith("winner+"):
-                defs = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in k.split("+")[1:])
-                make[k] = lambda defs=defs: ours(n, {}, {}, defs)
+                make[k] = lambda defs=tuple(k.split("+")[1:]): ours(n, {}, {}, defs)
         kinds = [(k, make[k]()) for k in a.kinds.split(",")]
         for name, run_at in kinds:
             if run_at is None:

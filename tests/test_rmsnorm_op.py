@@ -538,3 +538,32 @@ def test_cluster_sum_pushes_partials_with_st_async_and_one_cluster_barrier(stage
     assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32") == 1
     assert "mbarrier.arrive.expect_tx" in ptx and "ld.shared::cluster" not in ptx
     assert b.spill_bytes == 0, b.log
+
+
+def test_with_defines_adds_compiler_flags_and_refuses_what_is_not_a_macro():
+    k = op.render(op._full({"regime": "warp"}), prob("bfloat16", (8, 512)), "sm_90a")
+    d = k.with_defines("FAST_FRONT=1", "W_EL")
+    assert d.flags == k.flags + ("-DFAST_FRONT=1", "-DW_EL") and d.source == k.source and d.entry == k.entry
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        k.with_defines("-DFAST_FRONT=1")
+
+
+@pytest.mark.compile
+def test_experimental_paths_are_off_by_default_and_change_the_warp_kernel_when_defined():
+    """FAST_FRONT / W_EL (rmsnorm.cu, run 17f-g) are off unless defined: defining them as 0 changes
+    nothing; FAST_FRONT adds the 32-bit unpredicated path (a second copy of the loads), W_EL asks
+    L1 to keep the weight."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    p = prob("bfloat16", (32768, 512))
+    cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "load_hint": "none",
+                    "weight_load": "early", "store_cs": True})
+    k = op.render(cfg, p, "sm_90a")
+    base = compiler.compile_kernel(k, "sm_90a")
+    off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "FAST_SUM=0", "W_EL=0", "ROWWISE=0"), "sm_90a")
+    assert off.ptx == base.ptx
+    fast = compiler.compile_kernel(k.with_defines("FAST_FRONT=1"), "sm_90a")
+    x_loads = "ld.global.v4.u32"
+    assert base.ptx.count(x_loads) == 2 * 2 + 2 and fast.ptx.count(x_loads) == 2 * (2 * 2 + 2)
+    assert fast.spill_bytes == 0 and "mul.wide.u32" in fast.ptx
+    wel = compiler.compile_kernel(k.with_defines("W_EL=1"), "sm_90a")
+    assert "L1::evict_last" in wel.ptx and "L1::evict_last" not in base.ptx

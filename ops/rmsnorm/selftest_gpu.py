@@ -4,9 +4,9 @@
 
 Needs cupy and cuda-bindings. Compiles with ptxbuild.compiler for this GPU's arch, launches with
 cuLaunchKernelEx (cluster dims as a launch attribute), compares with op.reference(), prints one
-line per case; the exit code is the number of failures (capped at 1). -D prepends `#define NAME VALUE`
-to every kernel's source: a path of rmsnorm.cu that op.py does not select yet (e.g. -D FAST_FRONT=1)
-is verified over the same cases before a parameter exposes it.
+line per case; the exit code is the number of failures (capped at 1). -D NAME=VALUE compiles every
+case with that macro: a path of rmsnorm.cu that op.py does not select yet (e.g. -D FAST_FRONT=1) is
+verified over the same cases before a parameter exposes it.
 """
 from __future__ import annotations
 
@@ -176,16 +176,13 @@ def launch(cp, driver, kern, L, args):
     cp.cuda.get_current_stream().synchronize()
 
 
-def run_case(cp, driver, arch, dtype, shape, opts, params, defines: str = "") -> tuple[bool, str]:
+def run_case(cp, driver, arch, dtype, shape, opts, params, defines: tuple = ()) -> tuple[bool, str]:
     problem = Problem.make("rmsnorm", dtype, shape, opts)
     params = op._full(params)
     why = op.check(params, problem)
     if why:
         return False, f"check: {why}"
-    kernel = op.render(params, problem, arch)
-    if defines:
-        kernel = type(kernel)(source=defines + kernel.source, entry=kernel.entry)
-    binary = compile_kernel(kernel, arch)
+    binary = compile_kernel(op.render(params, problem, arch).with_defines(*defines), arch)
     if binary.spill_bytes:
         return False, f"spills {binary.spill_bytes} bytes"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -238,8 +235,7 @@ def main() -> int:
     from cuda.bindings import driver
 
     pick = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
-    defines = "".join(f"#define {v.replace('=', ' ', 1)}\n" for i, v in enumerate(sys.argv[1:])
-                      if sys.argv[i] == "-D")
+    defines = tuple(v for i, v in enumerate(sys.argv[1:]) if sys.argv[i] == "-D")   # the word after each -D
     arch = arch_of(cp)
     fails = 0
     for dtype, shape, opts, params in CASES:
