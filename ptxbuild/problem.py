@@ -73,13 +73,10 @@ class Kernel:
     flags: tuple[str, ...] = ()
 
     def with_defines(self, *defines: str) -> "Kernel":
-        """The same kernel compiled with `-DNAME=VALUE` for each "NAME=VALUE" (or "NAME"): a path of
-        an op's source that its render() does not select yet, tried by a script before a parameter
-        exposes it (ops/rmsnorm/selftest_gpu.py -D, benchmarks/short_row_overhead.py winner+...)."""
-        for d in defines:
-            name = d.split("=", 1)[0]
-            if not name.isidentifier():
-                raise ValueError(f"not a macro definition: {d!r} (write NAME or NAME=VALUE)")
+        """Also compiled with -DNAME=VALUE per "NAME=VALUE": a source path render() does not pick yet."""
+        bad = [d for d in defines if not d.split("=", 1)[0].isidentifier()]
+        if bad:
+            raise ValueError(f"not a macro definition: {bad[0]!r} (write NAME or NAME=VALUE)")
         return replace(self, flags=self.flags + tuple(f"-D{d}" for d in defines))
 
 

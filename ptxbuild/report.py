@@ -150,8 +150,7 @@ def markdown(data: dict) -> str:
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
         lines.append("- timings: " + _timings(s))
         lines.append(f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
-                     "(`PROTOCOL_VERSION`; 2 and later time calls behind a gate, so no call's host time counts; "
-                     "3 and later time each call alone after a synchronized L2 flush, as nvbench's cold measurement)")
+                     "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)")
         if when_all:
             lines.append(f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
                          "(the winners and baselines below; each row says when)")

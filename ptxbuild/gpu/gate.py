@@ -1,16 +1,14 @@
 """Hold a stream until the host has enqueued a timed call (a "blocking kernel", as nvbench has).
 
-Without it, a timed call whose host side is slow (torch.compile's guards and wrapper take tens of
-microseconds per call) reaches the GPU after its start event has already fired: the idle gap is
-counted as kernel time. Observed on the H200 (run 16d): torch.compile at bf16 32768 x 512 read
-34.6 us p50 (p20-p80 30.9-42.5) in one build and 20.8 in another. Behind the gate, the start event,
-the call and the end event reach the GPU together, so the event pair brackets only the GPU's work.
+Without it, a call whose host side is slow (torch.compile's guards: tens of microseconds) reaches
+the GPU after its start event fired, and the idle gap counts as kernel time (H200, run 16d:
+torch.compile at bf16 32768 x 512 read 34.6 us in one build, 20.8 in another). Behind the gate the
+start event, the call and the end event reach the GPU together.
 
 The gate is one thread spinning on a word in pinned host memory (mapped into the device's address
-space), released when the host writes the batch number there. It gives up after `max_wait_s` (so a
-call that synchronizes on the host cannot deadlock the stream); `timed_out()` says whether a gate
-gave up. The timer (runs.py) then times that batch of calls again behind new gates, and after a
-second batch with a timeout in a row times that runner without gates.
+space), released when the host writes the hold number there. It gives up after `max_wait_s` (a call
+that synchronizes on the host cannot deadlock the stream); `timed_out()` says whether one gave up,
+and the timer (runs.py) then retries or drops the gate for that runner.
 """
 from __future__ import annotations
 

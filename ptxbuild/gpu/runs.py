@@ -264,16 +264,13 @@ class Gpu:
         return self._pool
 
     def _timer(self, runners: dict):
-        """timer(name, n): n calls of runners[name](pool_index), each timed alone with events, as
-        nvbench's cold measurement does: flush the L2 and wait for the flush; hold the stream behind a
-        gate; start event, the call, end event; release the gate; wait for the GPU. The GPU is idle
-        before each flush and between the flush and the call, so no call pays for the one before it
-        or for the flush's own tail (verification.md, timing rule 1), and the gate keeps the host's
-        own time per call (Python, guards, the launch) out of the events. Each runner is first
-        called once on every input set, untimed and ungated: a first call on a set may wait on the
-        GPU from the host (a wrapper built per input, a .cpu() of its lengths). Gates are checked
-        every GATE_BATCH calls: a batch in which a gate timed out is timed again; a runner whose
-        gates time out in two batches in a row is timed without gates, and named in timer.ungated."""
+        """timer(name, n): n calls of runners[name](pool_index), each timed alone with events (nvbench's
+        cold measurement; verification.md, timing rule 1): flush the L2, wait; hold a gate; start event,
+        the call, end event; release; wait. Back to back, a copy read ~0.8 us more at bf16 512
+        (reports/bf16/pacing/); the gate keeps the host's own time per call out of the events. Each
+        runner is first called once per input set, untimed and ungated (a first call may wait on the
+        GPU from the host). Gates are checked every GATE_BATCH calls: a batch with a timeout is timed
+        again; after two such batches in a row the runner is timed ungated, named in timer.ungated."""
         cp = self.cp
         ungated: set = set()
         primed: set = set()

@@ -6,9 +6,8 @@ from typing import Callable
 
 from ..outcome import Outcome
 
-PROTOCOL_VERSION = "3"      # bump when anything below changes how a timing is taken (re-measures);
-                            # 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py);
-                            # keys.py has the same
+PROTOCOL_VERSION = "3"      # bump when how a timing is taken changes (re-measures); keys.py has the same
+                            # 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py)
 SUSPICIOUS_BELOW = 0.97     # p50 under this fraction of the roofline floor is never a win
 REMEASURE_MARGIN = 0.10     # a candidate beating the incumbent by more than this is re-timed alone
 
