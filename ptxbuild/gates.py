@@ -18,7 +18,7 @@ def metric_ms(name: str, times_ms: list[float]) -> float | None:
 
 
 def failures(gates: dict, chosen: list[dict]) -> list[str]:
-    """One line per (problem, gate) that a timed winner misses; untimed problems are not judged."""
+    """One line per (problem, gate) that a timed winner misses (untimed problems, or no baseline: not judged)."""
     out = []
     frac_min, time_max = gates.get("min_bandwidth_fraction"), gates.get("max_time_ms")
     for c in chosen:
@@ -30,4 +30,7 @@ def failures(gates: dict, chosen: list[dict]) -> list[str]:
             out.append(f"{c['label']}: {frac:.1%} of the copy-bandwidth floor < min_bandwidth_fraction {frac_min:g}")
         if time_max is not None and p50 > time_max:
             out.append(f"{c['label']}: p50 {p50:.4g} ms > max_time_ms {time_max:g}")
+        base = min([(b["p50_ms"], n) for n, b in (c.get("baselines") or {}).items() if b.get("p50_ms")], default=None)
+        if gates.get("min_speedup") is not None and base and base[0] / p50 < gates["min_speedup"]:
+            out.append(f"{c['label']}: {base[0] / p50:.3f}x {base[1]} ({base[0] * 1e3:.1f} us) < min_speedup {gates['min_speedup']:g}")
     return out

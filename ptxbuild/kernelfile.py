@@ -56,6 +56,7 @@ class SearchModel(_Strict):
 class GatesModel(_Strict):
     min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5)
     max_time_ms: float | None = Field(default=None, gt=0)
+    min_speedup: float | None = Field(default=None, gt=0)   # over the fastest baseline timed beside it
 
 
 class OpModel(_Strict):

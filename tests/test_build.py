@@ -660,3 +660,16 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
     # the first run kept 7 successful timings (the timeout and the interrupted one are timed again)
     assert rest.measured == every.measured - 7
     assert first.base_calls == 1 and rest.base_calls == 3 and every.base_calls == 4
+
+
+def test_min_speedup_gate_compares_each_winner_with_its_fastest_baseline():
+    from ptxbuild import gates
+    row = {"label": "bfloat16[32768x512]", "p50_ms": 0.0209, "floor_ms": 0.0158,
+           "baselines": {"torch_eager": {"outcome": "ok", "p50_ms": 0.0321},
+                         "torch_compile": {"outcome": "ok", "p50_ms": 0.0205},
+                         "broken": {"outcome": "launch_error", "p50_ms": None}}}
+    assert gates.failures({"min_speedup": 1.0}, [row]) == [
+        "bfloat16[32768x512]: 0.981x torch_compile (20.5 us) < min_speedup 1"]
+    assert gates.failures({"min_speedup": 0.98}, [row]) == []
+    assert gates.failures({"min_speedup": 1.0}, [{**row, "baselines": {}}]) == []   # nothing to compare with
+    assert gates.failures({"min_speedup": 1.0}, [{**row, "p50_ms": None}]) == []    # not timed: not judged

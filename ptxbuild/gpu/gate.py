@@ -6,9 +6,8 @@ torch.compile at bf16 32768 x 512 read 34.6 us in one build, 20.8 in another). B
 start event, the call and the end event reach the GPU together.
 
 The gate is one thread spinning on a word in pinned host memory (mapped into the device's address
-space), released when the host writes the hold number there. It gives up after `max_wait_s` (a call
-that synchronizes on the host cannot deadlock the stream); `timed_out()` says whether one gave up,
-and the timer (runs.py) then retries or drops the gate for that runner.
+space), released when the host writes the hold number there. It gives up after `max_wait_s`, so a call
+that synchronizes on the host cannot deadlock the stream (`timed_out()`: the timer retries or drops it).
 """
 from __future__ import annotations
 

@@ -264,13 +264,10 @@ class Gpu:
         return self._pool
 
     def _timer(self, runners: dict):
-        """timer(name, n): n calls of runners[name](pool_index), each timed alone with events (nvbench's
-        cold measurement; verification.md, timing rule 1): flush the L2, wait; hold a gate; start event,
-        the call, end event; release; wait. Back to back, a copy read ~0.8 us more at bf16 512
-        (reports/bf16/pacing/); the gate keeps the host's own time per call out of the events. Each
-        runner is first called once per input set, untimed and ungated (a first call may wait on the
-        GPU from the host). Gates are checked every GATE_BATCH calls: a batch with a timeout is timed
-        again; after two such batches in a row the runner is timed ungated, named in timer.ungated."""
+        """timer(name, n): n calls of runners[name](pool_index), each timed alone (nvbench's cold measurement,
+        verification.md timing rule 1): flush the L2, wait; gate; events around the call; release; wait.
+        Each runner is first called once per input set, untimed and ungated. Gates are checked every
+        GATE_BATCH calls: a batch with a timeout is timed again; two in a row: timed ungated (timer.ungated)."""
         cp = self.cp
         ungated: set = set()
         primed: set = set()
