@@ -15,6 +15,8 @@ kernel streams more slowly. Two variants of the winner separate causes:
   no-weight     the same config with weight = none (no weight loads at all)
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
   torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
+  triton_ptx    that baseline's Triton kernel from its PTX (--triton-ptx N=FILE), launched by cupy with
+                one warp per CTA (M = 32768 only; written in session 10, not yet run on a GPU)
   winner+NAME=V the winner compiled with -DNAME=V (e.g. winner+FAST_FRONT=1: an
                 experimental path of rmsnorm.cu that op.py does not select yet)
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
@@ -69,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="calls enqueued before the host waits")
     ap.add_argument("--cold", action="store_true",
                     help="wait for each flush before enqueueing the call (the build's protocol 3)")
+    ap.add_argument("--triton-ptx", action="append", default=[], metavar="N=FILE",
+                    help="kind triton_ptx: the PTX torch.compile's Triton generated for 32768 x N, timed "
+                         "through this script's launcher (repeat for several N)")
     ap.add_argument("--gate", action="store_true",
                     help="hold the stream behind ptxbuild's gate while each call is enqueued (as the build)")
     ap.add_argument("--settle-us", type=float, default=0.0, help="spin this long after each flush")
@@ -149,6 +154,35 @@ def main(argv=None) -> int:
             return rotating([lambda s=s: fn(s) for s in sets])
         return run_at
 
+    def triton_at(n: int):
+        """torch.compile's own kernel (from its PTX: x, weight, y, xnumel, rnumel, two scratch
+        pointers; M and N are baked in) launched by cupy: tells its code from torch's launch path."""
+        import re
+
+        import numpy as np
+
+        from ptxbuild.compiler import ptx_to_cubin
+        files = dict(v.split("=", 1) for v in a.triton_ptx)
+        if str(n) not in files:
+            return None
+        ptx = Path(files[str(n)]).read_text()
+        entry = re.search(r"\.entry (\w+)\(", ptx).group(1)
+        cta = re.search(r"mov\.u32\s+(%r\d+), %ctaid\.x;", ptx).group(1)     # elements per CTA: ctaid << k
+        per_cta = 1 << int(re.search(rf"shl\.b32\s+%r\d+, {re.escape(cta)}, (\d+);", ptx).group(1))
+        kern = device.load(entry, ptx_to_cubin(ptx, arch)[0])
+
+        def run_at(m: int):
+            if m != 32768:          # the kernel was compiled for M = 32768 only
+                return lambda: None
+            pm = Problem.make("rmsnorm", "bfloat16", (m, n), {})
+            fns = []
+            for k in range(sets_for(2 * m * n * 2)):
+                x, y = op.make_inputs(pm, k, cp), op.make_outputs(pm, cp)
+                args = (x["x"], x["weight"], y["y"], np.uint32(m), np.uint32(n), np.uint64(0), np.uint64(0))
+                fns.append(lambda args=args: kern((m * n // per_cta,), (32,), args))
+            return rotating(fns)
+        return run_at
+
     def copy_at(n: int):
         def run_at(m: int):
             nv = m * n * 2 // 16
@@ -178,7 +212,8 @@ def main(argv=None) -> int:
     for n in ns:
         make = {"copy1": lambda: copy_at(n), "winner": lambda: ours(n, {}, {}),
                 "no-weight": lambda: ours(n, {"weight": "none"}, {}),
-                "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n)}
+                "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n),
+                "triton_ptx": lambda: triton_at(n)}
         for k in a.kinds.split(","):    # winner+NAME=V+...: the winner compiled with those #defines
             if k.startswith("winner+"):
                 make[k] = lambda defs=tuple(k.split("+")[1:]): ours(n, {}, {}, defs)
