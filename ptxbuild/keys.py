@@ -4,8 +4,7 @@ from __future__ import annotations
 from .problem import Kernel, Problem, digest
 
 PIPELINE_VERSION = "1"          # bump when the build pipeline changes what it produces
-PROTOCOL_VERSION = "3"          # bump when the timing protocol changes (2: batches behind a gate,
-                                # gpu/gate.py; 3: each call timed alone, the GPU idle around it, gpu/runs.py)
+PROTOCOL_VERSION = "3"          # bump when the timing protocol changes (history: gpu/stats.py)
 
 
 def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:
