@@ -205,7 +205,7 @@ def parse(text: str, path: Path) -> Kernelfile:
         ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
                            shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
-                           gates=op.gates.model_dump(), search=op.search.model_dump(exclude={"candidates"} if not op.search.candidates else None), depends=tuple(op.depends))
+                           gates=op.gates.model_dump(exclude={"min_speedup"} if op.gates.min_speedup is None else None), search=op.search.model_dump(exclude={"candidates"} if not op.search.candidates else None), depends=tuple(op.depends))
     from .graph import find_cycle
     cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
     if cycle:

@@ -80,3 +80,14 @@ def test_unknown_target_did_you_mean(proj):
         os.chdir(cwd)
     assert res.exit_code == EXIT_CONFIG
     assert res.output == "error: scale@h10: no GPU 'h10' (did you mean 'h100'?); known: h100, b200\n"
+
+
+def test_an_undeclared_min_speedup_gate_leaves_the_op_config_as_before(proj):
+    """Gates added after a lock was written must not change the config digest of kernelfiles that do
+    not declare them (or every existing lock would report drift)."""
+    from ptxbuild.kernelfile import load
+    (proj / "kernelfile.toml").write_text(GOOD)
+    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"] == {
+        "min_bandwidth_fraction": None, "max_time_ms": None}
+    (proj / "kernelfile.toml").write_text(GOOD + "gates = { min_speedup = 1.0 }\n")
+    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"]["min_speedup"] == 1.0
