@@ -28,8 +28,11 @@ def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=N
     (before the start event) / before the flush. cold: the host also waits for each flush before
     the call is enqueued (nvbench's cold measurement, the build's timing protocol 3; batch is 1).
     gate: a ptxbuild.gpu.gate.Gate held before the start event and released after the end event,
-    so the host's launch time is not counted (without it a cold call counts it: nothing is queued)."""
+    so the host's launch time is not counted (without it a cold call counts it: nothing is queued);
+    raises if a gate timed out (a call that waits on the GPU from the host cannot be gated)."""
     do_flush = flush if callable(flush) else (lambda: flush.fill(0))
+    if gate:
+        gate.reset()
     fn(), fn()
     cp.cuda.get_current_stream().synchronize()
     times = []
@@ -54,6 +57,8 @@ def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=N
             evs.append((start, end))
         evs[-1][1].synchronize()
         times += [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in evs]
+    if gate and gate.timed_out():      # a call waited on the GPU from the host: its host time counted
+        raise RuntimeError("a gate timed out: this call waits on the GPU from the host; time it without --gate")
     return sorted(times)
 
 

@@ -169,6 +169,8 @@ def main(argv=None) -> int:
         entry = re.search(r"\.entry (\w+)\(", ptx).group(1)
         cta = re.search(r"mov\.u32\s+(%r\d+), %ctaid\.x;", ptx).group(1)     # elements per CTA: ctaid << k
         per_cta = 1 << int(re.search(rf"shl\.b32\s+%r\d+, {re.escape(cta)}, (\d+);", ptx).group(1))
+        if per_cta % n:             # the shift is rows per CTA, not elements: the grid would be wrong
+            raise SystemExit(f"kind triton_ptx: cannot tell the rows per CTA from {files[str(n)]} (ctaid << {per_cta})")
         kern = device.load(entry, ptx_to_cubin(ptx, arch)[0])
 
         def run_at(m: int):

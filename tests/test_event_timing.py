@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -45,7 +47,7 @@ def test_event_times_are_sorted_microseconds_each_after_a_flush():
 
 
 def test_event_times_batch_and_cold_pacing():
-    cp, log = fake_cupy([0.001] * 7)
+    cp, log = fake_cupy([0.001] * 8)
     flush = SimpleNamespace(fill=lambda v: log.append("flush"))
     assert event_times_us(cp, lambda: log.append("call"), flush, 3, batch=3) == [1.0] * 3
     one = ["flush", "record", "call", "record"]
@@ -55,9 +57,13 @@ def test_event_times_batch_and_cold_pacing():
     cold = ["flush", "wait", "record", "call", "record", "sync"]
     assert log[3:] == cold * 3                           # each flush waited for, each call alone
     del log[:]
-    gate = SimpleNamespace(hold=lambda stream: log.append("hold"), release=lambda: log.append("release"))
+    gate = SimpleNamespace(hold=lambda stream: log.append("hold"), release=lambda: log.append("release"),
+                           reset=lambda: log.append("reset"), timed_out=lambda: False)
     event_times_us(cp, lambda: log.append("call"), flush, 1, cold=True, gate=gate)
-    assert log[3:] == ["flush", "wait", "hold", "record", "call", "record", "release", "sync"]
+    assert log[:1] + log[4:] == ["reset", "flush", "wait", "hold", "record", "call", "record", "release", "sync"]
+    gate.timed_out = lambda: True                        # a call waited on the GPU from the host
+    with pytest.raises(RuntimeError, match="gate timed out"):
+        event_times_us(cp, lambda: None, flush, 1, cold=True, gate=gate)
 
 
 def test_copy_floor_reads_the_plain_bf16_rows_of_a_report(tmp_path):

@@ -235,7 +235,8 @@ def main() -> int:
     from cuda.bindings import driver
 
     pick = sys.argv[sys.argv.index("-k") + 1] if "-k" in sys.argv else ""
-    defines = tuple(v for i, v in enumerate(sys.argv[1:]) if sys.argv[i] == "-D")   # the word after each -D
+    defines = tuple(v for i, v in enumerate(sys.argv[1:]) if sys.argv[i] == "-D")   # -D NAME=V and -DNAME=V
+    defines += tuple(v[2:] for v in sys.argv[1:] if v.startswith("-D") and len(v) > 2)
     arch = arch_of(cp)
     fails = 0
     for dtype, shape, opts, params in CASES:

@@ -19,7 +19,7 @@ FLUSH_MIN_BYTES = 256 << 20
 POOL_MAX_SETS = 64
 GATE_BATCH = 32                    # timed calls (each behind its own gate, gate.py) between gate checks
 UNGATED_NOTE = ("timed without the gate after it timed out twice in a row (a call that waits on the GPU "
-                "from the host, or more launches than the queue holds), so host time may count: ")
+                "from the host, or more launches than the queue holds), so its host time counts: ")
 
 
 def add_detail(result: dict, note: str) -> None:
