@@ -80,7 +80,8 @@ step rmsnorm-probe-p3 170 $PB -f benchmarks/rmsnorm_probe_p3.toml build rmsnorm@
 step rmsnorm-bf16-protocol3 300 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
 step rmsnorm-vs-best-known-protocol3 60 python3 benchmarks/rmsnorm_vs_best_known.py reports/bf16/rmsnorm@h200/report.json --out reports/bf16/vs-best-known-protocol3.md
 step pytest-gpu-protocol3 200 python3 -m pytest -q -m gpu tests -rA -p no:cacheprovider
-# the experimental FAST_FRONT / FAST_SUM paths of rmsnorm.cu: verified, then timed against the winner
+# the experimental FAST_FRONT / FAST_SUM / W_EL / ROWWISE paths of rmsnorm.cu: verified, then timed against the
+# winner (code: commit ddc6160; FAST_SUM and ROWWISE were removed after it, and an unknown -D is ignored)
 step rmsnorm-selftest-fast 150 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D FAST_FRONT=1 -D FAST_SUM=1
 step fast-front 150 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256,512 --ms 32768 --kinds winner,winner+FAST_FRONT=1,winner+FAST_FRONT=1+FAST_SUM=1,torch_compile,winner+FAST_FRONT=1+FAST_SUM=1,winner+FAST_FRONT=1,winner --flush memset --cold --gate --out reports/bf16/pacing/fast-front.md
 step rmsnorm-selftest-wel-rowwise 100 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D W_EL=1 -D ROWWISE=1 -D FAST_FRONT=1

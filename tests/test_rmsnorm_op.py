@@ -550,7 +550,7 @@ def test_with_defines_adds_compiler_flags_and_refuses_what_is_not_a_macro():
 
 @pytest.mark.compile
 def test_experimental_paths_are_off_by_default_and_change_the_warp_kernel_when_defined():
-    """FAST_FRONT / W_EL (rmsnorm.cu, run 17f-g) are off unless defined: defining them as 0 changes
+    """FAST_FRONT / W_EL (rmsnorm.cu, runs 17f-g) are off unless defined: defining them as 0 changes
     nothing; FAST_FRONT adds the 32-bit unpredicated path (a second copy of the loads), W_EL asks
     L1 to keep the weight."""
     compiler = pytest.importorskip("ptxbuild.compiler")
@@ -559,7 +559,7 @@ def test_experimental_paths_are_off_by_default_and_change_the_warp_kernel_when_d
                     "weight_load": "early", "store_cs": True})
     k = op.render(cfg, p, "sm_90a")
     base = compiler.compile_kernel(k, "sm_90a")
-    off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "FAST_SUM=0", "W_EL=0", "ROWWISE=0"), "sm_90a")
+    off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "W_EL=0"), "sm_90a")
     assert off.ptx == base.ptx
     fast = compiler.compile_kernel(k.with_defines("FAST_FRONT=1"), "sm_90a")
     x_loads = "ld.global.v4.u32"

@@ -33,10 +33,8 @@
 //   FAST_FRONT  (experimental, default 0; op.py does not set it yet) warp regime, exact, registers: a
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
-//   FAST_SUM    (experimental, default 0) each vector's sum of squares as a tree, not an FMA chain
 //   W_EL        (experimental, default 0) exact register rows: weight / bias loads ask L1 to keep the
 //               line (ld.global.L1::evict_last, as Triton's weight loads)
-//   ROWWISE     (experimental, default 0) exact register rows, early weight: y stored row by row
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -56,14 +54,8 @@ typedef long long i64;
 #ifndef FAST_FRONT
 #define FAST_FRONT 0
 #endif
-#ifndef FAST_SUM
-#define FAST_SUM 0
-#endif
 #ifndef W_EL
 #define W_EL 0
-#endif
-#ifndef ROWWISE
-#define ROWWISE 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -264,23 +256,12 @@ __device__ __forceinline__ float combine(const u32* xw, const u32* rw, u32* hw) 
 #pragma unroll
   for (int q = 0; q < Kind<KH>::words; ++q) hw[q] = xw[q];
 #endif
-#if FAST_SUM
-  float sq[VEC];    // a tree: log2(VEC) dependent adds instead of a VEC-long FMA chain
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) { const float h = getf<KH>(hw, j); sq[j] = h * h; }
-#pragma unroll
-  for (int w = 1; w < VEC; w *= 2)
-#pragma unroll
-    for (int j = 0; j < VEC; j += 2 * w) sq[j] += sq[j + w];
-  return sq[0];
-#else
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     float h = getf<KH>(hw, j);
     ss = fmaf(h, h, ss);
   }
   return ss;
-#endif
 }
 
 // y = h * rstd * w (+ b) for one vector, packed in x's kind into yw.
@@ -500,21 +481,6 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
 #pragma unroll
   for (int k = 0; k < RPG; ++k)
     if ((FAST || rok[k]) && t == 0 && lo == 0) a.rstd[rows[k]] = rs[k];
-#endif
-#if ROWWISE && WEARLY
-#pragma unroll
-  for (int k = 0; k < RPG; ++k) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = i * G + t;
-      const bool colok = (i + 1) * G <= NV || v < NV;
-      const i64 idx = lo + (i64)v * VEC;
-      u32 yw[4];
-      normalize(hw[k][i], ww[i], bw[HAS_BIAS ? i : 0], rs[k], yw);
-      if ((FAST || rok[k]) && colok) vstore<DT>(a.y, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + idx, yw);
-    }
-  }
-  return;
 #endif
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
