@@ -86,9 +86,11 @@ step rmsnorm-selftest-fast 150 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D
 step fast-front 150 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256,512 --ms 32768 --kinds winner,winner+FAST_FRONT=1,winner+FAST_FRONT=1+FAST_SUM=1,torch_compile,winner+FAST_FRONT=1+FAST_SUM=1,winner+FAST_FRONT=1,winner --flush memset --cold --gate --out reports/bf16/pacing/fast-front.md
 step rmsnorm-selftest-wel-rowwise 100 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D W_EL=1 -D ROWWISE=1 -D FAST_FRONT=1
 step wel-rowwise 120 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256,512 --ms 32768 --kinds winner,winner+W_EL=1,winner+ROWWISE=1,winner+FAST_FRONT=1+W_EL=1+ROWWISE=1,torch_compile,winner+FAST_FRONT=1+W_EL=1+ROWWISE=1,winner+ROWWISE=1,winner+W_EL=1,winner --flush memset --cold --gate --out reports/bf16/pacing/wel-rowwise.md
-# next (not yet run): torch.compile's Triton kernel for bf16 512 / 256 from its PTX, through our launcher,
-# beside our winner and torch.compile itself (ops/rmsnorm/NOTES.md, run 17, Next 1)
-step triton-ptx 150 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256,512 --ms 32768 --kinds winner,triton_ptx,torch_compile,triton_ptx,winner --triton-ptx 512=$(ls reports/h200-logs/run15d-triton-ptx-512/*.ptx) --triton-ptx 256=$(ls reports/h200-logs/run15d-triton-ptx-256/*.ptx) --flush memset --cold --gate --out reports/bf16/pacing/triton-ptx.md
+# torch.compile's Triton kernel for bf16 512 / 256 from its PTX, through our launcher, beside our winner and
+# torch.compile itself, plus edits of that PTX (its weight hints off; .cs stores) to bisect (NOTES.md, run 18)
+tp="--triton-ptx 512=$(ls reports/h200-logs/run15d-triton-ptx-512/*.ptx) --triton-ptx 256=$(ls reports/h200-logs/run15d-triton-ptx-256/*.ptx)"
+step triton-ptx 300 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 512,256 --ms 32768 --kinds winner,winner:store_cs=false,triton_ptx,triton_ptx+plainw,triton_ptx+cs,torch_compile,triton_ptx+cs,triton_ptx+plainw,triton_ptx,winner:store_cs=false,winner $tp --flush memset --cold --gate --out reports/bf16/pacing/triton-ptx.md
+for k in winner triton_ptx; do step ncu-512-$k 120 ncu --set full --clock-control none -k regex:'rmsnorm|triton_per' --launch-count 1 python3 benchmarks/short_row_overhead.py --reps 1 --ns 512 --ms 32768 --kinds $k $tp --flush memset --cold; done
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)

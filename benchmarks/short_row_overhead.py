@@ -16,9 +16,14 @@ kernel streams more slowly. Two variants of the winner separate causes:
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
   torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
   triton_ptx    that baseline's Triton kernel from its PTX (--triton-ptx N=FILE), launched by cupy with
-                one warp per CTA (M = 32768 only; written in session 10, not yet run on a GPU)
+                one warp per CTA (M = 32768 only), assembled for the PTX's own .target
+  triton_ptx+E  the same PTX edited first, to bisect what its speed comes from (E, '+'-joined):
+                plainw (weight loads without its L1/L2 evict_last hints), cs (stores st.global.cs,
+                as our store_cs=true), noreq (no .reqntid)
   winner+NAME=V the winner compiled with -DNAME=V (e.g. winner+FAST_FRONT=1: an
                 experimental path of rmsnorm.cu that op.py does not select yet)
+  winner:K=V    the winner with search parameter K set to V (e.g. winner:store_cs=false; may be
+                combined with +NAME=V after it)
 --rotate: each call takes the next of ceil(2 x L2 / set) + 1 input/output sets, as the build's timing
 does (ptxbuild/gpu/runs.py, verification.md's timing rule 2); without it every call reuses one set
 (the L2 is flushed either way). The difference is what the rotation itself costs a kernel.
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -48,6 +54,13 @@ from event_timing import event_times_us, quantile  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
 
 NS = [256, 512, 1024, 2048]
+# kind triton_ptx+E: edits of Triton's PTX (each must match something)
+PTX_EDITS = {
+    "plainw": lambda p: re.sub(r"ld\.global\.L1::evict_last\.L2::cache_hint\.(v4\.b32 \{[^}]*\}, \[ %rd\d+ \+ 0 \]), %rd\d+;",
+                               r"ld.global.\1;", p),
+    "cs": lambda p: p.replace("st.global.v4.b32", "st.global.cs.v4.b32"),
+    "noreq": lambda p: re.sub(r"^\.reqntid \d+\s*$", "", p, flags=re.M),
+}
 MS = [8192, 16384, 32768, 65536, 131072]
 
 
@@ -86,6 +99,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     ns, ms = [int(v) for v in a.ns.split(",")], [int(v) for v in a.ms.split(",")]
 
+    if "torch_compile" in a.kinds:
+        import torch  # noqa: F401  first: imported after a Triton cubin was loaded, torch 2.11 failed to
+        #               start once (a mangled op schema at import; run 18a)
     import cupy as cp
     from selftest_gpu import arch_of
 
@@ -154,7 +170,7 @@ def main(argv=None) -> int:
             return rotating([lambda s=s: fn(s) for s in sets])
         return run_at
 
-    def triton_at(n: int):
+    def triton_at(n: int, edits: tuple = ()):
         """torch.compile's own kernel (from its PTX: x, weight, y, xnumel, rnumel, two scratch
         pointers; M and N are baked in) launched by cupy: tells its code from torch's launch path."""
         import re
@@ -166,12 +182,18 @@ def main(argv=None) -> int:
         if str(n) not in files:
             return None
         ptx = Path(files[str(n)]).read_text()
+        for e in edits:
+            before = ptx
+            ptx = PTX_EDITS[e](ptx)
+            if ptx == before:
+                raise SystemExit(f"kind triton_ptx+{e}: the edit matched nothing in {files[str(n)]}")
+        target = re.search(r"^\.target (\w+)", ptx, re.M).group(1)     # Triton writes sm_90a
         entry = re.search(r"\.entry (\w+)\(", ptx).group(1)
         cta = re.search(r"mov\.u32\s+(%r\d+), %ctaid\.x;", ptx).group(1)     # elements per CTA: ctaid << k
         per_cta = 1 << int(re.search(rf"shl\.b32\s+%r\d+, {re.escape(cta)}, (\d+);", ptx).group(1))
         if per_cta % n:             # the shift is rows per CTA, not elements: the grid would be wrong
             raise SystemExit(f"kind triton_ptx: cannot tell the rows per CTA from {files[str(n)]} (ctaid << {per_cta})")
-        kern = device.load(entry, ptx_to_cubin(ptx, arch)[0])
+        kern = device.load(entry, ptx_to_cubin(ptx, target if target.startswith(arch) else arch)[0])
 
         def run_at(m: int):
             if m != 32768:
@@ -216,9 +238,16 @@ def main(argv=None) -> int:
                 "no-weight": lambda: ours(n, {"weight": "none"}, {}),
                 "min_blocks=2": lambda: ours(n, {}, {"min_blocks": 2}), "torch_compile": lambda: torch_at(n),
                 "triton_ptx": lambda: triton_at(n)}
-        for k in a.kinds.split(","):    # winner+NAME=V+...: the winner compiled with those #defines
-            if k.startswith("winner+"):
-                make[k] = lambda defs=tuple(k.split("+")[1:]): ours(n, {}, {}, defs)
+        for k in a.kinds.split(","):    # winner[:K=V...][+NAME=V...]; triton_ptx+EDIT+...
+            base, *defs = k.split("+")
+            if base.startswith("winner:"):
+                extra = {kk: json.loads(v) if v in ("true", "false") or v.isdigit() else v
+                         for kk, v in (kv.split("=", 1) for kv in base.split(":")[1:])}
+                make[k] = lambda extra=extra, defs=tuple(defs): ours(n, {}, extra, defs)
+            elif base == "winner" and defs:
+                make[k] = lambda defs=tuple(defs): ours(n, {}, {}, defs)
+            elif base == "triton_ptx" and defs:
+                make[k] = lambda defs=tuple(defs): triton_at(n, defs)
         kinds = [(k, make[k]()) for k in a.kinds.split(",")]
         for name, run_at in kinds:
             if run_at is None:

@@ -23,7 +23,7 @@ from .oploader import load_op, source_files
 from .outcome import Outcome
 from .problem import Binary, Kernel, Problem, digest
 from .report import environment, utc_time, write_report
-from .search import run_search
+from .search import best, neighbours, run_search
 
 REGISTERS_PER_SM = 65536
 
@@ -338,9 +338,14 @@ def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
 
 
 def check_candidates(spec, op) -> None:
-    """Raise KernelfileError, naming the key, when `search.candidates` uses a parameter the op lacks
-    or a value outside its space."""
+    """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a
+    parameter the op lacks, or a candidate a value outside its space."""
+    from .catalog import did_you_mean
     from .kernelfile import KernelfileError
+    for i, name in enumerate(spec.search.get("polish") or ()):
+        if name not in op.SPACE:
+            raise KernelfileError(f"ops.{spec.name}.search.polish[{i}]: unknown parameter {name!r}"
+                                  f"{did_you_mean(name, op.SPACE)}; the op's parameters are {', '.join(sorted(op.SPACE))}")
     for i, entry in enumerate(spec.search.get("candidates") or ()):
         where = f"ops.{spec.name}.search.candidates[{i}]"
         unknown = sorted(k for k in entry if k not in op.SPACE)
@@ -422,6 +427,9 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                 hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
                                   seconds=search["seconds"], valid=valid, seeds=seeds, rng_seed=search["seed"],
                                   batch=search_batch(ctx.jobs, search["budget"]))
+                top = best(hist)
+                extra = neighbours(top[0], op.SPACE, search.get("polish", ()), valid, [c for c, _ in hist]) if top else []
+                hist += list(zip(extra, ev(extra))) if extra else []
             winner = next(((c, s) for c, s in hist if math.isfinite(s) and s == min(
                 (x for _, x in hist if math.isfinite(x)), default=math.inf)), None)
             if winner is None:

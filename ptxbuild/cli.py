@@ -33,8 +33,8 @@ def _kernelfile(path: str):
     from .oploader import OpError, load_op
     try:
         kf = load(path)
-        for spec in kf.ops.values():   # declared candidates name the op's parameters: checked up front
-            if spec.search.get("candidates"):
+        for spec in kf.ops.values():   # declared candidates / polish name the op's parameters: checked up front
+            if spec.search.get("candidates") or spec.search.get("polish"):
                 check_candidates(spec, load_op(spec.template, kf.root))
         return kf
     except (KernelfileError, TargetError, OpError) as exc:
@@ -226,7 +226,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     from .lockfile import LockError, build_locked, update_lock
     try:
         results = build_locked(ctx, chosen) if locked else do_build(ctx, chosen)
-        lock = None if locked else update_lock(kf, results)
+        lock = None if locked else update_lock(kf, results, note=lambda m: click.echo(f"lock: {m}", err=True))
     except LockError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BUILD_FAILED)

@@ -51,6 +51,9 @@ class SearchModel(_Strict):
     # parameters and is merged over the op's default config for each problem (entries that the op
     # rejects for a problem are skipped there). They count against the budget.
     candidates: list[dict[str, Any]] = []
+    # after the search: the winner's neighbours along these parameters (each other value of each, one
+    # at a time) are timed too, beyond the budget; a cheap fix for a coordinate the search left untried
+    polish: list[str] = []
 
 
 class GatesModel(_Strict):
@@ -205,7 +208,7 @@ def parse(text: str, path: Path) -> Kernelfile:
         ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
                            shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
-                           gates=op.gates.model_dump(exclude={"min_speedup"} if op.gates.min_speedup is None else None), search=op.search.model_dump(exclude={"candidates"} if not op.search.candidates else None), depends=tuple(op.depends))
+                           gates=op.gates.model_dump(exclude={"min_speedup"} if op.gates.min_speedup is None else None), search=op.search.model_dump(exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}), depends=tuple(op.depends))
     from .graph import find_cycle
     cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
     if cycle:

@@ -1,46 +1,5 @@
-"""Find and load an op definition (ops/<name>/op.py) and check it honours the op contract.
-
-The op contract: an op is a folder `ops/<name>/` with `op.py` defining
-
-    NAME: str                       the op's name (the folder name)
-    VERSION: str                    reference + test-suite version; bump when the reference,
-                                    the input generator or the tolerances change (re-verifies)
-    SOURCES: list[str]              files of the folder the kernels are rendered from (hashed)
-    DTYPES: list[str]               element types it supports ("bfloat16", "float16", "float32")
-    OPTIONS: dict[str, object]      option name -> default (e.g. {"residual": False})
-    SPACE: dict[str, list]          parameter -> candidate values (the search space)
-    SPILL_BUDGET_BYTES: int         spills above this are the outcome `spill`
-    default_params(problem) -> dict a documented config used when no lessons exist
-    check(params, problem) -> str | None       why a config is invalid for a problem, or None
-    render(params, problem, arch) -> Kernel     CUDA C++ (no CUDA headers: NVRTC from pip has none)
-    launch(params, problem, sm_count) -> Launch
-    bytes_moved(problem) -> int     bytes a perfect kernel reads + writes (the roofline floor)
-  GPU side (xp is numpy or cupy; bf16 arrays are uint16 bit patterns, see dtypes.py):
-    make_inputs(problem, seed, xp) -> dict[str, array]
-    make_outputs(problem, xp) -> dict[str, array]          (the verifier poisons them)
-    kernel_args(params, problem, inputs, outputs) -> list  (arrays and numpy scalars, in order)
-    reference(problem, inputs, xp) -> dict[str, array]     float32/64 expected outputs
-    tolerance(problem, output) -> (atol, rtol)
-    verify_problems(problem, params) -> list[Problem]  adversarial shapes checked with the same binary
-                                    (params optional; shapes check() rejects for the config are dropped)
-  optional:
-    baselines(problem) -> dict[str, callable(inputs) -> dict[str, array]]  (torch etc.); or a
-                                    baselines.py beside op.py with baselines(problem, defaults) and
-                                    BASELINES_VERSION (not a build input: editing it rebuilds nothing)
-    DEPENDS: list[str]              other ops whose targets must be built first
-    compare(problem, output, got, want, xp) -> (ok, detail) | None   judges an output instead of the
-                                    elementwise tolerance band (e.g. relative RMS); None: use the band
-    SCRATCH: set[str]               outputs that are scratch (a workspace one kernel writes for the next):
-                                    poisoned like every output, never checked (written, determinism)
-  optional, an op of several kernels run in order on one stream (all entries of the one rendered
-  source and cubin; render()'s entry is the main one, whose registers / spills the build reports and
-  whose launch() geometry the build's resource check uses):
-    KERNELS: list[str]              every entry the op may launch; launches() returns the ones a config runs, in order
-    launches(params, problem, sm_count) -> dict[str, Launch]          every entry's geometry
-    stage_args(entry, params, problem, inputs, outputs) -> list       every entry's arguments
-                                    (the GPU worker verifies and times the whole sequence; launch() and
-                                    kernel_args() stay those of the main entry)
-"""
+"""Find and load an op definition (ops/<name>/op.py) and check it honours the op contract
+(written out in ops/README.md: the names op.py must define, required and optional)."""
 from __future__ import annotations
 
 import functools

@@ -156,3 +156,10 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
 def best(history: list[tuple[Config, Score]]) -> tuple[Config, Score] | None:
     ok = [h for h in history if math.isfinite(h[1])]
     return min(ok, key=lambda h: h[1]) if ok else None
+
+
+def neighbours(cfg: Config, space: dict[str, list], names: Iterable[str], valid: Callable[[Config], str | None],
+               tried: Iterable[Config] = ()) -> list[Config]:
+    """The valid, untried configs one parameter away from cfg along `names`: the search's polish step."""
+    seen = {_key(c) for c in tried} | {_key(cfg)}
+    return [c for n in names for c in ({**cfg, n: v} for v in space[n]) if _key(c) not in seen and valid(c) is None]

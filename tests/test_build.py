@@ -554,6 +554,46 @@ def test_an_empty_candidates_list_leaves_the_declaration_digest_alone(proj):
     assert "candidates" not in before["search"]
 
 
+def test_polish_times_the_winners_neighbours_along_the_declared_parameters(proj):
+    """budget = 1 times only the default (threads=128, vec=1); polish = ["vec"] then times vec = 2 and
+    4 beside it (where N allows), and the fastest of all is the winner. threads is not polished."""
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", 'search = { budget = 1, polish = ["vec"] }'))
+
+    class Recording(FakeGpu):
+        seen: list = []
+
+        def measure(self, op_folder, params, problem, binary, *a, **k):
+            self.seen.append((problem.dtype, problem.shape[1], dict(params)))
+            return super().measure(op_folder, params, problem, binary, *a, **k)
+    gpu = Recording()
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
+    assert [p for d, n, p in gpu.seen if (d, n) == ("float32", 1024)] == [
+        {"threads": 128, "vec": v} for v in (1, 2, 4)]
+    assert [p for d, n, p in gpu.seen if (d, n) == ("float32", 100)] == [
+        {"threads": 128, "vec": v} for v in (1, 2, 4)]
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert {json.dumps(d["params"]) for d in manifest["dispatch"]} == {json.dumps({"threads": 128, "vec": 4})}
+
+
+def test_a_polish_parameter_the_op_lacks_names_the_key(proj, monkeypatch):
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", 'search = { budget = 6, polish = ["vecs"] }'))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["check"])
+    assert res.exit_code == cli.EXIT_CONFIG
+    assert "ops.scale.search.polish[0]: unknown parameter 'vecs' (did you mean 'vec'?)" in res.output
+
+
+def test_an_undeclared_polish_leaves_the_declaration_digest_alone(proj):
+    before = load(proj / "kernelfile.toml").ops["scale"].config()
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", "search = { budget = 6, polish = [] }"))
+    assert load(proj / "kernelfile.toml").ops["scale"].config() == before and "polish" not in before["search"]
+    kf.write_text(kf.read_text().replace("polish = []", 'polish = ["vec"]'))
+    assert load(proj / "kernelfile.toml").ops["scale"].config()["search"]["polish"] == ["vec"]
+
+
 def _remeasure(proj, gpu, interrupted=False):
     ctx = make_ctx(proj, gpu=gpu, gpu_match=fake_match, force=True, remeasure=True)
     if interrupted:

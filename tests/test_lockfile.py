@@ -289,3 +289,27 @@ def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
     cu.write_text(cu.read_text() + "\n__device__ int edited_kernel_source;\n")
     r = CliRunner().invoke(main, ["-f", str(proj / "kernelfile.toml"), "relock", "scale@h100"])
     assert r.exit_code != 0 and "scale@h100" in r.output and "drift" in r.output
+
+
+def test_a_compile_only_build_does_not_replace_a_measured_lock_entry(proj):
+    """A kernelfile edit makes the target stale everywhere; rebuilding it on a machine without its GPU
+    must not downgrade the lock's measured entry to an unmeasured one (it stays, and drifts, until
+    a build on the GPU)."""
+    from ptxbuild.graph import Target
+
+    from .fakes import FakeGpu, fake_match
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    update_lock(ctx.kf, build(ctx, [Target("scale", "h100")]))
+    measured = read_lock(ctx.kf)["targets"]["scale@h100"]
+    assert measured["measured_on_hardware"] is True
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", "search = { budget = 5 }"))
+    ctx, notes = make_ctx(proj), []
+    results = build(ctx, [Target("scale", "h100"), Target("scale", "b200")])
+    assert [r.status for r in results] == ["built", "built"] and not any(r.measured for r in results)
+    update_lock(ctx.kf, results, note=notes.append)
+    lock = read_lock(ctx.kf)["targets"]
+    assert lock["scale@h100"] == measured
+    assert lock["scale@b200"]["kernelfile_digest"] == ctx.kf.digest != measured["kernelfile_digest"]
+    assert notes == ["scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only; "
+                     "build it on that GPU to update the lock"]

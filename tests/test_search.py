@@ -114,3 +114,13 @@ def test_random_search_of_a_large_space_ends_when_its_few_valid_configs_are_trie
         signal.signal(signal.SIGALRM, old)
     keys = [tuple(sorted(c.items())) for c, _ in hist]
     assert len(keys) == len(set(keys)) and len(keys) >= 95 and all(few(c) is None for c, _ in hist)
+
+
+def test_neighbours_move_one_declared_parameter_and_skip_tried_and_invalid_configs():
+    from ptxbuild.search import neighbours
+    cfg = {"a": 16, "b": 256, "c": "x"}
+    tried = [cfg, {"a": 16, "b": 256, "c": "y"}]
+    got = neighbours(cfg, SPACE, ["c", "a"], valid, tried)
+    # c's other value was tried; a = 32 makes a*b = 8192 > 4096 (invalid); b is not declared
+    assert got == [{"a": v, "b": 256, "c": "x"} for v in (1, 2, 4, 8)]
+    assert neighbours(cfg, SPACE, [], valid, tried) == []
