@@ -291,7 +291,7 @@ def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
     assert r.exit_code != 0 and "scale@h100" in r.output and "drift" in r.output
 
 
-def test_a_compile_only_build_does_not_replace_a_measured_lock_entry(proj):
+def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(proj):
     """A kernelfile edit makes the target stale everywhere; rebuilding it on a machine without its GPU
     must not downgrade the lock's measured entry to an unmeasured one (it stays, and drifts, until
     a build on the GPU)."""
@@ -313,3 +313,8 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry(proj):
     assert lock["scale@b200"]["kernelfile_digest"] == ctx.kf.digest != measured["kernelfile_digest"]
     assert notes == ["scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only; "
                      "build it on that GPU to update the lock"]
+    # and its report stays the measured one; the compile-only build's goes beside it
+    report = proj / "reports/scale@h100"
+    assert json.loads((report / "report.json").read_text())["summary"]["measured"] is True
+    assert json.loads((report / "compile-only/report.json").read_text())["summary"]["measured"] is False
+    assert not (proj / "reports/scale@b200/compile-only").exists()
