@@ -89,8 +89,16 @@ step wel-rowwise 120 python3 benchmarks/short_row_overhead.py --report reports/r
 # torch.compile's Triton kernel for bf16 512 / 256 from its PTX, through our launcher, beside our winner and
 # torch.compile itself, plus edits of that PTX (its weight hints off; .cs stores) to bisect (NOTES.md, run 18)
 tp="--triton-ptx 512=$(ls reports/h200-logs/run15d-triton-ptx-512/*.ptx) --triton-ptx 256=$(ls reports/h200-logs/run15d-triton-ptx-256/*.ptx)"
-step triton-ptx 300 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 512,256 --ms 32768 --kinds winner,winner:store_cs=false,triton_ptx,triton_ptx+plainw,triton_ptx+cs,torch_compile,triton_ptx+cs,triton_ptx+plainw,triton_ptx,winner:store_cs=false,winner $tp --flush memset --cold --gate --out reports/bf16/pacing/triton-ptx.md
+step triton-ptx 300 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 512,256 --ms 32768 --kinds winner,triton_ptx,triton_ptx+plainw,triton_ptx+cs,torch_compile,triton_ptx+cs,triton_ptx+plainw,triton_ptx,winner $tp --flush memset --cold --gate --out reports/bf16/pacing/triton-ptx.md
 for k in winner triton_ptx; do step ncu-512-$k 120 ncu --set full --clock-control none -k regex:'rmsnorm|triton_per' --launch-count 1 python3 benchmarks/short_row_overhead.py --reps 1 --ns 512 --ms 32768 --kinds $k $tp --flush memset --cold; done
+# the one-warp, four-row shape at 256 (Triton's): its loads serialize without FAST_FRONT (run 18d-e)
+step one-warp-256 150 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256 --ms 32768 --kinds winner,winner:threads=32,triton_ptx,winner:threads=32,winner $tp --flush memset --cold --gate --out reports/bf16/pacing/one-warp-256.md
+step rmsnorm-selftest-fast-front 100 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D FAST_FRONT=1
+step one-warp-fast-front 200 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 256 --ms 32768 --kinds winner,winner:threads=32+FAST_FRONT=1,winner+FAST_FRONT=1,triton_ptx,winner+FAST_FRONT=1,winner:threads=32+FAST_FRONT=1,winner $tp --flush memset --cold --gate --out reports/bf16/pacing/one-warp-fast-front.md
+# the other rows torch.compile wins, under ncu beside torch.compile itself, Triton's PTX kept (run 18g)
+for c in "bfloat16 256 --residual" "float16 512 --residual" "float32 512" "bfloat16 512 --residual"; do
+  set -- $c; step ncu-$1-$2${3:+-res} 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis -k regex:'rmsnorm_fwd|triton_' --launch-count 8 python3 benchmarks/rmsnorm_profile.py $1 32768 $2 $3 --reps 2 --triton-ptx "$logs/triton-ptx-$1-$2${3:+-res}"
+done
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
