@@ -173,8 +173,6 @@ def main(argv=None) -> int:
     def triton_at(n: int, edits: tuple = ()):
         """torch.compile's own kernel (from its PTX: x, weight, y, xnumel, rnumel, two scratch
         pointers; M and N are baked in) launched by cupy: tells its code from torch's launch path."""
-        import re
-
         import numpy as np
 
         from ptxbuild.compiler import ptx_to_cubin

@@ -430,8 +430,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                 top = best(hist)
                 extra = neighbours(top[0], op.SPACE, search.get("polish", ()), valid, [c for c, _ in hist]) if top else []
                 hist += list(zip(extra, ev(extra))) if extra else []
-            winner = next(((c, s) for c, s in hist if math.isfinite(s) and s == min(
-                (x for _, x in hist if math.isfinite(x)), default=math.inf)), None)
+            winner = best(hist)          # the first config with the lowest finite score
             if winner is None:
                 ctx.report("problem_fail", target=t, problem=problem)
                 chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})

@@ -109,7 +109,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
     return entry
 
 
-def update_lock(kf, results, note=None) -> Path | None:
+def update_lock(kf, results, note=lambda message: None) -> Path | None:
     """Record every target built or up to date in `results` (failed ones keep their old entry; so
     does one measured on a GPU that this build only compiled, said through `note`); drop entries of
     targets the kernelfile no longer declares. Returns the lock path, or None."""
@@ -128,8 +128,8 @@ def update_lock(kf, results, note=None) -> Path | None:
         if Path(manifest).is_file():
             new, old = entry_from_manifest(kf, r.target, Path(manifest)), targets.get(str(r.target), {})
             if old.get("measured_on_hardware") and not new["measured_on_hardware"]:
-                (note or (lambda m: None))(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this "
-                                           f"build was compile-only; build it on that GPU to update the lock")
+                note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this "
+                     f"build was compile-only; build it on that GPU to update the lock")
                 continue
             targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
