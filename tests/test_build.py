@@ -713,3 +713,20 @@ def test_min_speedup_gate_compares_each_winner_with_its_fastest_baseline():
     assert gates.failures({"min_speedup": 0.98}, [row]) == []
     assert gates.failures({"min_speedup": 1.0}, [{**row, "baselines": {}}]) == []   # nothing to compare with
     assert gates.failures({"min_speedup": 1.0}, [{**row, "p50_ms": None}]) == []    # not timed: not judged
+
+
+def test_the_report_lists_a_loss_that_its_rounded_speed_up_hides(proj):
+    """A baseline 0.2% faster than the winner shows as 1.00x in the table; the losses section is
+    judged on the timings and names it with its exact ratio."""
+    from .fakes import _M
+    from ptxbuild.outcome import Outcome
+
+    class CloseBaseline(FakeGpu):
+        def baselines(self, op_folder, problem):
+            return {"eager": _M(Outcome.OK, 0.05, 0.049, 0.051), "compiled": _M(Outcome.OK, 0.00998, 0.0099, 0.0101)}
+    build(make_ctx(proj, gpu=CloseBaseline(), gpu_match=fake_match), [Target("scale", "h100")])
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    assert "| 1.00x |" in md
+    section = md.split("## Rows where it loses to a baseline (4 of 4)\n\n")[1].split("\n\n")[0]
+    assert sorted(section.splitlines()) == sorted(f"- {d}[{s}]: 0.998x compiled (10.0 against 10.0 us)"
+                                                  for d in ("float32", "bfloat16") for s in ("64x1024", "7x100"))
