@@ -185,7 +185,8 @@ def plan(kernelfile, targets, no_gpu):
 
 @main.command()
 @click.argument("targets", nargs=-1)
-@click.option("--explain", is_flag=True, help="Say why each target is built or skipped.")
+@click.option("--explain", is_flag=True, help="Say why each target is built or skipped, then build "
+              "(`ptxbuild plan` only says).")
 @click.option("--force", is_flag=True, help="Rebuild even up-to-date targets (cached steps are still reused).")
 @click.option("--jobs", "-j", type=int, default=None, help="Parallel compiles (default: all cores).")
 @click.option("--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present.")
