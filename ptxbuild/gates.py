@@ -17,6 +17,12 @@ def metric_ms(name: str, times_ms: list[float]) -> float | None:
     raise ValueError(f"unknown metric {name!r}")
 
 
+def fastest_baseline(entry: dict) -> tuple[float, str] | None:
+    """(p50_ms, name) of the fastest baseline timed ok beside a dispatch entry, or None."""
+    return min([(b["p50_ms"], n) for n, b in (entry.get("baselines") or {}).items()
+                if b.get("outcome") == "ok" and b.get("p50_ms")], default=None)
+
+
 def failures(gates: dict, chosen: list[dict]) -> list[str]:
     """One line per (problem, gate) that a timed winner misses (untimed problems, or no baseline: not judged)."""
     out = []
@@ -30,8 +36,7 @@ def failures(gates: dict, chosen: list[dict]) -> list[str]:
             out.append(f"{c['label']}: {frac:.1%} of the copy-bandwidth floor < min_bandwidth_fraction {frac_min:g}")
         if time_max is not None and p50 > time_max:
             out.append(f"{c['label']}: p50 {p50:.4g} ms > max_time_ms {time_max:g}")
-        base = min([(b["p50_ms"], n) for n, b in (c.get("baselines") or {}).items()
-                    if b.get("outcome") == "ok" and b.get("p50_ms")], default=None)
+        base = fastest_baseline(c)
         if gates.get("min_speedup") is not None and base and base[0] / p50 < gates["min_speedup"]:
             out.append(f"{c['label']}: {base[0] / p50:.3f}x {base[1]} ({base[0] * 1e3:.1f} us) < min_speedup {gates['min_speedup']:g}")
     return out

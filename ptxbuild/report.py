@@ -10,6 +10,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
+from .gates import fastest_baseline
 from .problem import Problem
 
 PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
@@ -102,8 +103,7 @@ def table_rows(data: dict) -> list[list[str]]:
         if d.get("params") is None:
             rows.append([d["label"], "NO VALID CANDIDATE", "-", "-", "-", ""])
             continue
-        base = d.get("baselines") or {}
-        best_base = min((b["p50_ms"] for b in base.values() if b.get("outcome") == "ok" and b.get("p50_ms")), default=None)
+        best_base = (fastest_baseline(d) or (None,))[0]
         frac = f"{d['floor_ms'] / d['p50_ms'] * 100:.0f}%" if d.get("p50_ms") else "-"
         speed = f"{best_base / d['p50_ms']:.2f}x" if best_base and d.get("p50_ms") else "-"
         params = " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
@@ -176,10 +176,8 @@ def markdown(data: dict) -> str:
         lines += [f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
                   + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
     # judged on the timings, not on the table's rounded speed-up (0.996x would show as 1.00x)
-    losses = [(d["label"], min((b["p50_ms"], n) for n, b in d["baselines"].items() if b.get("outcome") == "ok"
-                               and b.get("p50_ms")), d["p50_ms"]) for d in data["dispatch"] if d.get("p50_ms")
-              and any(b.get("outcome") == "ok" and b.get("p50_ms") for b in (d.get("baselines") or {}).values())]
-    losses = [(lbl, b, p) for lbl, b, p in losses if b[0] < p]
+    losses = [(d["label"], fastest_baseline(d), d["p50_ms"]) for d in data["dispatch"] if d.get("p50_ms")]
+    losses = [(lbl, b, p) for lbl, b, p in losses if b and b[0] < p]
     if losses:
         lines += ["", f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})", ""]
         lines += [f"- {lbl}: {b / p:.3f}x {n} ({_ms(b)} against {_ms(p)} us)" for lbl, (b, n), p in losses]
