@@ -92,14 +92,15 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
                           f"run:{r['id']}", 1.0, []))
     support: dict[str, float] = defaultdict(float)
     origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params, role) of its nearest lesson
+    canon = {n: v[0] for n, v in op.SPACE.items()}   # a config stored before a parameter existed meant its first value
     for scope, params, lid, conf, near in cands:
         d = _distance(scope, gpu, problem)
-        for role, p in [("winner", params)] + [("near-best", x) for x in near]:
+        for role, p in [("winner", {**canon, **params})] + [("near-best", {**canon, **x}) for x in near]:
             k = json.dumps(p, sort_keys=True)
             support[k] += conf * 2.0 ** -d if d > 0 else 0.0
             if k not in origin or d < origin[k][0]:
                 origin[k] = (d, scope, lid, p, role)
-    exact = list(dict.fromkeys(json.dumps(c[1], sort_keys=True) for c in sorted(cands, key=lambda c: -c[3])
+    exact = list(dict.fromkeys(json.dumps({**canon, **c[1]}, sort_keys=True) for c in sorted(cands, key=lambda c: -c[3])
                                if _distance(c[0], gpu, problem) == 0))     # this scope's winners
     ranked = exact + sorted((k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k))
     out, used = [], []

@@ -236,7 +236,7 @@ def warm_start(cache, rec: Recording, op: str, gpu: str, problem: dict, limit: i
     """(seeds, the lessons they came from, failure rules) for a problem, from the lessons in `cache`."""
     g = gpu_of(rec, gpu)
     prob = Problem.make(**problem)
-    shim = SimpleNamespace(NAME=op, check=lambda params, p: None)
+    shim = SimpleNamespace(NAME=op, SPACE={}, check=lambda params, p: None)   # configs as recorded
     seeds, used = lessons.seeds(cache, shim, prob, g, limit=limit)
     rules = lessons.failure_rules(cache, op, prob, g.arch)
     return seeds, used, rules

@@ -66,7 +66,8 @@ def _attempt(cache, run, params, outcome, p50=None, shape=(64, 1024), gpu="h100"
                              problem=prob, params=params, outcome=outcome, p50_ms=p50)
 
 
-OP = SimpleNamespace(NAME="scale", check=lambda params, problem: None)
+OP = SimpleNamespace(NAME="scale", check=lambda params, problem: None,
+                     SPACE={"threads": [64, 128, 256, 512], "vec": [1, 2, 4]})
 
 
 def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
@@ -122,6 +123,17 @@ def test_seeds_come_from_the_same_gpu_then_the_same_arch_then_the_family_then_ot
     assert [s["threads"] for s in seeds[:3]] == [4, 3, 5]
     assert [u["level"] for u in used] == ["same GPU", "same architecture", "same family", "other family",
                                           "other family"]
+
+
+def test_a_lesson_stored_before_a_parameter_existed_seeds_the_config_with_its_first_value(tmp_path):
+    cache = Cache(tmp_path / "c.sqlite")
+    prob = Problem.make("scale", "float32", (64, 1024))
+    old = lessons._scope("h200", "sm_90a", prob.key())
+    for params in ({"threads": 128}, {"threads": 128, "vec": 1}):   # the same config, before and after `vec`
+        cache.db["lessons"].insert(lessons._row("scale", "best", old, {"params": params, "p50_ms": 0.01},
+                                                [1], 1.0, "test"))
+    seeds, used = lessons.seeds(cache, OP, prob, CATALOG["h200"], limit=5)
+    assert seeds == [{"threads": 128, "vec": 1}] and len(used) == 1
 
 
 def test_compile_only_target_picks_its_config_from_a_transferred_lesson_and_says_why(proj):

@@ -149,6 +149,15 @@ def test_bytes_moved():
     # integer parameters come from SPACE (a chunk's pass 2 works in whole rounds: unroll 5 would skip some)
     ({"regime": "block", "threads": 512, "stage": "chunk", "unroll": 5}, prob(shape=(4, 65536)), "unroll=5 is not one of"),
     ({"regime": "block", "threads": 512, "min_blocks": 5}, prob(shape=(4, 8192)), "min_blocks=5 is not one of"),
+    ({"regime": "block", "threads": 128, "min_blocks": 32}, prob(shape=(4, 1024)), "exceeds 2048 threads"),
+    ({"regime": "block", "threads": 128, "fast_front": True}, prob(shape=(4, 1024)), "fast_front only applies"),
+    ({"regime": "warp", "threads": 256, "exact": False, "unroll": 2, "fast_front": True}, prob(shape=(4, 1000)),
+     "fast_front only applies"),
+    ({"regime": "warp", "threads": 256, "stage": "pipe", "fast_front": True}, prob(shape=(4, 1024)),
+     "fast_front only applies"),
+    ({"regime": "warp", "threads": 64, "fast_front": 1}, prob(shape=(4, 512)), "fast_front=1 is not one of"),
+    ({"regime": "block", "threads": 512, "stage": "chunk", "w_el": True}, prob(shape=(4, 8192)), "w_el only applies"),
+    ({"regime": "warp", "threads": 64, "w_el": True}, prob(shape=(4, 512), weight="none"), "w_el is moot"),
     ({"regime": "warp", "threads": 128, "rows_per_group": 3}, prob(shape=(4, 512)), "rows_per_group=3"),
     ({"regime": "warp", "threads": 256, "stage": "pipe", "weight_load": "early"}, prob(shape=(4, 1024)),
      "places the weight"),
@@ -196,6 +205,9 @@ def test_check_rejects(params, problem, words):
     ({"regime": "warp", "threads": 96, "row_threads": 8, "rows_per_group": 4}, prob(shape=(199, 512))),
     ({"regime": "warp", "threads": 256, "exact": False, "unroll": 2}, prob(shape=(199, 4095))),
     ({"regime": "block", "threads": 448}, prob(shape=(1, 8192))),
+    ({"regime": "warp", "threads": 32, "rows_per_group": 2, "min_blocks": 32, "fast_front": True, "w_el": True},
+     prob("float16", (199, 512), residual=True)),
+    ({"regime": "block", "threads": 64, "w_el": True}, prob(shape=(1, 1024), weight="none", bias=True)),
     ({"regime": "block", "threads": 1024, "exact": False, "unroll": 2}, prob("float32", (3, 100003))),
     ({"regime": "cluster", "threads": 512, "cluster": 8}, prob("float32", (8192, 262144))),
     ({"regime": "cluster", "threads": 512, "cluster": 8, "stage": "smem", "unroll": 4},
@@ -549,21 +561,25 @@ def test_with_defines_adds_compiler_flags_and_refuses_what_is_not_a_macro():
 
 
 @pytest.mark.compile
-def test_experimental_paths_are_off_by_default_and_change_the_warp_kernel_when_defined():
-    """FAST_FRONT / W_EL (rmsnorm.cu, runs 17f-g) are off unless defined: defining them as 0 changes
-    nothing; FAST_FRONT adds the 32-bit unpredicated path (a second copy of the loads), W_EL asks
-    L1 to keep the weight."""
+def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
+    """fast_front / w_el (FAST_FRONT / W_EL in rmsnorm.cu, runs 17f-g, 18e): off, the source is the
+    one rendered before they existed (no define; defining them 0 changes nothing); fast_front adds
+    the 32-bit unpredicated path (a second copy of the loads), w_el asks L1 to keep the weight."""
     compiler = pytest.importorskip("ptxbuild.compiler")
     p = prob("bfloat16", (32768, 512))
     cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "load_hint": "none",
                     "weight_load": "early", "store_cs": True})
     k = op.render(cfg, p, "sm_90a")
+    assert "FAST_FRONT 1" not in k.source and "W_EL 1" not in k.source
+    assert k.source == op.render({n: v for n, v in cfg.items() if n not in ("fast_front", "w_el")}, p, "sm_90a").source
     base = compiler.compile_kernel(k, "sm_90a")
     off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "W_EL=0"), "sm_90a")
     assert off.ptx == base.ptx
-    fast = compiler.compile_kernel(k.with_defines("FAST_FRONT=1"), "sm_90a")
+    fk = op.render({**cfg, "fast_front": True}, p, "sm_90a")
+    assert fk.source.replace("#define FAST_FRONT 1\n", "", 1) == k.source
+    fast = compiler.compile_kernel(fk, "sm_90a")
     x_loads = "ld.global.v4.u32"
     assert base.ptx.count(x_loads) == 2 * 2 + 2 and fast.ptx.count(x_loads) == 2 * (2 * 2 + 2)
     assert fast.spill_bytes == 0 and "mul.wide.u32" in fast.ptx
-    wel = compiler.compile_kernel(k.with_defines("W_EL=1"), "sm_90a")
+    wel = compiler.compile_kernel(op.render({**cfg, "w_el": True}, p, "sm_90a"), "sm_90a")
     assert "L1::evict_last" in wel.ptx and "L1::evict_last" not in base.ptx

@@ -59,13 +59,17 @@ SPACE = {
                                           # the next row fetched while this one finishes; chunk: two
                                           # passes; bulk: bulk-copied into shared memory)
     "unroll": [1, 2, 4, 8],               # generic / smem / chunk / bulk stage: vectors per lane per batch
-    "min_blocks": [1, 2, 3, 4],           # __launch_bounds__ min blocks per SM (occupancy / regs)
+    "min_blocks": [1, 2, 3, 4, 8, 16, 32],  # __launch_bounds__ min blocks per SM (occupancy / register
+                                          # cap; 8-32 for the one- and two-warp CTAs of short rows)
     "load_hint": ["none", "nc", "nc_na", "nc_ef", "l2"],  # ld.global / .nc / .nc.L1::no_allocate /
                                           # + .L2::evict_first / (chunk) L2 evict_last then evict_first
     "store_cs": [False, True],            # st.global.cs (streaming) for y and residual_out
     "rsqrt": ["approx", "precise"],       # rsqrt.approx.f32 vs 1 / sqrt.rn
     "weight_load": ["late", "early"],     # weight/bias loaded in the epilogue or with x
     "bulk_reg": [0, 2, 4, 8, 16],         # stage=bulk: vectors per lane held in registers, not smem
+    "fast_front": [False, True],          # warp, exact, reg: whole blocks of rows take a path without
+                                          # row predicates and with 32-bit offsets (FAST_FRONT)
+    "w_el": [False, True],                # exact, reg: weight / bias loads ld.global.L1::evict_last (W_EL)
 }
 
 # Cluster dims > 8 need cudaFuncAttributeNonPortableClusterSizeAllowed on the function, which a
@@ -229,6 +233,12 @@ def check(params: dict, problem: Problem) -> str | None:
         return "weight_load=early only applies to exact register-resident variants"
     if o["weight"] == "none" and not o["bias"] and p["weight_load"] != canon["weight_load"]:
         return "weight_load is moot without weight or bias"
+    if p["fast_front"] and not (regime == "warp" and p["exact"] and p["stage"] == "reg"):
+        return "fast_front only applies to exact register-resident warp-regime variants"
+    if p["w_el"] and not (p["exact"] and p["stage"] == "reg"):
+        return "w_el only applies to exact register-resident variants"
+    if p["w_el"] and o["weight"] == "none" and not o["bias"]:
+        return "w_el is moot without weight or bias"
     if threads % 32 or not 32 <= threads <= 1024:
         return f"threads={threads} must be a multiple of 32 in [32, 1024]"
     if threads * p["min_blocks"] > 2048:
@@ -361,6 +371,8 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         "WEARLY": int(exact and p["stage"] == "reg" and p["weight_load"] == "early"),
         "ENTRY": "rmsnorm_fwd",
     }
+    # set only when on, after ENTRY, so that every variant without them renders as it did before
+    defs.update({k: 1 for k, on in (("FAST_FRONT", p["fast_front"]), ("W_EL", p["w_el"])) if on})
     head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
     return Kernel(source=head + SRC.read_text(), entry="rmsnorm_fwd")
 

@@ -30,10 +30,10 @@
 //               memory, pass 2 re-reads it and writes y, UNROLL vectors per lane per batch; the last
 //               BULK_REG vectors per lane are loaded into registers instead (parts too big for smem)
 //   UNROLL      vectors per thread per batch (generic, staged, chunked and bulk variants)
-//   FAST_FRONT  (experimental, default 0; op.py does not set it yet) warp regime, exact, registers: a
+//   FAST_FRONT  (op.py: fast_front; default 0, not defined) warp regime, exact, registers: a
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
-//   W_EL        (experimental, default 0) exact register rows: weight / bias loads ask L1 to keep the
+//   W_EL        (op.py: w_el; default 0, not defined) exact register rows: weight / bias loads ask L1 to keep the
 //               line (ld.global.L1::evict_last, as Triton's weight loads)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
