@@ -99,6 +99,16 @@ step one-warp-fast-front 200 python3 benchmarks/short_row_overhead.py --report r
 for c in "bfloat16 256 --residual" "float16 512 --residual" "float32 512" "bfloat16 512 --residual"; do
   set -- $c; step ncu-$1-$2${3:+-res} 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis -k regex:'rmsnorm_fwd|triton_' --launch-count 8 python3 benchmarks/rmsnorm_profile.py $1 32768 $2 $3 --reps 2 --triton-ptx "$logs/triton-ptx-$1-$2${3:+-res}"
 done
+# run 19: the full matrix again with fast_front / w_el / min_blocks <= 32 in the search and polish (resumes when cut
+# short), the bf16 rows alone, then H_LATE (residual_out stored after the reduction) verified and timed at the
+# residual rows, mirrored (ops/rmsnorm/NOTES.md, run 19)
+step rmsnorm-remeasure-19 1800 $PB build rmsnorm@h200 --remeasure
+step rmsnorm-bf16-19 600 $PB -f benchmarks/rmsnorm_bf16.toml build rmsnorm@h200 --remeasure
+step rmsnorm-selftest-h-late 90 python3 ops/rmsnorm/selftest_gpu.py -k "'residual': True" -D H_LATE=1 -D FAST_FRONT=1
+K=winner,winner+H_LATE=1,winner,winner+H_LATE=1,winner
+mkdir -p reports/residual/pacing
+step h-late-float16 80 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --dtype float16 --residual --ns 512,1024 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/h-late-float16-residual.md
+step h-late-bfloat16 80 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --residual --ns 256,1024 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/h-late-bfloat16-residual.md
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)

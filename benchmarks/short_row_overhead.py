@@ -94,9 +94,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed-out", action="store_true",
                     help="with --rotate: rotate the inputs only; every call writes one output set (as a "
                          "torch baseline does: its caching allocator hands back the same block)")
+    ap.add_argument("--dtype", default="bfloat16", help="rows of this dtype (winner / torch_compile kinds)")
+    ap.add_argument("--residual", action="store_true", help="the fused-residual rows (winner / torch_compile kinds)")
     ap.add_argument("--ns", default=",".join(map(str, NS)))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     a = ap.parse_args(argv)
+    mode = {"residual": True} if a.residual else {}
     ns, ms = [int(v) for v in a.ns.split(",")], [int(v) for v in a.ms.split(",")]
 
     if "torch_compile" in a.kinds:
@@ -138,11 +141,11 @@ def main(argv=None) -> int:
             state["i"] += 1
         return call
     winners = {tuple(d["problem"]["shape"]): d["params"] for d in json.loads(a.report.read_text())["dispatch"]
-               if d["problem"]["dtype"] == "bfloat16" and not d["problem"].get("options") and d.get("params")}
+               if d["problem"]["dtype"] == a.dtype and (d["problem"].get("options") or {}) == mode and d.get("params")}
 
     def ours(n: int, opts: dict, extra: dict, defines: tuple = ()):
         params = op._full({**winners[(32768, n)], **extra})
-        problem = Problem.make("rmsnorm", "bfloat16", (32768, n), opts)
+        problem = Problem.make("rmsnorm", a.dtype, (32768, n), {**mode, **opts})
         if op.check(params, problem):
             return None
         b = compile_kernel(op.render(params, problem, arch).with_defines(*defines), arch)
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
             pm = problem.with_shape((m, n))
             geom, stream = op.launch(params, pm, sms), cp.cuda.get_current_stream()
             fns, out0 = [], op.make_outputs(pm, cp)
-            for k in range(sets_for(2 * m * n * 2)):
+            for k in range(sets_for(op.bytes_moved(pm))):
                 inputs, outputs = op.make_inputs(pm, k, cp), (out0 if a.fixed_out else op.make_outputs(pm, cp))
                 args = op.kernel_args(params, pm, inputs, outputs)
                 fns.append(lambda args=args: device.launch(kern, geom, args, stream))
@@ -160,11 +163,11 @@ def main(argv=None) -> int:
         return run_at
 
     def torch_at(n: int):
-        fn = op.baselines(Problem.make("rmsnorm", "bfloat16", (32768, n), {}))["torch_compile"]
+        fn = op.baselines(Problem.make("rmsnorm", a.dtype, (32768, n), mode))["torch_compile"]
 
         def run_at(m: int):
-            pm = Problem.make("rmsnorm", "bfloat16", (m, n), {})
-            sets = [op.make_inputs(pm, k, cp) for k in range(sets_for(2 * m * n * 2))]
+            pm = Problem.make("rmsnorm", a.dtype, (m, n), mode)
+            sets = [op.make_inputs(pm, k, cp) for k in range(sets_for(op.bytes_moved(pm)))]
             for s in sets:      # compiled and traced before timing, as the build primes each set
                 fn(s)
             return rotating([lambda s=s: fn(s) for s in sets])
@@ -176,6 +179,8 @@ def main(argv=None) -> int:
         import numpy as np
 
         from ptxbuild.compiler import ptx_to_cubin
+        if a.dtype != "bfloat16" or a.residual:
+            raise SystemExit("kind triton_ptx: its launcher knows bf16 rows without residual only")
         files = dict(v.split("=", 1) for v in a.triton_ptx)
         if str(n) not in files:
             return None
@@ -216,10 +221,12 @@ def main(argv=None) -> int:
             return rotating(fns)
         return run_at
 
-    lines = ["# Short bf16 rows: fixed cost or slower stream? (NVIDIA H200)", "",
+    what = f"{a.dtype}{' residual' if a.residual else ''}"
+    lines = [f"# Short {what} rows: fixed cost or slower stream? (NVIDIA H200)", "",
              f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}"
              f"{' --rotate' if a.rotate else ''}{' --fixed-out' if a.fixed_out else ''} --flush {a.flush} --kinds {a.kinds} --batch {a.batch}"
-             f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''}{' --gate' if a.gate else ''} --ns {a.ns} --ms {a.ms}`",
+             f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''}{' --gate' if a.gate else ''}"
+             f"{'' if a.dtype == 'bfloat16' else ' --dtype ' + a.dtype}{' --residual' if a.residual else ''} --ns {a.ns} --ms {a.ms}`",
              f"- each kernel at M = {', '.join(map(str, ms))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
              f"CUDA events; median of {a.reps}",
              f"- pacing: {'the flush waited for, then the call alone (cold)' if a.cold else 'synchronized after every call' if a.batch == 1 else f'{a.batch} calls enqueued, then a wait'}"

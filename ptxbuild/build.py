@@ -43,15 +43,11 @@ class Context:
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     force: bool = False
     command: str = ""
-    # time every candidate and baseline again in this run (compiles and verdicts still come from the
-    # cache), so that all of a report's numbers come from one run; keys timed in this run
+    # time every candidate and baseline again (compiles, verdicts cached): a report's numbers from one run
     remeasure: bool = False
-    # with remeasure: only problems whose label contains one of these (none: every problem); the
-    # others keep their cached timings, and each report row says when it was timed
-    remeasure_only: tuple = ()
-    timed: set = field(default_factory=set)
-    # resuming an interrupted --remeasure build: timings made since this time count as this run's
-    timed_since: float | None = None
+    remeasure_only: tuple = ()   # only problems whose label holds one of these; the others keep their timings
+    timed: set = field(default_factory=set)                  # keys timed in this run
+    timed_since: float | None = None   # resuming an interrupted --remeasure build: timings since then are this run's
     resume: bool = True        # False: a --remeasure build starts over even after an interrupted one
 
 
@@ -172,7 +168,7 @@ class _Evaluator:
     def __init__(self, ctx: Context, t: Target, op, problem: Problem, hardware: dict | None, pool):
         self.ctx, self.t, self.op, self.problem, self.hw, self.pool = ctx, t, op, problem, hardware, pool
         self.gpu = ctx.kf.gpus[t.gpu]
-        self.binaries: dict[str, Binary] = {}
+        self.binaries: dict[tuple, Binary] = {}   # per config: configs may share a cubin, not their PTX
         self.results: dict[tuple, dict] = {}
         self.timed_at: dict[tuple, float] = {}     # when each config's timing was taken (cached: then)
         self.incumbent: tuple[dict, Binary, float] | None = None
@@ -235,7 +231,7 @@ class _Evaluator:
             binary = with_resources(binary)   # rows cached before the cubin fallback may lack the figures
         except CompileError as exc:
             return self._record(cfg, Outcome.COMPILE_ERROR, str(exc), compile_s=compile_s)
-        self.binaries[binary.digest] = binary
+        self.binaries[tuple(sorted(cfg.items()))] = binary
         res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes,
                    compile_s=compile_s)
         if binary.spill_bytes > self.op.SPILL_BUDGET_BYTES:
@@ -437,7 +433,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                 continue
             cfg = winner[0]
             row = ev.results[tuple(sorted(cfg.items()))]
-            binary = ev.binaries[row["binary"]]
+            binary = ev.binaries[tuple(sorted(cfg.items()))]
             entry = {"problem": problem.key(), "label": problem.label(), "params": cfg, "binary": binary.digest,
                      "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
                      "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),

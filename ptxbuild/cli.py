@@ -262,8 +262,9 @@ def relock(kernelfile, targets):
     """Accept edits to an op's kernel sources that leave its locked kernels byte-identical (no GPU).
 
     Each target's locked configs are compiled from the current sources; the lock's op file digests
-    are updated only if every PTX, cubin and launch geometry matches. An edit to the op's Python,
-    or any other drift, is an error.
+    are updated only if every cubin and launch geometry matches (a PTX that alone differs is recorded
+    anew: the cubin is what was verified and timed). An edit to the op's Python, or any other drift,
+    is an error.
 
     Example: ptxbuild relock rmsnorm@h200
     """

@@ -195,8 +195,9 @@ _RELOCK = ("the op's sources changed since the lock was written: run `ptxbuild r
            "reproduces); otherwise " + _RELOCK_GPU)
 
 
-def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
-    """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts."""
+def _reproduce(ctx, t, entry: dict, op, new_ptx: dict | None = None) -> list[dict]:
+    """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts.
+    `new_ptx` (relock) collects cubin digest -> PTX sha256 of a config whose PTX alone differs, not refused."""
     gpu = ctx.kf.gpus[t.gpu]
     binaries: dict[str, Binary] = {}
     chosen = []
@@ -211,7 +212,9 @@ def _reproduce(ctx, t, entry: dict, op) -> list[dict]:
         b = ctx.compile_fn(kernel, gpu.arch)
         got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
         name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
-        if got_ptx != want["ptx_sha256"]:
+        if got_ptx != want["ptx_sha256"] and new_ptx is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
+            new_ptx[got_cubin] = got_ptx
+        elif got_ptx != want["ptx_sha256"]:
             raise LockError(f"{t}: variant {name}: PTX drift: expected sha256 {want['ptx_sha256']}, got {got_ptx}; "
                             f"artifacts not written")
         if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
@@ -255,12 +258,12 @@ _LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in datacla
 
 
 def relock(ctx, targets=None) -> list[tuple[str, str]]:
-    """Accept edits to an op's kernel sources that cannot change what a lock pins: for each target
-    whose only drift is in its kernel source files (same VERSION, declaration, GPU spec, toolchain,
-    and the same Python files: those compute arguments, launches, outputs and checks at run time),
-    every locked config is compiled from the current sources and must give the locked PTX and cubin
-    byte for byte, and the same launch geometry; then the entry's op file digests are updated. No
-    GPU is needed (the binaries and launches are the ones that were verified and timed). All
+    """Accept edits to an op's kernel sources that cannot change what a lock pins: for a target whose
+    only drift is in kernel source files (same VERSION, declaration, GPU spec, toolchain and Python
+    files: those decide arguments, launches, outputs and checks), every locked config must compile to
+    the locked cubin byte for byte with the same launch; then the op file digests are updated, and the
+    PTX digest of a config whose PTX alone differs (a build before the per-config fix could lock the PTX
+    of another config with the same cubin). No GPU: the cubins are the ones verified and timed. All
     targets are checked before the lock is written. Returns [(target, what changed)]."""
     lock = read_lock(ctx.kf)
     entries = dict(lock["targets"])
@@ -271,9 +274,6 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         _check_entry(ctx, t, entry, op, op_files=False)
         files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
         changed = sorted(n for n in set(files) | set(entry["op_files"]) if files.get(n) != entry["op_files"].get(n))
-        if not changed:
-            done.append((str(t), "unchanged"))
-            continue
         host = [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]
         if host:
             raise LockError(f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
@@ -287,10 +287,15 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
             if now != want:
                 raise LockError(f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
                                 f"{canonical_json(now)}; rebuild unlocked to relock")
-        _reproduce(ctx, t, entry, op)      # PTX and cubin of every locked config, byte for byte
-        entry = {**entry, "op_files": files}
-        entry["entry_sha256"] = entry_digest(entry)
-        entries[str(t)] = entry
-        done.append((str(t), f"{len(entry['variants'])} variant(s) reproduce after edits to {', '.join(changed)}"))
+        new_ptx: dict[str, str] = {}   # cubin byte for byte (what was verified and timed); a PTX beside it may change
+        _reproduce(ctx, t, entry, op, new_ptx)
+        if not changed and not new_ptx:
+            done.append((str(t), "unchanged"))
+            continue
+        variants = {k: {**v, "ptx_sha256": new_ptx.get(k, v["ptx_sha256"])} for k, v in entry["variants"].items()}
+        entry = {**entry, "op_files": files, "variants": variants}
+        entries[str(t)] = {**entry, "entry_sha256": entry_digest(entry)}
+        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [f"{len(new_ptx)} PTX recorded anew (same cubin)"] * bool(new_ptx)
+        done.append((str(t), f"{len(variants)} variant(s) reproduce after {'; '.join(what)}"))
     _write(lock_path(ctx.kf), entries)
     return done

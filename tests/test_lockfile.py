@@ -1,6 +1,7 @@
 """kernelfile.lock: written after a build, stable text, reproduced by --locked, drift and tampering refused."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -8,6 +9,7 @@ from click.testing import CliRunner
 
 from ptxbuild.build import build
 from ptxbuild.cli import main
+from ptxbuild.graph import Target
 from ptxbuild.kernelfile import load
 from ptxbuild.lockfile import LockError, build_locked, entry_digest, lock_path, read_lock, update_lock
 
@@ -283,6 +285,32 @@ def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_
     assert (proj / "kernelfile.lock").read_text() == text
 
 
+def test_relock_records_a_configs_own_ptx_when_its_cubin_reproduces(proj):
+    """A lock written before the per-config fix could pin the PTX of another config with the same
+    cubin: --locked refuses it; relock keeps the cubin (what was verified and timed) and records the
+    config's own PTX; a cubin that differs is still refused."""
+    from ptxbuild.lockfile import relock
+    _built(proj)
+    first = {}
+
+    def wrong_ptx(name, entry):
+        first[name] = next(iter(entry["variants"]))
+        entry["variants"][first[name]]["ptx_sha256"] = "0" * 64
+    _edit_lock(proj, wrong_ptx)
+    with pytest.raises(LockError, match="PTX drift"):
+        build_locked(make_ctx(proj))
+    done = dict(relock(make_ctx(proj)))
+    assert done == {t: f"{len(read_lock(load(proj / 'kernelfile.toml'))['targets'][t]['variants'])} variant(s) "
+                       f"reproduce after 1 PTX recorded anew (same cubin)" for t in ("scale@b200", "scale@h100")}
+    lock = read_lock(load(proj / "kernelfile.toml"))
+    assert all(len(lock["targets"][t]["variants"][v]["ptx_sha256"]) == 64 and
+               lock["targets"][t]["variants"][v]["ptx_sha256"] != "0" * 64 for t, v in first.items())
+    assert all(r.status == "built" for r in build_locked(make_ctx(proj)))
+    _edit_lock(proj, lambda n, e: [v.update(cubin_sha256="1" * 64) for v in e["variants"].values()])
+    with pytest.raises(LockError, match="cubin drift"):
+        relock(make_ctx(proj))
+
+
 def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
     _built(proj)
     cu = proj / "ops" / "scale" / "scale.cu"
@@ -318,3 +346,27 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(p
     assert json.loads((report / "report.json").read_text())["summary"]["measured"] is True
     assert json.loads((report / "compile-only/report.json").read_text())["summary"]["measured"] is False
     assert not (proj / "reports/scale@b200/compile-only").exists()
+
+
+class _SharedCubin(FakeCompiler):
+    """Every vec compiles to the same cubin (as min_blocks values that do not bind compile to the same
+    SASS), while each config's PTX differs."""
+
+    def __call__(self, kernel, arch):
+        b = super().__call__(kernel.__class__(re.sub(r"#define VEC \d+", "", kernel.source), kernel.entry), arch)
+        return b.__class__(**{**b.__dict__, "ptx": b.ptx + "\n// " + kernel.source.split("\n")[0]})
+
+
+def test_configs_sharing_a_cubin_lock_the_winners_own_ptx(proj):
+    from .fakes import FakeGpu, fake_match
+    kf = proj / "kernelfile.toml"   # the polish step compiles vec = 1, 2 after the winner (threads 256, vec 4)
+    kf.write_text(kf.read_text().replace('search = { budget = 6 }', 'search = { budget = 1, candidates = [{ threads = 256, vec = 4 }], polish = ["vec"] }'))
+    ctx = make_ctx(proj, _SharedCubin(), gpu=FakeGpu(), gpu_match=fake_match)
+    results = build(ctx, [Target("scale", "h100")])
+    update_lock(ctx.kf, results)
+    entry = read_lock(ctx.kf)["targets"]["scale@h100"]
+    assert len({d["binary"] for d in entry["dispatch"]}) == 2 and all(d["params"]["vec"] == 4 for d in entry["dispatch"])
+    shutil.rmtree(proj / "build")
+    assert [r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])] == ["built"]
+    ptxs = [p.read_text() for p in (proj / "build/scale@h100").glob("*.ptx")]
+    assert len(ptxs) == 2 and all(p.endswith("// #define VEC 4") for p in ptxs)

@@ -583,3 +583,12 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
     assert fast.spill_bytes == 0 and "mul.wide.u32" in fast.ptx
     wel = compiler.compile_kernel(op.render({**cfg, "w_el": True}, p, "sm_90a"), "sm_90a")
     assert "L1::evict_last" in wel.ptx and "L1::evict_last" not in base.ptx
+    # H_LATE (experimental, run 19d): residual_out stored after the reduction; the same stores, moved
+    pr = prob("float16", (32768, 512), residual=True)
+    rk = op.render(cfg, pr, "sm_90a")
+    early, late = (compiler.compile_kernel(rk.with_defines(f"H_LATE={v}"), "sm_90a") for v in (0, 1))
+    assert early.ptx == compiler.compile_kernel(rk, "sm_90a").ptx and late.ptx != early.ptx
+    stores = lambda b: b.ptx.count("st.global")   # noqa: E731
+    assert stores(late) == stores(early) == 2 * 2 * 2 and late.spill_bytes == 0
+    first_store, last_shfl = (lambda b: b.ptx.index("st.global"), lambda b: b.ptx.rindex("shfl.sync"))
+    assert first_store(early) < last_shfl(early) and first_store(late) > last_shfl(late)

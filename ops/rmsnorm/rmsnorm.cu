@@ -35,6 +35,9 @@
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
 //   W_EL        (op.py: w_el; default 0, not defined) exact register rows: weight / bias loads ask L1 to keep the
 //               line (ld.global.L1::evict_last, as Triton's weight loads)
+//   H_LATE      (experimental, default 0; op.py does not set it yet) exact register rows with a residual:
+//               residual_out is stored after the row's reduction, all of it before y (Triton's order),
+//               not as each h is formed
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -56,6 +59,9 @@ typedef long long i64;
 #endif
 #ifndef W_EL
 #define W_EL 0
+#endif
+#ifndef H_LATE
+#define H_LATE 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -466,9 +472,11 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     for (int i = 0; i < VPT; ++i) {
 #if HAS_RES
       ss[k] += combine(xw[k][i], rw[k][i], hw[k][i]);
+#if !H_LATE
       const int v = i * G + t;
       if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
         vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+#endif
 #else
       ss[k] += combine(xw[k][i], nullptr, hw[k][i]);
 #endif
@@ -477,6 +485,16 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
   float rs[RPG];
 #pragma unroll
   for (int k = 0; k < RPG; ++k) rs[k] = rstd_of(row_sum(ss[k], it), (float)NC, eps);
+#if HAS_RES && H_LATE
+#pragma unroll
+  for (int k = 0; k < RPG; ++k)        // every residual_out store after the reduction, before y's (as Triton)
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * G + t;
+      if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
+        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+    }
+#endif
 #if HAS_RSTD
 #pragma unroll
   for (int k = 0; k < RPG; ++k)
