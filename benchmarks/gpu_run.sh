@@ -109,6 +109,11 @@ K=winner,winner+H_LATE=1,winner,winner+H_LATE=1,winner
 mkdir -p reports/residual/pacing
 step h-late-float16 80 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --dtype float16 --residual --ns 512,1024 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/h-late-float16-residual.md
 step h-late-bfloat16 80 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --residual --ns 256,1024 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/h-late-bfloat16-residual.md
+# run 19e: RSQ_FTZ (Triton's rsqrt.approx.ftz) beside the winner and torch.compile, mirrored
+step rmsnorm-selftest-rsq-ftz 300 python3 ops/rmsnorm/selftest_gpu.py -k "warp " -D RSQ_FTZ=1 -D FAST_FRONT=1
+K=winner,winner+RSQ_FTZ=1,torch_compile,winner+RSQ_FTZ=1,winner
+step rsq-ftz-float16 65 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --dtype float16 --residual --ns 512 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/rsq-ftz-float16-residual.md
+step rsq-ftz-bfloat16 65 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 512 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/bf16/pacing/rsq-ftz.md
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)

@@ -573,8 +573,10 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
     assert "FAST_FRONT 1" not in k.source and "W_EL 1" not in k.source
     assert k.source == op.render({n: v for n, v in cfg.items() if n not in ("fast_front", "w_el")}, p, "sm_90a").source
     base = compiler.compile_kernel(k, "sm_90a")
-    off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "W_EL=0"), "sm_90a")
+    off = compiler.compile_kernel(k.with_defines("FAST_FRONT=0", "W_EL=0", "H_LATE=0", "RSQ_FTZ=0"), "sm_90a")
     assert off.ptx == base.ptx
+    ftz = compiler.compile_kernel(k.with_defines("RSQ_FTZ=1"), "sm_90a")     # experimental, run 19e
+    assert "rsqrt.approx.ftz.f32" in ftz.ptx and "rsqrt.approx.ftz" not in base.ptx
     fk = op.render({**cfg, "fast_front": True}, p, "sm_90a")
     assert fk.source.replace("#define FAST_FRONT 1\n", "", 1) == k.source
     fast = compiler.compile_kernel(fk, "sm_90a")

@@ -38,6 +38,7 @@
 //   H_LATE      (experimental, default 0; op.py does not set it yet) exact register rows with a residual:
 //               residual_out is stored after the row's reduction, all of it before y (Triton's order),
 //               not as each h is formed
+//   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -62,6 +63,9 @@ typedef long long i64;
 #endif
 #ifndef H_LATE
 #define H_LATE 0
+#endif
+#ifndef RSQ_FTZ
+#define RSQ_FTZ 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -290,7 +294,11 @@ __device__ __forceinline__ void normalize(const u32* hw, const u32* ww, const u3
 __device__ __forceinline__ float rstd_of(float ss, float n, float eps) {
 #if APPROX
   float v = ss * (1.0f / n) + eps, r;
+#if RSQ_FTZ
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));   // v >= eps > 0: never subnormal in practice
+#else
   asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+#endif
   return r;
 #else
   float v = __fadd_rn(__fdiv_rn(ss, n), eps);
