@@ -399,8 +399,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             default = op.default_params(problem)
             # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
             seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
-            mine = declared_candidates(spec, op, problem, default,
-                                       note=lambda m: ctx.report("note", message=m))
+            mine = declared_candidates(spec, op, problem, default, note=lambda m: ctx.report("note", message=m))
             seeds = mine + seeds
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
@@ -440,8 +439,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                      "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
                      "source": "measured" if hw else ("declared" if cfg in mine else
                                                       "lesson" if cfg in [u["params"] for u in used] else "default"),
-                     "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
-                     "_binary": binary}
+                     "lesson": None if hw else next((u for u in used if u["params"] == cfg), None), "_binary": binary}
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(tuple(sorted(cfg.items())))

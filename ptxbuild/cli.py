@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from .cache import Cache
+
 EXIT_BUILD_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_TOOL = 3
@@ -51,7 +53,6 @@ def _targets(kf, names):
 
 def _context(kf, jobs: int | None, use_gpu: bool, progress):
     from .build import Context
-    from .cache import Cache
     from .compiler import ToolchainMissing, toolchain
     try:
         tc = toolchain()
@@ -262,9 +263,10 @@ def relock(kernelfile, targets):
     """Accept edits to an op's kernel sources that leave its locked kernels byte-identical (no GPU).
 
     Each target's locked configs are compiled from the current sources; the lock's op file digests
-    are updated only if every cubin and launch geometry matches (a PTX that alone differs is recorded
-    anew: the cubin is what was verified and timed). An edit to the op's Python, or any other drift,
-    is an error.
+    are updated only if every PTX, cubin and launch geometry matches. With no source edit since the
+    lock, a PTX that alone differs is recorded anew (locks written before per-config binaries could
+    hold another config's PTX of the same cubin). An edit to the op's Python, or any other drift, is
+    an error.
 
     Example: ptxbuild relock rmsnorm@h200
     """
@@ -294,7 +296,6 @@ def report(kernelfile, targets):
 
     Example: ptxbuild report rmsnorm@h200
     """
-    from .cache import Cache
     from .graph import all_targets
     from .report import HEAD, collect, table_rows, write_report
     kf = _kernelfile(kernelfile)
@@ -362,7 +363,6 @@ def cache_show(kernelfile):
 
     Example: ptxbuild cache show
     """
-    from .cache import Cache
     kf = _kernelfile(kernelfile)
     counts = Cache(kf.cache_path).counts()
     click.echo(f"{kf.cache_path}: {_mib(kf.cache_path)}")
@@ -380,7 +380,6 @@ def cache_prune(kernelfile, days):
 
     Example: ptxbuild cache prune --older-than 0
     """
-    from .cache import Cache
     kf = _kernelfile(kernelfile)
     cache = Cache(kf.cache_path)                 # (creates an empty one if there is none yet)
     before = _mib(kf.cache_path)
@@ -406,7 +405,6 @@ def lessons_show(kernelfile, op, gpu, show_all):
 
     Example: ptxbuild lessons show rmsnorm --gpu h100
     """
-    from .cache import Cache
     from .lessons import listing
     kf = _kernelfile(kernelfile)
     rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
@@ -432,7 +430,6 @@ def lessons_export(kernelfile, out, op, gpu, retired):
 
     Example: ptxbuild lessons export cache/lessons.jsonl --op rmsnorm
     """
-    from .cache import Cache
     from .lessons_io import export_lessons
     kf = _kernelfile(kernelfile)
     _gpu(kf, gpu)
@@ -455,7 +452,6 @@ def lessons_import(kernelfile, file):
 
     Example: ptxbuild lessons import cache/lessons.jsonl
     """
-    from .cache import Cache
     from .lessons_io import LessonsFileError, import_lessons
     kf = _kernelfile(kernelfile)
     try:
@@ -476,7 +472,6 @@ def record(kernelfile, out, op, gpu):
 
     Example: ptxbuild record recordings/rmsnorm-h200.jsonl --op rmsnorm
     """
-    from .cache import Cache
     from .replay import export_recording
     kf = _kernelfile(kernelfile)
     from .build import problems_of

@@ -71,13 +71,9 @@ def _check(result, what: str, log: str = "") -> None:
         raise CompileError(f"{what} failed ({code}){': ' + log if log else ''}")
 
 
-_RES = {
-    "registers": re.compile(r"Used (\d+) registers"),
-    "spill_store": re.compile(r"(\d+) bytes spill stores"),
-    "spill_load": re.compile(r"(\d+) bytes spill loads"),
-    "stack": re.compile(r"(\d+) bytes stack frame"),
-    "smem": re.compile(r"(\d+) bytes smem"),
-}
+_RES = {"registers": re.compile(r"Used (\d+) registers"), "spill_store": re.compile(r"(\d+) bytes spill stores"),
+        "spill_load": re.compile(r"(\d+) bytes spill loads"), "stack": re.compile(r"(\d+) bytes stack frame"),
+        "smem": re.compile(r"(\d+) bytes smem")}
 
 
 def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:

@@ -267,7 +267,7 @@ def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
     return out
 
 
-def _weaken(cache, op: str, attempts: list[dict], fresh: set[str]) -> list[dict]:
+def _weaken(cache, op: str, attempts: list[dict], fresh: set[str], canon: dict) -> list[dict]:
     """Lessons contradicted by this run: a failure rule a config passed, a 'best' beaten by more than 2%."""
     changed = []
     oks = [a for a in attempts if a["outcome"] == "ok"]
@@ -281,7 +281,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: set[str]) -> list[dict]
         elif r["kind"] == "best":
             same = [a for a in oks if a["gpu"] == scope.get("gpu") and a.get("p50_ms") and
                     _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope]
-            mine = [a["p50_ms"] for a in same if json.loads(a["params"]) == rule["params"]]
+            mine = [a["p50_ms"] for a in same if json.loads(a["params"]) == {**canon, **rule["params"]}]
             top = min((a["p50_ms"] for a in same), default=None)
             against = [a["id"] for a in same if mine and a["p50_ms"] * NEAR_BEST < min(mine)]
             if top is None or not mine or min(mine) <= top * NEAR_BEST:
@@ -303,12 +303,13 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: set[str]) -> list[dict]
 def derive(cache, op, target, run: str) -> list[dict]:
     """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same
     architecture); lessons this run contradicts are weakened or retired."""
-    name = op.NAME
-    mine = list(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
+    name, canon = op.NAME, {n: v[0] for n, v in op.SPACE.items()}   # params stored before one existed: its first value
+    full = lambda rows: [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
+    mine = full(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
     if not mine:
         return []
     arch = mine[0]["arch"]
-    same_arch = list(cache.db.query("select * from attempts where op = ? and arch = ?", [name, arch]))
+    same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, arch]))
     rows = best_rows(name, mine, f"run {run}") + fail_rows(name, same_arch, f"run {run}") + \
         sensitivity_rows(name, mine, f"run {run}")
     produced = []
@@ -317,7 +318,7 @@ def derive(cache, op, target, run: str) -> list[dict]:
             cache.db["lessons"].upsert(row, pk="id")
             produced.append({"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]),
                              **json.loads(row["rule"]), "confidence": row["confidence"]})
-        weakened = _weaken(cache, name, mine, {r["id"] for r in rows})
+        weakened = _weaken(cache, name, mine, {r["id"] for r in rows}, canon)
     return produced + [{**w, "weakened": True} for w in weakened]
 
 
@@ -357,6 +358,5 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
             src = f"import {s['imported_from']} ({s['provenance']['source']})"
         out.append({"id": r["id"], "op": r["op"], "kind": r["kind"], "scope": where_ + (f" {{{opts}}}" if opts else ""),
                     "rule": what, "confidence": f"{r['confidence']:.2f}" + (" retired" if r["retired"] else ""),
-                    "evidence": str(sum(1 for e in ev if not (isinstance(e, dict) and "against" in e))),
-                    "source": src})
+                    "evidence": str(sum(1 for e in ev if not (isinstance(e, dict) and "against" in e))), "source": src})
     return out

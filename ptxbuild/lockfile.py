@@ -13,6 +13,7 @@ that build is written.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -100,8 +101,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
                             "spill_bytes": v.get("spill_bytes"), "compiler": v.get("compiler", "")}
     entry = {"target": str(target), "op": m["op"], "op_version": m["op_version"], "template": spec.template,
              "kernelfile_digest": m["kernelfile_digest"], "declaration_sha256": declaration_digest(spec),
-             "arch": m["arch"], "gpu": m["gpu"],
-             "toolchain": m["toolchain"], "wheels": wheel_versions(),
+             "arch": m["arch"], "gpu": m["gpu"], "toolchain": m["toolchain"], "wheels": wheel_versions(),
              "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
              "measured_on_hardware": m["measured_on_hardware"], "hardware": m.get("hardware"),
              "variants": variants, "dispatch": m["dispatch"]}
@@ -172,9 +172,7 @@ def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
                             f"installed {now_tc.get(name)}")
     now = wheel_versions()
     for name, want in sorted(entry.get("wheels", {}).items()):
-        if name not in COMPILER_WHEELS:
-            continue
-        if now.get(name) != want:
+        if name in COMPILER_WHEELS and now.get(name) != want:
             raise LockError(f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
                             f"run: pip install '{name}=={want}'")
     files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
@@ -195,13 +193,13 @@ _RELOCK = ("the op's sources changed since the lock was written: run `ptxbuild r
            "reproduces); otherwise " + _RELOCK_GPU)
 
 
-def _reproduce(ctx, t, entry: dict, op, new_ptx: dict | None = None) -> list[dict]:
+def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict]:
     """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts.
-    `new_ptx` (relock) collects cubin digest -> PTX sha256 of a config whose PTX alone differs, not refused."""
+    `ptx_of` (relock, no GPU): dispatch index -> each config's PTX sha256; a PTX that alone differs is not refused."""
     gpu = ctx.kf.gpus[t.gpu]
     binaries: dict[str, Binary] = {}
     chosen = []
-    for d in entry["dispatch"]:
+    for i, d in enumerate(entry["dispatch"]):
         p = d["problem"]
         problem = Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
         want = entry["variants"].get(d["binary"])
@@ -212,10 +210,11 @@ def _reproduce(ctx, t, entry: dict, op, new_ptx: dict | None = None) -> list[dic
         b = ctx.compile_fn(kernel, gpu.arch)
         got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
         name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
-        if got_ptx != want["ptx_sha256"] and new_ptx is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
-            new_ptx[got_cubin] = got_ptx
-        elif got_ptx != want["ptx_sha256"]:
-            raise LockError(f"{t}: variant {name}: PTX drift: expected sha256 {want['ptx_sha256']}, got {got_ptx}; "
+        want_ptx = d.get("ptx_sha256", want["ptx_sha256"])   # its own, where another config has this cubin
+        if ptx_of is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
+            ptx_of[i] = got_ptx
+        elif got_ptx != want_ptx:
+            raise LockError(f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
                             f"artifacts not written")
         if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
             raise LockError(f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
@@ -223,7 +222,7 @@ def _reproduce(ctx, t, entry: dict, op, new_ptx: dict | None = None) -> list[dic
         b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
         binaries[b.digest] = b
         chosen.append({**d, "_binary": b, "_problem": problem})
-    if hardware_for(ctx, gpu) is not None:
+    if ptx_of is None and hardware_for(ctx, gpu) is not None:
         for c in chosen:
             v = ctx.gpu.verify(str(op.FOLDER), c["params"], c["_problem"], c["_binary"])
             if v.outcome.value != "ok":
@@ -261,10 +260,10 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
     """Accept edits to an op's kernel sources that cannot change what a lock pins: for a target whose
     only drift is in kernel source files (same VERSION, declaration, GPU spec, toolchain and Python
     files: those decide arguments, launches, outputs and checks), every locked config must compile to
-    the locked cubin byte for byte with the same launch; then the op file digests are updated, and the
-    PTX digest of a config whose PTX alone differs (a build before the per-config fix could lock the PTX
-    of another config with the same cubin). No GPU: the cubins are the ones verified and timed. All
-    targets are checked before the lock is written. Returns [(target, what changed)]."""
+    the locked PTX and cubin byte for byte with the same launch; then the op file digests are updated.
+    With no source edit since the lock, a config whose cubin reproduces but whose PTX differs has its
+    PTX digest recorded anew (a build before per-config binaries could lock another config's PTX of the
+    same cubin). No GPU. All targets are checked before the lock is written. Returns [(target, what changed)]."""
     lock = read_lock(ctx.kf)
     entries = dict(lock["targets"])
     done = []
@@ -287,15 +286,25 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
             if now != want:
                 raise LockError(f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
                                 f"{canonical_json(now)}; rebuild unlocked to relock")
-        new_ptx: dict[str, str] = {}   # cubin byte for byte (what was verified and timed); a PTX beside it may change
-        _reproduce(ctx, t, entry, op, new_ptx)
-        if not changed and not new_ptx:
+        # no source edit since the lock: a PTX that alone differs was mis-recorded (cubins are what was verified)
+        ptx_of: dict[int, str] = {}
+        _reproduce(ctx, t, entry, op, None if changed else ptx_of)
+        variants, dispatch, seen = copy.deepcopy(entry["variants"]), copy.deepcopy(entry["dispatch"]), set()
+        for i, d in enumerate(dispatch if ptx_of else ()):   # a cubin's first config sets the variant's PTX
+            v, _ = variants[d["binary"]], d.pop("ptx_sha256", None)
+            if d["binary"] not in seen:
+                v["ptx_sha256"] = ptx_of[i]
+            elif ptx_of[i] != v["ptx_sha256"]:
+                d["ptx_sha256"] = ptx_of[i]
+            seen.add(d["binary"])
+        fixed = sum(d.get("ptx_sha256", variants[d["binary"]]["ptx_sha256"]) !=
+                    o.get("ptx_sha256", entry["variants"][o["binary"]]["ptx_sha256"]) for d, o in zip(dispatch, entry["dispatch"]))
+        if not changed and not fixed:
             done.append((str(t), "unchanged"))
             continue
-        variants = {k: {**v, "ptx_sha256": new_ptx.get(k, v["ptx_sha256"])} for k, v in entry["variants"].items()}
-        entry = {**entry, "op_files": files, "variants": variants}
+        entry = {**entry, "op_files": files, "variants": variants, "dispatch": dispatch}
         entries[str(t)] = {**entry, "entry_sha256": entry_digest(entry)}
-        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [f"{len(new_ptx)} PTX recorded anew (same cubin)"] * bool(new_ptx)
+        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [f"{fixed} PTX recorded anew (same cubin)"] * bool(fixed)
         done.append((str(t), f"{len(variants)} variant(s) reproduce after {'; '.join(what)}"))
     _write(lock_path(ctx.kf), entries)
     return done

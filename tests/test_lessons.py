@@ -107,6 +107,21 @@ def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path):
     assert new["rule"]["params"] == {"threads": 256, "vec": 4}
 
 
+def test_a_best_lesson_stored_before_a_parameter_existed_is_retired_when_beaten(tmp_path):
+    cache = Cache(tmp_path / "c.sqlite")
+    prob = Problem.make("scale", "float32", (64, 1024))
+    old = lessons._row("scale", "best", lessons._scope("h100", "sm_90a", prob.key()),
+                       {"params": {"threads": 64}, "p50_ms": 0.02}, [1], 1.0, "test")   # no `vec` yet
+    cache.db["lessons"].insert(old)
+    _attempt(cache, "r2", {"threads": 64, "vec": 1}, "ok", 0.02)    # the same config, written in full
+    _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.01)
+    lessons.derive(cache, OP, "scale@h100", "r2")
+    rows = {r["id"]: r for r in _lessons(cache, "best")}
+    assert rows[old["id"]]["retired"] == 1
+    (new,) = [r for r in rows.values() if not r["retired"]]
+    assert new["rule"]["params"] == {"threads": 256, "vec": 4}
+
+
 def test_seeds_come_from_the_same_gpu_then_the_same_arch_then_the_family_then_others(tmp_path):
     cache = Cache(tmp_path / "c.sqlite")
     prob = Problem.make("scale", "float32", (64, 1024))
