@@ -2,6 +2,8 @@
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from ptxbuild import lessons
 from ptxbuild.build import build
 from ptxbuild.cache import Cache
@@ -93,27 +95,21 @@ def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
     assert lessons.prune_reason(rules, {"threads": 256, "vec": 2}) is None
 
 
-def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path):
+@pytest.mark.parametrize("stored", ["in full", "before vec existed"])
+def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path, stored):
+    """A lesson stored before a parameter existed means the parameter's first value (vec = 1)."""
     cache = Cache(tmp_path / "c.sqlite")
-    _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.02)
-    lessons.derive(cache, OP, "scale@h100", "r1")
-    (old,) = _lessons(cache, "best")
-    _attempt(cache, "r2", {"threads": 64, "vec": 4}, "ok", 0.02)
-    _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.01)
-    lessons.derive(cache, OP, "scale@h100", "r2")
-    rows = {r["id"]: r for r in _lessons(cache, "best")}
-    assert rows[old["id"]]["retired"] == 1
-    (new,) = [r for r in rows.values() if not r["retired"]]
-    assert new["rule"]["params"] == {"threads": 256, "vec": 4}
-
-
-def test_a_best_lesson_stored_before_a_parameter_existed_is_retired_when_beaten(tmp_path):
-    cache = Cache(tmp_path / "c.sqlite")
-    prob = Problem.make("scale", "float32", (64, 1024))
-    old = lessons._row("scale", "best", lessons._scope("h100", "sm_90a", prob.key()),
-                       {"params": {"threads": 64}, "p50_ms": 0.02}, [1], 1.0, "test")   # no `vec` yet
-    cache.db["lessons"].insert(old)
-    _attempt(cache, "r2", {"threads": 64, "vec": 1}, "ok", 0.02)    # the same config, written in full
+    if stored == "in full":
+        _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.02)
+        lessons.derive(cache, OP, "scale@h100", "r1")
+        (old,) = _lessons(cache, "best")
+        again = {"threads": 64, "vec": 4}
+    else:
+        scope = lessons._scope("h100", "sm_90a", Problem.make("scale", "float32", (64, 1024)).key())
+        old = lessons._row("scale", "best", scope, {"params": {"threads": 64}, "p50_ms": 0.02}, [1], 1.0, "test")
+        cache.db["lessons"].insert(old)
+        again = {"threads": 64, "vec": 1}
+    _attempt(cache, "r2", again, "ok", 0.02)
     _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.01)
     lessons.derive(cache, OP, "scale@h100", "r2")
     rows = {r["id"]: r for r in _lessons(cache, "best")}
