@@ -430,9 +430,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                 ctx.report("problem_fail", target=t, problem=problem)
                 chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
                 continue
-            cfg = winner[0]
-            row = ev.results[tuple(sorted(cfg.items()))]
-            binary = ev.binaries[tuple(sorted(cfg.items()))]
+            cfg, ck = winner[0], tuple(sorted(winner[0].items()))     # ck: the config's key in ev's tables
+            row, binary = ev.results[ck], ev.binaries[ck]
             entry = {"problem": problem.key(), "label": problem.label(), "params": cfg, "binary": binary.digest,
                      "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
                      "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
@@ -442,7 +441,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                      "lesson": None if hw else next((u for u in used if u["params"] == cfg), None), "_binary": binary}
             t_base = time.perf_counter()
             if hw:
-                entry["timed_at"] = ev.timed_at.get(tuple(sorted(cfg.items())))
+                entry["timed_at"] = ev.timed_at.get(ck)
                 entry["baselines"] = _baselines(ctx, op, problem, hw)
             chosen.append(entry)
             ctx.report("problem_done", target=t, problem=problem, entry=entry,
