@@ -3,8 +3,9 @@
 The lock sits beside kernelfile.toml as JSON with sorted keys (one stable text form). Per target it
 records the kernelfile digest, the op's files, the toolchain (versions and wheel versions), the GPU
 spec, the hardware fingerprint the numbers were measured on (or null), every chosen variant with its
-PTX and cubin sha256, and the dispatch table with the measured numbers. Each target entry carries the
-sha256 of its own canonical form, so a hand edit is reported rather than used.
+PTX and cubin sha256, and the dispatch table with the measured numbers (an entry whose config shares
+its variant's cubin, not its PTX, has its own ptx_sha256). Each target entry carries the sha256 of its
+own canonical form, so a hand edit is reported rather than used.
 
 A locked build renders exactly the locked configs, compiles them, and compares both digests with the
 lock; any drift (kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of
