@@ -25,17 +25,24 @@ def target_dir(kf, target) -> Path:
     return kf.build_dir / str(target)
 
 
+def pin_ptx(dispatch: list[dict], shas: list, variants: dict) -> None:
+    """PTX digests: a cubin's first config gives its variant's; a later one with another PTX keeps its own."""
+    first: dict[str, str] = {}
+    for d, sha in ((d, sha) for d, sha in zip(dispatch, shas) if sha is not None):
+        d.pop("ptx_sha256", None)
+        variants[d["binary"]]["ptx_sha256"] = first.setdefault(d["binary"], sha)
+        if sha != first[d["binary"]]:    # same cubin, other PTX (e.g. a min_blocks that does not bind)
+            d["ptx_sha256"] = sha
+
+
 def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> Path:
     """Write variants and manifest.json; the manifest is written last, so a kill leaves the old one."""
     out = target_dir(kf, target)
     out.mkdir(parents=True, exist_ok=True)
-    variants, dispatch = {}, []
+    variants, shas = {}, []
     for c in chosen:
         b = c.get("_binary")
-        dispatch.append({k: v for k, v in c.items() if k != "_binary"})
-        sha = b and hashlib.sha256(b.ptx.encode()).hexdigest()
-        if b is not None and b.digest in variants and variants[b.digest]["ptx_sha256"] != sha:
-            dispatch[-1]["ptx_sha256"] = sha   # another problem's config with this cubin: its own PTX's digest
+        shas.append(b and hashlib.sha256(b.ptx.encode()).hexdigest())
         if b is None or b.digest in variants:
             continue
         stem = f"{b.entry}-{b.digest[:12]}"
@@ -43,7 +50,9 @@ def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> P
         _atomic_write(out / f"{stem}.cubin", b.cubin)
         variants[b.digest] = {"entry": b.entry, "ptx": f"{stem}.ptx", "cubin": f"{stem}.cubin", "arch": b.arch,
                               "ptx_isa": ptx_isa(b.ptx), "registers": b.registers, "spill_bytes": b.spill_bytes,
-                              "compiler": b.compiler, "ptx_sha256": sha}
+                              "compiler": b.compiler}
+    dispatch = [{k: v for k, v in c.items() if k != "_binary"} for c in chosen]
+    pin_ptx(dispatch, shas, variants)
     manifest = {"target": str(target), "op": op.NAME, "op_version": op.VERSION, "template": str(op.FOLDER.name),
                 "gpu": gpu.as_dict(), "arch": gpu.arch, "measured_on_hardware": summary["measured"],
                 "kernelfile_digest": kf.digest, "toolchain": summary["toolchain"], "variants": variants,

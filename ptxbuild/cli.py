@@ -263,10 +263,8 @@ def relock(kernelfile, targets):
     """Accept edits to an op's kernel sources that leave its locked kernels byte-identical (no GPU).
 
     Each target's locked configs are compiled from the current sources; the lock's op file digests
-    are updated only if every PTX, cubin and launch geometry matches. With no source edit since the
-    lock, a PTX that alone differs is recorded anew (locks written before per-config binaries could
-    hold another config's PTX of the same cubin). An edit to the op's Python, or any other drift, is
-    an error.
+    are updated only if every PTX, cubin and launch geometry matches (with no source edit since the lock,
+    a PTX that alone differs is recorded anew). An edit to the op's Python, or any other drift, is an error.
 
     Example: ptxbuild relock rmsnorm@h200
     """

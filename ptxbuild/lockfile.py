@@ -21,7 +21,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from .artifacts import target_dir, write_artifacts
+from .artifacts import pin_ptx, target_dir, write_artifacts
 from .build import TargetResult, hardware_for
 from .graph import build_order
 from .oploader import load_op, source_files
@@ -258,13 +258,11 @@ _LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in datacla
 
 
 def relock(ctx, targets=None) -> list[tuple[str, str]]:
-    """Accept edits to an op's kernel sources that cannot change what a lock pins: for a target whose
-    only drift is in kernel source files (same VERSION, declaration, GPU spec, toolchain and Python
-    files: those decide arguments, launches, outputs and checks), every locked config must compile to
-    the locked PTX and cubin byte for byte with the same launch; then the op file digests are updated.
-    With no source edit since the lock, a config whose cubin reproduces but whose PTX differs has its
-    PTX digest recorded anew (a build before per-config binaries could lock another config's PTX of the
-    same cubin). No GPU. All targets are checked before the lock is written. Returns [(target, what changed)]."""
+    """Accept edits to an op's kernel sources that cannot change what a lock pins: for a target whose only
+    drift is in kernel source files (same VERSION, declaration, GPU spec, toolchain, Python files), every
+    locked config must compile to the locked PTX and cubin byte for byte with the same launch; then the op
+    file digests are updated. With no source edit since the lock, a PTX that alone differs is recorded
+    anew (see pin_ptx). No GPU. All targets are checked before the lock is written. Returns [(target, what)]."""
     lock = read_lock(ctx.kf)
     entries = dict(lock["targets"])
     done = []
@@ -290,14 +288,9 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         # no source edit since the lock: a PTX that alone differs was mis-recorded (cubins are what was verified)
         ptx_of: dict[int, str] = {}
         _reproduce(ctx, t, entry, op, None if changed else ptx_of)
-        variants, dispatch, seen = copy.deepcopy(entry["variants"]), copy.deepcopy(entry["dispatch"]), set()
-        for i, d in enumerate(dispatch if ptx_of else ()):   # a cubin's first config sets the variant's PTX
-            v, _ = variants[d["binary"]], d.pop("ptx_sha256", None)
-            if d["binary"] not in seen:
-                v["ptx_sha256"] = ptx_of[i]
-            elif ptx_of[i] != v["ptx_sha256"]:
-                d["ptx_sha256"] = ptx_of[i]
-            seen.add(d["binary"])
+        variants, dispatch = copy.deepcopy(entry["variants"]), copy.deepcopy(entry["dispatch"])
+        if ptx_of:
+            pin_ptx(dispatch, [ptx_of[i] for i in range(len(dispatch))], variants)
         fixed = sum(d.get("ptx_sha256", variants[d["binary"]]["ptx_sha256"]) !=
                     o.get("ptx_sha256", entry["variants"][o["binary"]]["ptx_sha256"]) for d, o in zip(dispatch, entry["dispatch"]))
         if not changed and not fixed:
