@@ -442,7 +442,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(ck)
-                entry["baselines"] = _baselines(ctx, op, problem, hw)
+                entry["baselines"] = _baselines(ctx, op, problem, hw, (cfg, binary))
             chosen.append(entry)
             ctx.report("problem_done", target=t, problem=problem, entry=entry,
                        baseline_s=time.perf_counter() - t_base if hw else None)
@@ -520,10 +520,11 @@ def resume_point(ctx: Context, t: Target) -> float | None:
     return summary.get("timed_since") if summary.get("remeasured") else None
 
 
-def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
-    """Reference implementations timed on this GPU; cached like a measurement (same GPU, problem, protocol)."""
+def _baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict, Binary]) -> dict:
+    """Reference implementations timed on this GPU, each in one window with the winner (its p50 there:
+    winner_p50_ms); cached like a measurement (same GPU, problem, protocol, winner)."""
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
-                 keys.PROTOCOL_VERSION)
+                 keys.PROTOCOL_VERSION, "beside", winner[0], winner[1].digest)
     row = ctx.cache.get("measurements", key)
     if _must_time(ctx, key, row, problem):
         row = None
@@ -535,9 +536,9 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict) -> dict:
             return {n: {**v, "timed_at": row.get("created")} for n, v in cached.items()}
     ctx.report("baselines_start", problem=problem)   # third-party code may compile or autotune for minutes
     out = {}
-    for name, r in ctx.gpu.baselines(str(op.FOLDER), problem).items():
+    for name, r in ctx.gpu.baselines(str(op.FOLDER), problem, winner=winner, budget_ms=200.0).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
-                     "samples": r.samples, "detail": r.detail}
+                     "samples": r.samples, "detail": r.detail, "winner_p50_ms": r.incumbent_p50_ms}
     if any(v["outcome"] in RETRY_BASELINE for v in out.values()):
         return out      # the harness failed (out of memory, a crash, a hang): measure again next build
     created = ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),

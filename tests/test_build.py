@@ -172,7 +172,7 @@ def test_baselines_are_cached_per_gpu_and_problem(proj):
     gpu = FakeGpu()
     calls = []
     orig = gpu.baselines
-    gpu.baselines = lambda *a: calls.append(a) or orig(*a)
+    gpu.baselines = lambda *a, **k: calls.append(a) or orig(*a, **k)
     build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
     assert len(calls) == 4
     build(make_ctx(proj, gpu=gpu, gpu_match=fake_match, force=True), [Target("scale", "h100")])
@@ -278,11 +278,11 @@ def test_a_baseline_the_harness_failed_is_measured_again_next_build(proj):
     class OomOnce(FakeGpu):
         calls = 0
 
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             OomOnce.calls += 1
             if OomOnce.calls <= 4:     # the first build: every problem's baseline call fails
                 return {"*": _M(Outcome.LAUNCH_ERROR, float("nan"), float("nan"), float("nan"))}
-            return super().baselines(op_folder, problem)
+            return super().baselines(op_folder, problem, **kw)
 
     build(make_ctx(proj, gpu=OomOnce(), gpu_match=fake_match), [Target("scale", "h100")])
     first = OomOnce.calls
@@ -307,9 +307,9 @@ def test_a_failed_baseline_cached_by_an_older_ptxbuild_is_measured_again(proj):
     calls = []
 
     class Counting(FakeGpu):
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             calls.append(problem)
-            return super().baselines(op_folder, problem)
+            return super().baselines(op_folder, problem, **kw)
 
     build(make_ctx(proj, gpu=Counting(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
     assert len(calls) == len(rows)
@@ -329,9 +329,9 @@ def test_remeasure_times_every_candidate_and_baseline_again_once(proj):
     calls = []
 
     class Counting(FakeGpu):
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             calls.append(problem)
-            return super().baselines(op_folder, problem)
+            return super().baselines(op_folder, problem, **kw)
 
     fresh = Counting()
     comp = FakeCompiler()
@@ -381,9 +381,9 @@ def test_remeasure_only_times_again_just_the_matching_problems(proj):
     calls = []
 
     class Counting(FakeGpu):
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             calls.append(problem.label())
-            return super().baselines(op_folder, problem)
+            return super().baselines(op_folder, problem, **kw)
 
     fresh = Counting()
     build(make_ctx(proj, gpu=fresh, gpu_match=fake_match, force=True, remeasure=True, remeasure_only=(pick,)),
@@ -678,9 +678,9 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
     class Counting(FakeGpu):
         base_calls = 0
 
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             self.base_calls += 1
-            return super().baselines(op_folder, problem)
+            return super().baselines(op_folder, problem, **kw)
 
     class FailOnceThenStop(Counting):
         def measure(self, *a, **k):
@@ -699,7 +699,10 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
     _remeasure(proj, every)
     # the first run kept 7 successful timings (the timeout and the interrupted one are timed again)
     assert rest.measured == every.measured - 7
-    assert first.base_calls == 1 and rest.base_calls == 3 and every.base_calls == 4
+    # baselines are timed beside the winner: the first problem's kept ones would do, but its winner
+    # changed (the timed-out config, timed again, wins), so they are timed again beside the new one
+    assert first.winners[0][1].digest != rest.winners[0][1].digest
+    assert first.base_calls == 1 and rest.base_calls == 4 and every.base_calls == 4
 
 
 def test_min_speedup_gate_compares_each_winner_with_its_fastest_baseline():
@@ -713,6 +716,33 @@ def test_min_speedup_gate_compares_each_winner_with_its_fastest_baseline():
     assert gates.failures({"min_speedup": 0.98}, [row]) == []
     assert gates.failures({"min_speedup": 1.0}, [{**row, "baselines": {}}]) == []   # nothing to compare with
     assert gates.failures({"min_speedup": 1.0}, [{**row, "p50_ms": None}]) == []    # not timed: not judged
+    # timed in one window with the winner: the winner's p50 of that window is the one compared
+    same = {**row, "baselines": {"torch_compile": {"outcome": "ok", "p50_ms": 0.0205, "winner_p50_ms": 0.0203}}}
+    assert gates.fastest_baseline(same) == (0.0205 / 0.0203, "torch_compile", 0.0205, 0.0203)
+    assert gates.failures({"min_speedup": 1.0}, [same]) == []
+
+
+def test_baselines_are_timed_beside_the_winner_and_the_report_compares_that_window(proj):
+    """The build hands each problem's winner (config and binary) to the baselines' timing; the
+    report's speed-up and losses use the winner's p50 of the baselines' window, shown beside them."""
+    from .fakes import _M
+    from ptxbuild.gpu.session import MeasureResult
+    from ptxbuild.outcome import Outcome
+
+    class SameWindow(FakeGpu):
+        def baselines(self, op_folder, problem, winner=None, budget_ms=100.0):
+            super().baselines(op_folder, problem, winner, budget_ms)
+            fast = MeasureResult(Outcome.OK, 0.00998, 0.0099, 0.0101, samples=10, incumbent_p50_ms=0.00990)
+            return {"eager": _M(Outcome.OK, 0.05, 0.049, 0.051), "compiled": fast}
+    gpu = SameWindow()
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert [w[1].digest for w in gpu.winners] == [d["binary"] for d in manifest["dispatch"]]
+    assert [w[0] for w in gpu.winners] == [d["params"] for d in manifest["dispatch"]]
+    assert all(d["baselines"]["compiled"]["winner_p50_ms"] == 0.0099 for d in manifest["dispatch"])
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    assert "## Rows where it loses" not in md      # the winner's own p50 (0.01) would lose to 0.00998
+    assert "| bfloat16[7x100] | compiled | ok | 10.0 | 9.9 | 9.9-10.1 | 10 |" in md
 
 
 def test_the_report_lists_a_loss_that_its_rounded_speed_up_hides(proj):
@@ -722,7 +752,7 @@ def test_the_report_lists_a_loss_that_its_rounded_speed_up_hides(proj):
     from ptxbuild.outcome import Outcome
 
     class CloseBaseline(FakeGpu):
-        def baselines(self, op_folder, problem):
+        def baselines(self, op_folder, problem, **kw):
             return {"eager": _M(Outcome.OK, 0.05, 0.049, 0.051), "compiled": _M(Outcome.OK, 0.00998, 0.0099, 0.0101)}
     build(make_ctx(proj, gpu=CloseBaseline(), gpu_match=fake_match), [Target("scale", "h100")])
     md = (proj / "reports/scale@h100/report.md").read_text()

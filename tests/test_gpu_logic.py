@@ -207,6 +207,14 @@ def test_large_win_is_remeasured_alone_and_the_slower_kept():
     assert res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0
 
 
+def test_a_baseline_beside_the_winner_is_not_guarded_against_a_large_win():
+    """The re-measure rule protects the incumbent from a fluke candidate; with the baseline as the
+    candidate and the winner as incumbent it would keep the baseline's slower timing: off."""
+    t = FakeTimer({"candidate": 1.0, "incumbent": 2.0}, alone=1.6, switch=16)
+    res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200, guard=False)
+    assert not res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0 and len(t.calls) == 6 + 5 + 20
+
+
 def test_small_win_is_not_remeasured():
     t = FakeTimer({"candidate": 1.0, "incumbent": 1.05}, alone=5.0, switch=16)
     res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
@@ -390,7 +398,7 @@ def _bare_gpu():
     return g
 
 
-def _run_baselines(monkeypatch, g, fns: dict) -> dict:
+def _run_baselines(monkeypatch, g, fns: dict, winner=None, run=None, summarize=None) -> dict:
     """g.baselines() of a fake op whose baselines are `fns`, timing and summaries stubbed out."""
     from types import SimpleNamespace
 
@@ -400,9 +408,25 @@ def _run_baselines(monkeypatch, g, fns: dict) -> dict:
                          reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
                          tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
-    monkeypatch.setattr(runs.stats, "run", lambda timer, **k: {"candidate": [1.0] * 5})
-    monkeypatch.setattr(runs.stats, "summarize", lambda samples, floor, incumbent=None: {"outcome": "ok"})
-    return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"))
+    monkeypatch.setattr(runs.stats, "run", run or (lambda timer, **k: {"candidate": [1.0] * 5, "incumbent": None}))
+    monkeypatch.setattr(runs.stats, "summarize", summarize or (lambda samples, floor, incumbent=None: {"outcome": "ok"}))
+    return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"), winner=winner)
+
+
+def test_each_baseline_is_timed_in_one_window_with_the_winner(monkeypatch):
+    """With the build's winner, a baseline's timer runs both (the winner on the same input sets),
+    alternating, without the re-measure guard; the winner's p50 there comes back beside it."""
+    g, seen, calls, summarize = _bare_gpu(), {}, [], stats.summarize
+    g.pool = lambda op, problem: [({"x": np.ones(4, dtype=np.float32)}, {})] * 3
+    g._runner = lambda op, params, problem, binary, pool: (("winner", params, binary, len(pool)), len(pool))
+    g._timer = lambda runners: seen.setdefault("runners", runners)
+    res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"))
+    assert seen["runners"]["incumbent"] == (("winner", {"t": 1}, "bin", 3), 3) and res == {"eager": {"outcome": "ok"}}
+    res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"),
+                         run=lambda timer, **k: calls.append(k) or {"candidate": [2.0] * 5, "incumbent": [1.0] * 5},
+                         summarize=summarize)
+    assert calls and calls[0]["incumbent"] is True and calls[0]["guard"] is False
+    assert res["eager"]["p50_ms"] == 2.0 and res["eager"]["incumbent_p50_ms"] == 1.0
 
 
 def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):

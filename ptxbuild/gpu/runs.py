@@ -346,13 +346,16 @@ class Gpu:
         return out
 
     def baselines(self, op_folder: str, root: str, problem, copy_tbps: float = 0.0,
-                  warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict:
+                  warmup_ms: float = 30.0, budget_ms: float = 200.0, winner=None) -> dict:
+        """Each baseline checked against the reference, then timed; with `winner` (params, binary), timed
+        in the same window as the winner, alternating (verification.md timing rule 4): the winner's
+        p50 of that window comes back as incumbent_p50_ms."""
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}
         for name in list(fns):
             fn = fns.pop(name)   # a timed baseline's closure goes, and the torch views of inputs it cached
-            inputs = before = ref = got = pool = timer = None   # nothing of the last baseline stays allocated
+            inputs = before = ref = got = pool = runners = timer = None   # nothing of the last baseline stays
             self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)   # the previous baseline's timing rebuilt it
             try:
                 with self.stream, _torch_stream(self.stream):
@@ -374,10 +377,14 @@ class Gpu:
                         results[name] = {"outcome": outcome.value, "detail": detail}
                         continue
                 pool = self.pool(op, problem)
-                timer = self._timer({"candidate": ((lambda i, f=fn: f(pool[i][0])), len(pool))})
+                runners = {"candidate": ((lambda i, f=fn: f(pool[i][0])), len(pool))}
+                if winner:
+                    runners["incumbent"] = self._runner(op, winner[0], problem, winner[1], pool)
+                timer = self._timer(runners)
                 with self.stream, _torch_stream(self.stream):   # torch may have been imported by the check
-                    res = stats.run(timer, warmup_ms=warmup_ms, budget_ms=budget_ms)
-                results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps))
+                    res = stats.run(timer, incumbent=bool(winner), warmup_ms=warmup_ms, budget_ms=budget_ms, guard=False)
+                results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps),
+                                                res["incumbent"])
                 if getattr(timer, "ungated", ()):
                     add_detail(results[name], UNGATED_NOTE + name)
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised

@@ -131,9 +131,12 @@ class GpuSession:
                 "incumbent": [incumbent[0], encode_binary(incumbent[1])] if incumbent else None}
         return self._measure_result(self._run("measure", args)[0])
 
-    def baselines(self, op_folder: str, problem: Problem, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> dict[str, MeasureResult]:
+    def baselines(self, op_folder: str, problem: Problem, winner: tuple[dict, Binary] | None = None,
+                  warmup_ms: float = 20.0, budget_ms: float = 100.0) -> dict[str, MeasureResult]:
+        """Baselines timed; with `winner`, each in one window with the winner (incumbent_p50_ms: the winner's)."""
         r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
-                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms},
+                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
+                                       "winner": [winner[0], encode_binary(winner[1])] if winner else None},
                          max(self.timeout_s, BASELINES_TIMEOUT_S))
         if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung
             return {"*": self._measure_result(r)}

@@ -53,10 +53,11 @@ def warm_up(timer: Timer, name: str, warmup_ms: float, max_calls: int = 2000) ->
 
 
 def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_ms: float = 200.0,
-        rounds: int = 10, lo: int = 10, hi: int = 1000) -> dict:
+        rounds: int = 10, lo: int = 10, hi: int = 1000, guard: bool = True) -> dict:
     """Time "candidate" (and "incumbent" in the same window, alternating which goes first each round).
-    A candidate faster than the incumbent by more than REMEASURE_MARGIN is re-timed alone and the
-    slower of the two timings kept. Returns {"candidate": samples, "incumbent": samples|None, "remeasured"}."""
+    With `guard`, a candidate faster than the incumbent by more than REMEASURE_MARGIN is re-timed alone
+    and the slower of the two timings kept (a baseline beside the winner is not guarded: the rule
+    would favour the winner). Returns {"candidate": samples, "incumbent": samples|None, "remeasured"}."""
     names = ["candidate", "incumbent"] if incumbent else ["candidate"]
     est = {n: warm_up(timer, n, warmup_ms) for n in names}
     count = {n: sample_count(est[n], budget_ms / len(names), lo, hi) for n in names}
@@ -66,7 +67,7 @@ def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_m
         for n in (names if r % 2 == 0 else names[::-1]):
             samples[n] += timer(n, math.ceil(count[n] / k))
     out = {"candidate": samples["candidate"], "incumbent": samples.get("incumbent"), "remeasured": False}
-    if incumbent:
+    if incumbent and guard:
         p50_c, p50_i = quantile(samples["candidate"], 0.5), quantile(samples["incumbent"], 0.5)
         if p50_c < (1 - REMEASURE_MARGIN) * p50_i:
             alone = timer("candidate", count["candidate"])

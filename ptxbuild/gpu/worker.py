@@ -43,8 +43,9 @@ def handle(gpu, cmd: str, a: dict):
                            (inc[0], decode_binary(inc[1])) if inc else None, a.get("copy_tbps", 0.0),
                            a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
     if cmd == "baselines":
+        win = a.get("winner")
         return gpu.baselines(a["op_folder"], a["root"], decode_problem(a["problem"]), a.get("copy_tbps", 0.0),
-                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
+                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0), (win[0], decode_binary(win[1])) if win else None)
     raise ValueError(f"unknown request {cmd!r}")
 
 
