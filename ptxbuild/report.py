@@ -166,6 +166,12 @@ def markdown(data: dict) -> str:
     lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
               for d, r in zip(data["dispatch"], rows)]
+    bouts = [(d["label"], b) for d in data["dispatch"] for b in d.get("playoff") or [] if b.get("leader_p50_ms")]
+    if bouts:
+        gap = max(abs(b["p50_ms"] / b["leader_p50_ms"] - 1) for _, b in bouts)
+        lines += ["", f"Playoff: in {len({lbl for lbl, _ in bouts})} problems the fastest config met the next ones within 2% "
+                  f"of it, each in one window, alternating ({len(bouts)} bouts, largest difference there {gap:.1%}); "
+                  f"a challenger won in {len({lbl for lbl, b in bouts if b['won']})} (`playoff` in report.json)."]
     base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
     if base_rows:
         one_run = s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")

@@ -6,6 +6,7 @@ from click.testing import CliRunner
 
 from ptxbuild import cli
 
+from ptxbuild import build as build_mod
 from ptxbuild.build import Context, build, plan
 from ptxbuild.cache import Cache
 from ptxbuild.kernelfile import load
@@ -667,7 +668,7 @@ def test_a_gpu_worker_lost_for_good_keeps_the_finished_problems_and_a_remeasure_
     assert again.measured == every.measured
 
 
-def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_not_timed(proj):
+def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_not_timed(proj, monkeypatch):
     """Timings the interrupted run made are kept only when they succeeded (a failure may be the
     interrupt's own doing: the worker gets the same SIGINT); each problem's baselines are kept or
     timed again the same way."""
@@ -691,14 +692,23 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
                 raise KeyboardInterrupt
             t = 0.01 * self.measured
             return _M(Outcome.OK, t, t, t)
+    bouts, playoff = [], build_mod._Evaluator.playoff    # a playoff's bouts are timed in every run
+
+    def counted(self, hist):
+        lead = playoff(self, hist)
+        bouts.append(len(self.bouts))
+        return lead
+    monkeypatch.setattr(build_mod._Evaluator, "playoff", counted)
     first = FailOnceThenStop()
     _remeasure(proj, first, interrupted=True)
-    rest = Counting()
+    rest, n_rest = Counting(), len(bouts)
     _remeasure(proj, rest)
-    every = Counting()
+    every, n_rest = Counting(), sum(bouts[n_rest:])
+    n_every = len(bouts)
     _remeasure(proj, every)
+    n_every = sum(bouts[n_every:])
     # the first run kept 7 successful timings (the timeout and the interrupted one are timed again)
-    assert rest.measured == every.measured - 7
+    assert rest.measured - n_rest == every.measured - n_every - 7
     # baselines are timed beside the winner: the first problem's kept ones would do, but its winner
     # changed (the timed-out config, timed again, wins), so they are timed again beside the new one
     assert first.winners[0][1].digest != rest.winners[0][1].digest
@@ -760,3 +770,40 @@ def test_the_report_lists_a_loss_that_its_rounded_speed_up_hides(proj):
     section = md.split("## Rows where it loses to a baseline (4 of 4)\n\n")[1].split("\n\n")[0]
     assert sorted(section.splitlines()) == sorted(f"- {d}[{s}]: 0.998x compiled (10.0 against 10.0 us)"
                                                   for d in ("float32", "bfloat16") for s in ("64x1024", "7x100"))
+
+
+def test_a_playoff_times_near_ties_in_one_window_and_keeps_the_faster_there(proj):
+    """The search's fastest config meets the next ones within 2% in one window each; a challenger
+    faster there wins the problem (timed apart, it was 1% slower). The bouts are recorded beside the
+    winner and cached: a rebuild does not time them again."""
+    from ptxbuild.gpu.session import MeasureResult
+    from ptxbuild.outcome import Outcome
+    best, near = {"threads": 256, "vec": 4}, {"threads": 256, "vec": 2}
+
+    seen = []
+
+    class Close(FakeGpu):
+        def measure(self, op_folder, params, problem, binary, incumbent=None):
+            self.measured += 1
+            seen.append((params, problem.label()))
+            if params == near and seen.count((near, problem.label())) == 2:   # the second time: the bout
+                assert incumbent[0] == best
+                return MeasureResult(Outcome.OK, 0.0099, 0.0098, 0.0100, samples=10, incumbent_p50_ms=0.0100)
+            t = {json.dumps(best): 0.0100, json.dumps(near): 0.0101}.get(json.dumps(params, sort_keys=True), 0.05)
+            return MeasureResult(Outcome.OK, t, t, t, samples=10)
+    gpu = Close()
+    build(make_ctx(proj, gpu=gpu, gpu_match=fake_match), [Target("scale", "h100")])
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert [d["params"] for d in manifest["dispatch"]] == [near] * len(manifest["dispatch"])
+    assert all(d["playoff"] == [{"params": near, "p50_ms": 0.0099, "leader_p50_ms": 0.0100, "won": True}]
+               for d in manifest["dispatch"])
+    assert all(d["p50_ms"] == 0.0101 for d in manifest["dispatch"])     # its own search timing
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    assert (f"Playoff: in {len(manifest['dispatch'])} problems the fastest config met the next ones within 2% of it, "
+            f"each in one window, alternating ({len(manifest['dispatch'])} bouts, largest difference there 1.0%); "
+            f"a challenger won in {len(manifest['dispatch'])}") in md
+    n0 = len(seen)
+    build(make_ctx(proj, gpu=Close(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert not [p for p, _ in seen[n0:] if p in (best, near)]     # neither the search's timings nor the bouts
+    assert [d["params"] for d in json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]] \
+        == [near] * len(manifest["dispatch"])
