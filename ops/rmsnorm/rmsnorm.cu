@@ -39,8 +39,6 @@
 //               residual_out is stored after the row's reduction, all of it before y (Triton's order),
 //               not as each h is formed
 //   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
-//   NO_CHECKS   (experimental, default 0; UNSAFE) no N trap and no FAST_FRONT test: every block takes the
-//               fast path. Only for timing what the prologue's checks cost (whole blocks, < 2^31 elements)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -68,9 +66,6 @@ typedef long long i64;
 #endif
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
-#endif
-#ifndef NO_CHECKS
-#define NO_CHECKS 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -1144,7 +1139,7 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
       float* __restrict__ rstd, i64 M, i64 N, float eps) {
   Args a{x, residual, weight, bias, y, residual_out, rstd};
 #if EXACT && !(FAST_FRONT && REGIME == 0 && !STAGE_PIPE)
-  if (!NO_CHECKS && N != NC) asm volatile("trap;");   // an exact binary only serves its own N
+  if (N != NC) asm volatile("trap;");   // an exact binary only serves its own N
 #endif
 #if REGIME == 0
   // Groups of G lanes; group g of block b handles rows b*RPB + k*NG + g, k < RPG.
@@ -1152,7 +1147,7 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   const int t = threadIdx.x % G, g = threadIdx.x / G;
 #if FAST_FRONT && EXACT && !STAGE_PIPE
   // one block-uniform test, the N check folded in: a whole block of rows and < 2^31 elements
-  if (NO_CHECKS || (N == NC && ((i64)blockIdx.x + 1) * RPB <= M && M * (i64)NC < (1LL << 31))) {
+  if (N == NC && ((i64)blockIdx.x + 1) * RPB <= M && M * (i64)NC < (1LL << 31)) {
     i64 rows[RPG];
 #pragma unroll
     for (int k = 0; k < RPG; ++k) rows[k] = (i64)(blockIdx.x * (u32)RPB + (u32)(k * NG + g));
