@@ -62,13 +62,9 @@ class TargetResult:
 
 def problems_of(spec) -> list[Problem]:
     """Every (dtype, mode, shape) the op declares, ordered so neighbours follow each other."""
-    out = []
-    for dtype in spec.dtypes:
-        for mode in spec.modes:
-            opts = {**dict(spec.options), **dict(mode)}
-            for shape in sorted(spec.shapes, key=lambda s: (s[-1], s)):
-                out.append(Problem.make(spec.name, dtype, shape, opts))
-    return out
+    shapes = sorted(spec.shapes, key=lambda s: (s[-1], s))
+    return [Problem.make(spec.name, dtype, shape, {**dict(spec.options), **dict(mode)})
+            for dtype in spec.dtypes for mode in spec.modes for shape in shapes]
 
 
 def _file_digests(op) -> dict[str, str]:
@@ -584,10 +580,7 @@ RETRY_BASELINE = {o.value for o in (Outcome.LAUNCH_ERROR, Outcome.TIMEOUT, Outco
 
 
 def _dedupe(cfgs: list[dict]) -> list[dict]:
-    seen, out = set(), []
+    first: dict[str, dict] = {}
     for c in cfgs:
-        k = json.dumps(c, sort_keys=True)
-        if k not in seen:
-            seen.add(k)
-            out.append(c)
-    return out
+        first.setdefault(json.dumps(c, sort_keys=True), c)
+    return list(first.values())

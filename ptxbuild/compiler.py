@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from importlib import metadata
 
 from .problem import Binary, Kernel
 
@@ -44,6 +45,14 @@ class Toolchain:
         return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
 
 
+def installed_version(name: str) -> str | None:
+    """The installed version of the Python distribution `name` (a compiler wheel, a package), or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def toolchain() -> Toolchain:
     nvrtc, nvjitlink = _bindings()
     import cuda.bindings
@@ -54,15 +63,9 @@ def toolchain() -> Toolchain:
         jl_ver = f"{jl[0]}.{jl[1]}"
     except Exception:  # older bindings have no version()
         jl_ver = "unknown"
-    from importlib import metadata
-
-    def wheel(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
     return Toolchain(nvrtc=f"{major}.{minor}", nvjitlink=jl_ver, bindings=cuda.bindings.__version__,
-                     nvrtc_wheel=wheel("nvidia-cuda-nvrtc"), nvjitlink_wheel=wheel("nvidia-nvjitlink"))
+                     nvrtc_wheel=installed_version("nvidia-cuda-nvrtc"),
+                     nvjitlink_wheel=installed_version("nvidia-nvjitlink"))
 
 
 def _check(result, what: str, log: str = "") -> None:
@@ -84,11 +87,8 @@ def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:
         parts = re.split(r"(?=Compiling entry function ')", log)
         mine = [p for p in parts if p.startswith(f"Compiling entry function '{entry}'")]
         log = mine[0] if mine else log
-    out = {}
-    for name, rx in _RES.items():
-        m = rx.search(log)
-        out[name] = int(m.group(1)) if m else 0
-    return out
+    found = {name: rx.search(log) for name, rx in _RES.items()}
+    return {name: int(m.group(1)) if m else 0 for name, m in found.items()}
 
 
 def compile_kernel(kernel: Kernel, arch: str) -> Binary:
@@ -162,15 +162,12 @@ def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:
             nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "candidate.ptx")
             nvjitlink.complete(handle)
         except Exception as exc:
-            size = nvjitlink.get_error_log_size(handle)
-            buf = bytearray(size)
+            buf = bytearray(nvjitlink.get_error_log_size(handle))
             nvjitlink.get_error_log(handle, buf)
             raise CompileError(f"ptxas: {bytes(buf).decode(errors='replace').strip() or exc}") from None
-        size = nvjitlink.get_linked_cubin_size(handle)
-        cubin = bytearray(size)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, cubin)
-        size = nvjitlink.get_info_log_size(handle)
-        info = bytearray(size)
+        info = bytearray(nvjitlink.get_info_log_size(handle))
         nvjitlink.get_info_log(handle, info)
         return bytes(cubin), bytes(info).decode(errors="replace").rstrip("\x00").strip()
     finally:

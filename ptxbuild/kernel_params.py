@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+SMEM_DEFAULT_BYTES = 48 * 1024   # dynamic shared memory beyond this needs the function attribute set
+PORTABLE_CLUSTER = 8             # larger clusters need the non-portable cluster size attribute
+
 
 def param(arg) -> np.ndarray:
     """One parameter (cupy's rules: Python int -> int64, float -> float64, numpy scalars as they are)."""

@@ -138,13 +138,8 @@ def failure_rules(cache, op_name: str, problem: Problem, arch: str) -> list[dict
     """Failure rules that apply to `problem` on `arch` and are confident enough to prune."""
     rows = cache.db.query("select * from lessons where op = ? and kind = 'fails' and retired = 0 and confidence >= ?",
                           [op_name, PRUNE_CONFIDENCE])
-    out = []
-    for r in rows:
-        scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
-        if _in_scope(scope, problem, arch):
-            out.append({"lesson": r["id"], "kind": "fails", "scope": scope, "rule": rule,
-                        "confidence": r["confidence"]})
-    return out
+    return [{"lesson": r["id"], "kind": "fails", "scope": json.loads(r["scope"]), "rule": json.loads(r["rule"]),
+             "confidence": r["confidence"]} for r in rows if _in_scope(json.loads(r["scope"]), problem, arch)]
 
 
 def prune_reason(rules: list[dict], cfg: dict) -> str | None:
@@ -228,11 +223,10 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
             out[row["id"]] = row
     # a rule implied by a smaller rule of the same scope adds nothing
     rules = list(out.values())
-    keep = [r for r in rules if not any(o is not r and o["scope"] == r["scope"] and
+    return [r for r in rules if not any(o is not r and o["scope"] == r["scope"] and
                                         covers(json.loads(o["rule"]), json.loads(r["rule"])["params"]) and
                                         len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
                                         for o in rules)]
-    return keep
 
 
 def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
@@ -323,17 +317,18 @@ def derive(cache, op, target, run: str) -> list[dict]:
 
 
 # -- reading lessons ----------------------------------------------------------------------------
+def lesson_rows(cache, op: str | None, include_retired: bool, order: str):
+    """Rows of the lessons table (of one op, if given; retired ones only if asked), ordered by `order`."""
+    where = ["1 = 1"] + (["op = ?"] if op else []) + ([] if include_retired else ["retired = 0"])
+    return cache.db.query(f"select * from lessons where {' and '.join(where)} order by {order}", [op] if op else [])
+
+
 def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
     """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first.
 
     `gpu` (a catalog Gpu) keeps lessons of that GPU and architecture-wide rules of its architecture."""
-    where, args = ["1 = 1"], []
-    if op:
-        where.append("op = ?"), args.append(op)
-    if not include_retired:
-        where.append("retired = 0")
     out = []
-    for r in cache.db.query("select * from lessons where " + " and ".join(where) + " order by op, kind, id", args):
+    for r in lesson_rows(cache, op, include_retired, "op, kind, id"):
         scope, rule, ev = json.loads(r["scope"]), json.loads(r["rule"]), json.loads(r["evidence"])
         if gpu is not None and scope.get("gpu") not in (None, gpu.name):
             continue

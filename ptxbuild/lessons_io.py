@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
@@ -17,8 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
     ValidationError, model_validator
 
 from .catalog import ARCHES, CATALOG
+from .compiler import installed_version
 from .dtypes import DTYPES
-from .lessons import FAIL_OUTCOMES, lesson_id
+from .lessons import FAIL_OUTCOMES, lesson_id, lesson_rows
 from .outcome import Outcome
 
 FORMAT = "ptxbuild-lesson/1"
@@ -124,10 +124,8 @@ class LessonsFileError(Exception):
 
 # -- export ------------------------------------------------------------------------------------
 def _version() -> str:
-    try:
-        return "ptxbuild " + metadata.version("ptxbuild")
-    except metadata.PackageNotFoundError:
-        return "ptxbuild"
+    v = installed_version("ptxbuild")
+    return f"ptxbuild {v}" if v is not None else "ptxbuild"
 
 
 def _evidence(cache, ev: list) -> list[dict]:
@@ -162,14 +160,9 @@ def _provenance(source: str, project: str, now: float) -> dict:
 def export_lessons(cache, op: str | None = None, gpu: str | None = None, include_retired: bool = False,
                    project: str = "") -> list[str]:
     """The lessons (of one op / one GPU) as validated JSONL lines, sorted by id."""
-    where, args = ["1 = 1"], []
-    if op:
-        where.append("op = ?"), args.append(op)
-    if not include_retired:
-        where.append("retired = 0")
     now = round(time.time(), 3)
     lines = []
-    for r in cache.db.query("select * from lessons where " + " and ".join(where) + " order by id", args):
+    for r in lesson_rows(cache, op, include_retired, "id"):
         scope = json.loads(r["scope"])
         if gpu and scope.get("gpu", None) != gpu and not (scope.get("gpu") is None and gpu in CATALOG
                                                           and scope.get("arch") == CATALOG[gpu].arch):

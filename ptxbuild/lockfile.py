@@ -18,11 +18,11 @@ import copy
 import dataclasses
 import hashlib
 import json
-from importlib import metadata
 from pathlib import Path
 
 from .artifacts import pin_ptx, target_dir, write_artifacts
 from .build import TargetResult, hardware_for
+from .compiler import installed_version
 from .graph import build_order
 from .oploader import load_op, source_files
 from .problem import Binary, Launch, Problem, canonical_json
@@ -45,13 +45,7 @@ def lock_path(kf) -> Path:
 
 def wheel_versions() -> dict[str, str | None]:
     """Installed versions of the compiler wheels (finer than NVRTC's major.minor)."""
-    out = {}
-    for name in WHEELS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: installed_version(name) for name in WHEELS}
 
 
 def _sha(data: bytes) -> str:
@@ -201,8 +195,7 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
     binaries: dict[str, Binary] = {}
     chosen = []
     for i, d in enumerate(entry["dispatch"]):
-        p = d["problem"]
-        problem = Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
+        problem = Problem.make(**d["problem"])
         want = entry["variants"].get(d["binary"])
         if want is None:
             raise LockError(f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
@@ -278,8 +271,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
                             f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}")
         gpu = ctx.kf.gpus[t.gpu]
         for d in entry["dispatch"]:
-            p = d["problem"]
-            problem = Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
+            problem = Problem.make(**d["problem"])
             now = json.loads(canonical_json(op.launch(d["params"], problem, gpu.sm_count).__dict__))
             want = {**_LAUNCH_DEFAULTS, **d.get("launch", now)}   # fields added since: their defaults
             if now != want:

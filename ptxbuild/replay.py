@@ -77,9 +77,7 @@ def export_recording(cache, out, op: str | None = None, gpu: str | None = None, 
     header = {"format": FORMAT, "spaces": spaces or {}, "defaults": defaults or {}, "rows": len(rows)}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
-        f.write(json.dumps(header, sort_keys=True) + "\n")
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in [header, *rows])
     return len(rows)
 
 
@@ -111,12 +109,9 @@ def lessons_cache(rec: Recording, op: str, keep, extra_lessons: list | None = No
     """An in-memory cache holding the lessons derived from the recorded rows `keep(row)` selects."""
     from .cache import Cache
     cache = Cache(":memory:")
-    attempts = []
-    for i, r in enumerate(rec.rows, 1):
-        if r["op"] == op and keep(r):
-            attempts.append({"id": i, "gpu": r["gpu"], "arch": r["arch"], "problem": json.dumps(r["problem"]),
-                             "params": json.dumps(r["params"], sort_keys=True), "outcome": r["outcome"],
-                             "p50_ms": r.get("p50_ms")})
+    attempts = [{"id": i, "gpu": r["gpu"], "arch": r["arch"], "problem": json.dumps(r["problem"]),
+                 "params": json.dumps(r["params"], sort_keys=True), "outcome": r["outcome"], "p50_ms": r.get("p50_ms")}
+                for i, r in enumerate(rec.rows, 1) if r["op"] == op and keep(r)]
     rows = lessons.best_rows(op, attempts, "replay") + lessons.fail_rows(op, attempts, "replay")
     for row in rows + list(extra_lessons or []):
         cache.db["lessons"].upsert(row, pk="id")

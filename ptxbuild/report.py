@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from importlib import metadata
 from pathlib import Path
 
+from .compiler import installed_version
 from .gates import fastest_baseline
 from .problem import Problem
 
@@ -18,12 +18,7 @@ PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink"
 
 
 def environment(root: Path) -> dict:
-    versions = {}
-    for p in PACKAGES:
-        try:
-            versions[p] = metadata.version(p)
-        except metadata.PackageNotFoundError:
-            pass
+    versions = {p: v for p in PACKAGES if (v := installed_version(p)) is not None}
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5).stdout.strip()
@@ -46,10 +41,8 @@ def _hm(ts: float | None) -> str:
 def _timed_at(data: dict) -> list[float]:
     """When the report's timings were taken: each winner's and each baseline's (builds that
     recorded it; a cached timing keeps the time it was taken)."""
-    out = []
-    for d in data["dispatch"]:
-        out += [t for t in [d.get("timed_at")] + [b.get("timed_at") for b in (d.get("baselines") or {}).values()] if t]
-    return out
+    return [t for d in data["dispatch"]
+            for t in [d.get("timed_at")] + [b.get("timed_at") for b in (d.get("baselines") or {}).values()] if t]
 
 
 def collect(kf, cache, target) -> dict | None:
@@ -226,10 +219,7 @@ def lessons_section(s: dict, data: dict) -> list[str]:
         else:
             lines.append(f"  - seed `{u['lesson']}` ({u.get('level', '')}, distance {u['distance']}; best on "
                          f"{sc.get('gpu')} {sc.get('dtype')} {sc.get('shape')}): {u['params']}")
-    kinds = {}
-    for p in produced:
-        k = p["kind"] + (" weakened/retired" if p.get("weakened") else "")
-        kinds[k] = kinds.get(k, 0) + 1
+    kinds = Counter(p["kind"] + (" weakened/retired" if p.get("weakened") else "") for p in produced)
     if kinds:
         lines.append("- produced: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
     picked = [d for d in data["dispatch"] if d.get("source") in ("lesson", "default") and d.get("params")]

@@ -21,15 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from .kernel_params import launch_attributes, param, resident_grid
+from .kernel_params import PORTABLE_CLUSTER, SMEM_DEFAULT_BYTES, launch_attributes, param, resident_grid
 from .oploader import load_op, op_dir, source_files
 from .problem import Problem
 
 # PTX ISA -> the CUDA version a driver must support to JIT it (PTX ISA release notes).
 PTX_ISA_CUDA = {"7.8": "11.8", "8.0": "12.0", "8.1": "12.1", "8.2": "12.2", "8.3": "12.3", "8.4": "12.4",
                 "8.5": "12.5", "8.6": "12.7", "8.7": "12.8", "8.8": "12.9", "9.0": "13.0", "9.1": "13.1"}
-SMEM_DEFAULT_BYTES = 48 * 1024
-PORTABLE_CLUSTER = 8
 _NP_TO_DTYPE = {"uint16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64"}
 
 
@@ -96,14 +94,8 @@ def _op_folder_from(kfp: Path, manifest: dict) -> Path:
 
 # ------------------------------------------------------------------ arrays of torch / cupy
 def _kind(arr) -> str:
-    mod = type(arr).__module__.split(".")[0]
-    if mod == "torch":
-        return "torch"
-    if mod == "cupy":
-        return "cupy"
-    if mod == "numpy":
-        return "numpy"
-    return mod
+    """The top-level module of an array's type: "torch", "cupy", "numpy", ..."""
+    return type(arr).__module__.split(".")[0]
 
 
 def _dtype_of(arr) -> str:
@@ -347,18 +339,15 @@ class BuiltKernel:
         if self._modes is None:
             out = []
             for e in self.entries:
-                opts = e["problem"]["options"]
-                if any(m.options == opts for m in out):
-                    continue
                 p = e["problem"]
-                out.append(_Mode(opts, tuple(self._tiny_inputs(Problem.make(p["op"], p["dtype"], p["shape"], opts)))))
+                if not any(m.options == p["options"] for m in out):
+                    out.append(_Mode(p["options"], tuple(self._tiny_inputs(Problem.make(**p)))))
             self._modes = out
         return self._modes
 
     def problem_like(self, mode: _Mode) -> Problem:
         """A built problem of `mode` (its first dispatch entry)."""
-        p = next(e["problem"] for e in self.entries if e["problem"]["options"] == mode.options)
-        return Problem.make(p["op"], p["dtype"], p["shape"], p["options"])
+        return Problem.make(**next(e["problem"] for e in self.entries if e["problem"]["options"] == mode.options))
 
     def _tiny_inputs(self, problem: Problem) -> dict:
         tiny = problem.with_shape(tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:])
@@ -410,8 +399,7 @@ class BuiltKernel:
             return self._choice[key]
         same = [e for e in self.entries if e["problem"]["dtype"] == problem.dtype
                 and e["problem"]["options"] == problem.opts_json]
-        exact = [e for e in same if tuple(e["problem"]["shape"]) == problem.shape]
-        choice = exact[0] if exact else None
+        choice = next((e for e in same if tuple(e["problem"]["shape"]) == problem.shape), None)
         if choice is None:
             def distance(e):
                 s = e["problem"]["shape"]
@@ -420,8 +408,7 @@ class BuiltKernel:
             for e in sorted(same, key=distance):
                 if len(e["problem"]["shape"]) != len(problem.shape):
                     continue
-                built = Problem.make(e["problem"]["op"], e["problem"]["dtype"], e["problem"]["shape"],
-                                     e["problem"]["options"])
+                built = Problem.make(**e["problem"])
                 if self.op.check(e["params"], problem) is not None:
                     continue
                 if self.op.render(e["params"], problem, self.arch) == self.op.render(e["params"], built, self.arch):

@@ -51,9 +51,7 @@ def register(kernel: BuiltKernel, options: dict | None = None):
     if qual in _registered:
         return _registered[qual]
     mode = kernel.modes()[_mode_index(kernel, options)]
-    probe = kernel.op.make_outputs(
-        kernel.problem_like(mode), _MetaXp())
-    outs = list(probe)
+    outs = list(kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()))   # output names, in order
     ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
     schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
     opts = dict(mode.options)

@@ -6,12 +6,9 @@ import tempfile
 
 import numpy as np
 
-from ..kernel_params import launch_attributes, param, resident_grid
+from ..kernel_params import PORTABLE_CLUSTER, SMEM_DEFAULT_BYTES, launch_attributes, param, resident_grid
 from ..problem import Launch
 from .errors import CudaError
-
-SMEM_DEFAULT_BYTES = 48 * 1024
-PORTABLE_CLUSTER = 8
 
 
 def load(entry: str, cubin: bytes, ptx: str = ""):

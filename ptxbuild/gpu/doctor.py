@@ -17,15 +17,12 @@ def doctor() -> list[tuple[str, str]]:
     from ..compiler import INSTALL_HINT
     from .fingerprint import smi_line
 
-    lines = [("python", f"{platform.python_version()} ({platform.machine()})")]
-    np_v = _version("numpy")
-    lines.append(("numpy", np_v or "missing: pip install numpy"))
+    lines = [("python", f"{platform.python_version()} ({platform.machine()})"),
+             ("numpy", _version("numpy") or "missing: pip install numpy")]
     cupy_v = _version("cupy")
-    lines.append(("cupy", cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x"))
-    torch_v = _version("torch")
-    lines.append(("torch", torch_v or "missing (optional: baselines): pip install torch"))
-    smi = smi_line()
-    lines.append(("nvidia-smi", smi or "not found (clocks and driver version come from the CUDA runtime instead)"))
+    lines += [("cupy", cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x"),
+              ("torch", _version("torch") or "missing (optional: baselines): pip install torch"),
+              ("nvidia-smi", smi_line() or "not found (clocks and driver version come from the CUDA runtime instead)")]
     if cupy_v:
         try:
             from .fingerprint import read

@@ -53,8 +53,7 @@ def cc_of(arch: str) -> str:
 
 
 def _major(cc: str) -> int:
-    n = int(re.search(r"(\d+)", cc).group(1)) if re.search(r"\d", cc) else -1
-    return n // 10
+    return int(re.search(r"(\d+)", cc).group(1)) // 10 if re.search(r"\d", cc) else -1
 
 
 def _version(v: int) -> str:
