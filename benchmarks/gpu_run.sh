@@ -114,6 +114,16 @@ step rmsnorm-selftest-rsq-ftz 300 python3 ops/rmsnorm/selftest_gpu.py -k "warp "
 K=winner,winner+RSQ_FTZ=1,torch_compile,winner+RSQ_FTZ=1,winner
 step rsq-ftz-float16 65 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --dtype float16 --residual --ns 512 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/residual/pacing/rsq-ftz-float16-residual.md
 step rsq-ftz-bfloat16 65 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 400 --ns 512 --ms 32768 --kinds $K --flush memset --cold --gate --out reports/bf16/pacing/rsq-ftz.md
+# run 20a-b: rmsnorm rebuilt with each baseline timed in the winner's window, and the playoff among near-ties
+step rmsnorm-force-20 900 $PB build rmsnorm@h200 --force
+# run 20d: does torch's reuse of one output block explain the short rows' gap? (rotated outputs vs one set)
+mkdir -p reports/outputs
+K=winner,torch_compile,winner
+for fo in "" "--fixed-out"; do
+  step outputs-float16-residual$fo 100 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate $fo --reps 300 --ms 32768 --kinds $K --flush memset --cold --gate --dtype float16 --residual --ns 256,512,1024 --out reports/outputs/float16-residual${fo:+-fixed-out}.md
+  step outputs-bfloat16-residual$fo 100 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate $fo --reps 300 --ms 32768 --kinds $K --flush memset --cold --gate --dtype bfloat16 --residual --ns 256,512,1024 --out reports/outputs/bfloat16-residual${fo:+-fixed-out}.md
+  step outputs-float32$fo 100 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate $fo --reps 300 --ms 32768 --kinds $K --flush memset --cold --gate --dtype float32 --ns 256,512,1024,2048 --out reports/outputs/float32${fo:+-fixed-out}.md
+done
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
