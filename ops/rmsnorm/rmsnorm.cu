@@ -39,10 +39,6 @@
 //               residual_out is stored after the row's reduction, all of it before y (Triton's order),
 //               not as each h is formed
 //   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
-//   RES_SPLIT   (experimental, default 0) exact register rows with a residual: every x vector of the
-//               lane's rows is loaded first, then every residual vector (Triton's order), not x, r per vector
-//   W_L2EL      (experimental, default 0; with W_EL) weight / bias loads also carry an L2 evict_last
-//               policy (ld.global.L1::evict_last.L2::cache_hint, exactly Triton's weight loads)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -70,12 +66,6 @@ typedef long long i64;
 #endif
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
-#endif
-#ifndef RES_SPLIT
-#define RES_SPLIT 0
-#endif
-#ifndef W_L2EL
-#define W_L2EL 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -203,14 +193,8 @@ template <int K> __device__ __forceinline__ void vload_el(const void* base, i64 
   const char* p = (const char*)base + idx * Kind<K>::bytes;
 #pragma unroll
   for (int q = 0; q < Kind<K>::words / 4; ++q)
-#if W_L2EL
-    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(w[4 * q]), "=r"(w[4 * q + 1]), "=r"(w[4 * q + 2]), "=r"(w[4 * q + 3])
-        : "l"(p + 16 * q), "l"(l2_policy<false>()));
-#else
     asm("ld.global.L1::evict_last.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(w[4 * q]), "=r"(w[4 * q + 1]), "=r"(w[4 * q + 2]), "=r"(w[4 * q + 3]) : "l"(p + 16 * q));
-#endif
 }
 #define WLOAD(K, base, idx, w) vload_el<K>(base, idx, w)
 #define WLOAD_LATE(K, base, idx, w) vload_el<K>(base, idx, w)
@@ -464,23 +448,11 @@ __device__ __forceinline__ void load_rows(const Args& a, const i64* rows, const 
       const bool ok = (FAST || rok[k]) && ((i + 1) * G <= NV || v < NV);
       const i64 idx = FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC;
       if (ok) vload<DT>(a.x, idx, xw[k][i]); else zero<DT>(xw[k][i]);
-#if HAS_RES && !RES_SPLIT
+#if HAS_RES
       if (ok) vload<DT>(a.r, idx, rw[k][i]); else zero<DT>(rw[k][i]);
 #endif
     }
   }
-#if HAS_RES && RES_SPLIT
-#pragma unroll
-  for (int k = 0; k < RPG; ++k) {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = i * G + t;
-      const bool ok = (FAST || rok[k]) && ((i + 1) * G <= NV || v < NV);
-      const i64 idx = FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC;
-      if (ok) vload<DT>(a.r, idx, rw[k][i]); else zero<DT>(rw[k][i]);
-    }
-  }
-#endif
 }
 
 template <bool FAST = false>
