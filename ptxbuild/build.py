@@ -283,30 +283,36 @@ class _Evaluator:
         """The search's fastest config against the next ones (up to `size` in all) within `within` of
         it, each challenger timed in one window with the leader, alternating (verification.md timing
         rule 4): timed apart, near-ties are ordered by noise, and the fastest of many noisy timings is
-        biased low. A challenger lower in the window leads. Records the bouts in self.bouts."""
-        lead, seen, self.bouts = best(hist), set(), []
-        top = lead[1] if lead else 0.0
-        for cfg, score in sorted((h for h in hist if math.isfinite(h[1])), key=lambda h: h[1])[1:]:
-            if len(self.bouts) >= size - 1 or score > top * (1 + within):
+        biased low. A challenger lower in the window leads, its p50 there its score. Bouts: self.bouts."""
+        ranked, self.bouts = sorted((h for h in hist if math.isfinite(h[1])), key=lambda h: h[1]), []
+        binary = lambda c: self.binaries[tuple(sorted(c.items()))]
+        kernel = lambda c: (binary(c).digest, json.dumps(self.op.launch(c, self.problem, self.gpu.sm_count).__dict__,
+                                                          sort_keys=True))      # what a bout runs
+        if not ranked:
+            return None
+        lead, met = ranked[0], {kernel(ranked[0][0])}
+        for cfg, score in ranked[1:]:
+            if len(self.bouts) >= size - 1 or score > ranked[0][1] * (1 + within):
                 break
-            b, lb = self.binaries[tuple(sorted(cfg.items()))], self.binaries[tuple(sorted(lead[0].items()))]
-            kind = lambda c, d: (d, json.dumps(self.op.launch(c, self.problem, self.gpu.sm_count).__dict__, sort_keys=True))
-            if kind(cfg, b.digest) in seen or kind(cfg, b.digest) == kind(lead[0], lb.digest):
+            if kernel(cfg) in met:
                 continue        # the same kernel and launch as one already met: nothing to learn
-            seen.add(kind(cfg, b.digest))
+            met.add(kernel(cfg))
+            b, lb = binary(cfg), binary(lead[0])
             key = digest("playoff", b.digest, lb.digest, self.hw, self.problem.key(), cfg, lead[0], keys.PROTOCOL_VERSION)
             row = self.ctx.cache.get("measurements", key)
-            if _must_time(self.ctx, key, row, self.problem):
+            if _must_time(self.ctx, key, row, self.problem) or row["outcome"] in RETRY_BASELINE:
                 self.ctx.timed.add(key)
                 r = self.ctx.gpu.measure(str(self.op.FOLDER), cfg, self.problem, b, incumbent=(lead[0], lb))
                 row = {"key": key, "binary": "playoff", "fingerprint": json.dumps(self.hw, sort_keys=True),
-                       "problem": json.dumps(self.problem.key()), "outcome": r.outcome.value, "p50_ms": r.p50_ms,
+                       "problem": json.dumps(self.problem.key()), "outcome": r.outcome.value,
+                       "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
                        "detail": json.dumps({"leader_p50_ms": r.incumbent_p50_ms})}
-                self.ctx.cache.put("measurements", row)
+                if row["outcome"] not in RETRY_BASELINE:     # the harness failed: timed again next build
+                    self.ctx.cache.put("measurements", row)
             lead_p50 = json.loads(row["detail"])["leader_p50_ms"]
             won = row["outcome"] == "ok" and lead_p50 is not None and row["p50_ms"] < lead_p50
             self.bouts.append({"params": cfg, "p50_ms": row["p50_ms"], "leader_p50_ms": lead_p50, "won": won})
-            lead = (cfg, score) if won else lead
+            lead = (cfg, row["p50_ms"]) if won else lead
         return lead
 
 
@@ -461,7 +467,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             row, binary = ev.results[ck], ev.binaries[ck]
             entry = {"problem": problem.key(), "label": problem.label(), "params": cfg, "binary": binary.digest,
                      "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
-                     "spill_bytes": binary.spill_bytes, "p50_ms": row.get("p50_ms"),
+                     "spill_bytes": binary.spill_bytes, "p50_ms": winner[1] if hw else row.get("p50_ms"),
                      "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
                      "source": "measured" if hw else ("declared" if cfg in mine else
                                                       "lesson" if cfg in [u["params"] for u in used] else "default"),
@@ -552,7 +558,7 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict,
     """Reference implementations timed on this GPU, each in one window with the winner (its p50 there:
     winner_p50_ms); cached like a measurement (same GPU, problem, protocol, winner)."""
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
-                 keys.PROTOCOL_VERSION, "beside", winner[0], winner[1].digest)
+                 keys.PROTOCOL_VERSION, "beside", "rounds", winner[0], winner[1].digest)
     row = ctx.cache.get("measurements", key)
     if _must_time(ctx, key, row, problem):
         row = None
@@ -566,7 +572,8 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict,
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem, winner=winner, budget_ms=200.0).items():
         out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
-                     "samples": r.samples, "detail": r.detail, "winner_p50_ms": r.incumbent_p50_ms}
+                     "samples": r.samples, "detail": r.detail, "winner_p50_ms": r.incumbent_p50_ms,
+                     "round_ratios": list(r.round_ratios)}
     if any(v["outcome"] in RETRY_BASELINE for v in out.values()):
         return out      # the harness failed (out of memory, a crash, a hang): measure again next build
     created = ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),

@@ -103,7 +103,7 @@ def table_rows(data: dict) -> list[list[str]]:
     return rows
 
 
-HEAD = ["problem", "p50 (us)", "% of floor", "best baseline (us)", "speed-up", "config"]
+HEAD = ["problem", "p50 (us)", "% of floor", "closest baseline (us)", "speed-up", "config"]   # closest: the least speed-up
 
 
 def _timings(s: dict) -> str:
@@ -178,10 +178,15 @@ def markdown(data: dict) -> str:
                   + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
     # judged on the timings, not on the table's rounded speed-up (0.996x would show as 1.00x)
     losses = [(d["label"], fastest_baseline(d)) for d in data["dispatch"]]
-    losses = [(lbl, b) for lbl, b in losses if b and b[0] < 1]
+    losses = [(lbl, b, d["baselines"][b[1]].get("round_ratios") if b else None) for (lbl, b), d in zip(losses, data["dispatch"])]
+    losses = [(lbl, b, rr) for lbl, b, rr in losses if b and b[0] < 1]
     if losses:
         lines += ["", f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})", ""]
-        lines += [f"- {lbl}: {r:.3f}x {n} ({_ms(b)} against {_ms(p)} us)" for lbl, (r, n, b, p) in losses]
+        if any(rr for _, _, rr in losses):
+            lines += [f"{sum(bool(rr) and max(rr) < 1 for _, _, rr in losses)} of them lose in every round of the "
+                      "baseline's window (each round: the baseline's p50 / the winner's); the others win at least one.", ""]
+        lines += [f"- {lbl}: {r:.3f}x {n} ({_ms(b)} against {_ms(p)} us)"
+                  + (f"; rounds {min(rr):.3f}-{max(rr):.3f}x" if rr else "") for lbl, (r, n, b, p), rr in losses]
     lines += ["", "## Candidates", "", f"{data['attempts']} attempts this run: " +
               ", ".join(f"{k} {v}" for k, v in data["candidates_by_outcome"].items())]
     if data["rejected"]:

@@ -215,6 +215,15 @@ def test_a_baseline_beside_the_winner_is_not_guarded_against_a_large_win():
     assert not res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0 and len(t.calls) == 6 + 5 + 20
 
 
+def test_round_ratios_pair_each_rounds_samples_and_need_equal_rounds():
+    assert stats.round_ratios([1, 1, 3, 3], [1, 1, 1, 1], 2) == [1.0, 3.0]
+    assert stats.round_ratios([2, 2, 2, 2], [1, 1], 2) == [2.0, 2.0]
+    assert stats.round_ratios([1, 1, 3], [1, 1, 1, 1], 2) == []       # not `rounds` equal chunks
+    assert stats.round_ratios([1, 1], None, 2) == [] and stats.round_ratios([1, 1], [1, 1], 0) == []
+    assert stats.summarize([1.0] * 4, 0.0, [2.0] * 4, rounds=2)["round_ratios"] == [0.5, 0.5]
+    assert stats.summarize([1.0] * 4, 0.0, [2.0] * 4)["round_ratios"] == []   # a search timing: not asked
+
+
 def test_small_win_is_not_remeasured():
     t = FakeTimer({"candidate": 1.0, "incumbent": 1.05}, alone=5.0, switch=16)
     res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
@@ -409,7 +418,7 @@ def _run_baselines(monkeypatch, g, fns: dict, winner=None, run=None, summarize=N
                          tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
     monkeypatch.setattr(runs.stats, "run", run or (lambda timer, **k: {"candidate": [1.0] * 5, "incumbent": None}))
-    monkeypatch.setattr(runs.stats, "summarize", summarize or (lambda samples, floor, incumbent=None: {"outcome": "ok"}))
+    monkeypatch.setattr(runs.stats, "summarize", summarize or (lambda samples, floor, incumbent=None, rounds=0: {"outcome": "ok"}))
     return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"), winner=winner)
 
 
@@ -423,10 +432,12 @@ def test_each_baseline_is_timed_in_one_window_with_the_winner(monkeypatch):
     res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"))
     assert seen["runners"]["incumbent"] == (("winner", {"t": 1}, "bin", 3), 3) and res == {"eager": {"outcome": "ok"}}
     res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"),
-                         run=lambda timer, **k: calls.append(k) or {"candidate": [2.0] * 5, "incumbent": [1.0] * 5},
+                         run=lambda timer, **k: calls.append(k) or {"candidate": [2.0] * 20,
+                                                                     "incumbent": [1.0] * 10 + [2.0] * 10},
                          summarize=summarize)
     assert calls and calls[0]["incumbent"] is True and calls[0]["guard"] is False
-    assert res["eager"]["p50_ms"] == 2.0 and res["eager"]["incumbent_p50_ms"] == 1.0
+    assert res["eager"]["p50_ms"] == 2.0 and res["eager"]["incumbent_p50_ms"] == 1.5
+    assert res["eager"]["round_ratios"] == [2.0] * 5 + [1.0] * 5     # ten rounds of two samples each
 
 
 def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):

@@ -384,7 +384,7 @@ class Gpu:
                 with self.stream, _torch_stream(self.stream):   # torch may have been imported by the check
                     res = stats.run(timer, incumbent=bool(winner), warmup_ms=warmup_ms, budget_ms=budget_ms, guard=False)
                 results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps),
-                                                res["incumbent"])
+                                                res["incumbent"], rounds=stats.ROUNDS if winner else 0)
                 if getattr(timer, "ungated", ()):
                     add_detail(results[name], UNGATED_NOTE + name)
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised

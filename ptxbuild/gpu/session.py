@@ -40,6 +40,7 @@ class MeasureResult:
     floor_ms: float = 0.0
     fraction_of_floor: float = 0.0        # floor_ms / p50_ms: 1.0 is copy bandwidth
     incumbent_p50_ms: float | None = None
+    round_ratios: tuple = ()             # beside an incumbent: p50 / its p50, round by round
     detail: str = ""
     fingerprint: Fingerprint | None = None
 

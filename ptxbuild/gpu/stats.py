@@ -10,6 +10,7 @@ PROTOCOL_VERSION = "3"      # bump when how a timing is taken changes (re-measur
                             # 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py)
 SUSPICIOUS_BELOW = 0.97     # p50 under this fraction of the roofline floor is never a win
 REMEASURE_MARGIN = 0.10     # a candidate beating the incumbent by more than this is re-timed alone
+ROUNDS = 10                 # a candidate and its incumbent alternate over this many rounds
 
 Timer = Callable[[str, int], list]   # timer(name, n) -> n consecutive timed calls of `name`, in ms
 
@@ -53,7 +54,7 @@ def warm_up(timer: Timer, name: str, warmup_ms: float, max_calls: int = 2000) ->
 
 
 def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_ms: float = 200.0,
-        rounds: int = 10, lo: int = 10, hi: int = 1000, guard: bool = True) -> dict:
+        rounds: int = ROUNDS, lo: int = 10, hi: int = 1000, guard: bool = True) -> dict:
     """Time "candidate" (and "incumbent" in the same window, alternating which goes first each round).
     With `guard`, a candidate faster than the incumbent by more than REMEASURE_MARGIN is re-timed alone
     and the slower of the two timings kept (a baseline beside the winner is not guarded: the rule
@@ -77,11 +78,24 @@ def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_m
     return out
 
 
-def summarize(samples, floor: float, incumbent_samples=None) -> dict:
-    """MeasureResult fields from samples: quantiles, count, floor, fraction of floor, outcome."""
+def round_ratios(samples, incumbent_samples, rounds: int) -> list[float]:
+    """p50 of `samples` / p50 of the incumbent's, round by round, for a run() that alternated them
+    over `rounds` rounds of equal size (each list is `rounds` chunks in order); [] otherwise."""
+    n, m = len(samples), len(incumbent_samples or ())
+    if rounds < 2 or not n or not m or n % rounds or m % rounds:
+        return []
+    a, b = n // rounds, m // rounds
+    return [quantile(samples[i * a:(i + 1) * a], 0.5) / quantile(incumbent_samples[i * b:(i + 1) * b], 0.5)
+            for i in range(rounds)]
+
+
+def summarize(samples, floor: float, incumbent_samples=None, rounds: int = 0) -> dict:
+    """MeasureResult fields from samples: quantiles, count, floor, fraction of floor, outcome; with
+    `rounds` (an alternating run, not re-measured), the ratio to the incumbent round by round."""
     p20, p50, p80 = quantiles(samples)
     return {"outcome": judge(p50, floor).value, "p50_ms": p50, "p20_ms": p20, "p80_ms": p80,
             "samples": len(samples), "floor_ms": floor, "fraction_of_floor": floor / p50 if p50 > 0 else 0.0,
             "incumbent_p50_ms": quantile(incumbent_samples, 0.5) if incumbent_samples else None,
+            "round_ratios": round_ratios(samples, incumbent_samples, rounds),
             "detail": f"p50 {p50:.4g} ms is under {SUSPICIOUS_BELOW:g} x the floor {floor:.4g} ms"
                       if judge(p50, floor) is Outcome.SUSPICIOUS else ""}
