@@ -5,7 +5,7 @@ import json
 import sqlite3
 import time
 import zlib
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +123,9 @@ class Cache:
 
     # -- compile step ---------------------------------------------------------------------------
     def get_compile(self, key: str) -> dict | None:
-        rows = list(self.db.query("select * from compiles where key = ?", [key]))
-        if not rows:
+        row = self.get("compiles", key)
+        if row is None:
             return None
-        row = rows[0]
         try:
             row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
         except (zlib.error, UnicodeDecodeError):
@@ -191,10 +190,8 @@ class Cache:
     def give_pages_back(self) -> None:
         """VACUUM, if nobody holds the file: busy or out of disk, what was deleted stays deleted and the
         file just stays larger."""
-        try:
+        with suppress(sqlite3.OperationalError):
             self.db.execute("VACUUM")
-        except sqlite3.OperationalError:
-            pass
 
     def counts(self) -> dict[str, int]:
         """Rows per table."""

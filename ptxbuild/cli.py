@@ -90,6 +90,9 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress):
 class Progress:
     """Prints one line per problem with candidates tried / failed / best so far."""
 
+    LINES = {"target_start": "{target}: building ({reason})", "note": "  {message}",   # events of one plain line
+             "target_fresh": "{target}: up to date", "target_skip": "{target}: skipped, {reason}"}
+
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
         self.tried = self.failed = 0
@@ -99,14 +102,8 @@ class Progress:
     def __call__(self, kind: str, **ev):
         if self.quiet:
             return
-        if kind == "target_start":
-            click.echo(f"{ev['target']}: building ({ev['reason']})", err=True)
-        elif kind == "note":
-            click.echo(f"  {ev['message']}", err=True)
-        elif kind == "target_fresh":
-            click.echo(f"{ev['target']}: up to date", err=True)
-        elif kind == "target_skip":
-            click.echo(f"{ev['target']}: skipped, {ev['reason']}", err=True)
+        if kind in self.LINES:
+            click.echo(self.LINES[kind].format(**ev), err=True)
         elif kind == "problem_start":
             self.tried = self.failed = 0
             self.best = math.inf

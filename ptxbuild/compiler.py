@@ -98,9 +98,8 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     err, prog = nvrtc.nvrtcCreateProgram(kernel.source.encode(), b"candidate.cu", 0, [], [])
     _check(err, "nvrtcCreateProgram")
     try:
-        opts = [f"--gpu-architecture={compute}", "-std=c++17", "-default-device", "--use_fast_math=false",
-                *kernel.flags]
-        opts = [o.encode() for o in opts if o != "--use_fast_math=false"]
+        opts = [o.encode() for o in (f"--gpu-architecture={compute}", "-std=c++17", "-default-device", *kernel.flags)
+                if o != "--use_fast_math=false"]   # NVRTC has no =false form: fast math stays off unless asked for
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
         log_buf = b" " * log_size

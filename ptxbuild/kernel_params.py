@@ -11,14 +11,9 @@ def param(arg) -> np.ndarray:
     """One parameter (cupy's rules: Python int -> int64, float -> float64, numpy scalars as they are)."""
     if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
         return np.array([arg.data.ptr], dtype=np.uint64)
-    if isinstance(arg, bool):
-        return np.array([arg], dtype=np.bool_)
-    if isinstance(arg, int):
-        return np.array([arg], dtype=np.int64)
-    if isinstance(arg, float):
-        return np.array([arg], dtype=np.float64)
-    if isinstance(arg, np.generic):
-        return np.array([arg])
+    for kind, dtype in ((bool, np.bool_), (int, np.int64), (float, np.float64), (np.generic, None)):   # bool is an int
+        if isinstance(arg, kind):
+            return np.array([arg], dtype=dtype)
     raise TypeError(f"kernel argument of type {type(arg).__name__} is neither an array nor a numpy scalar")
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 
 from .compiler import installed_version
@@ -248,11 +249,9 @@ def write_report(kf, cache, target) -> Path | None:
     if data is None:
         return None
     out = kf.reports_dir / str(target)
-    try:    # a compile-only build does not overwrite the report of a build measured on the GPU
+    with suppress(OSError, ValueError, KeyError):   # a compile-only build keeps a GPU-measured build's report
         if not data["summary"].get("measured") and json.loads((out / "report.json").read_text())["summary"]["measured"]:
             out = out / "compile-only"
-    except (OSError, ValueError, KeyError):
-        pass
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     (out / "report.md").write_text(markdown(data))

@@ -17,6 +17,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -41,10 +42,7 @@ def _sha256(path: Path) -> str:
 
 
 def _find_kernelfile(start: Path) -> Path | None:
-    for d in [start, *start.parents]:
-        if (d / "kernelfile.toml").is_file():
-            return d / "kernelfile.toml"
-    return None
+    return next((d / "kernelfile.toml" for d in [start, *start.parents] if (d / "kernelfile.toml").is_file()), None)
 
 
 def load(target: str | Path, *, kernelfile: str | Path | None = None, allow_fallback: bool = False,
@@ -106,9 +104,7 @@ def _dtype_of(arr) -> str:
 
 
 def _contiguous(arr) -> bool:
-    if _kind(arr) == "torch":
-        return bool(arr.is_contiguous())
-    return bool(arr.flags.c_contiguous)
+    return bool(arr.is_contiguous() if _kind(arr) == "torch" else arr.flags.c_contiguous)
 
 
 def _strides(arr) -> tuple:
@@ -118,13 +114,9 @@ def _strides(arr) -> tuple:
 class _Ptr:
     """What op.kernel_args sees for a torch tensor: cupy's `.data.ptr` plus shape and storage dtype."""
 
-    class _Data:
-        def __init__(self, ptr: int):
-            self.ptr = ptr
-
     def __init__(self, tensor):
         self.tensor = tensor
-        self.data = self._Data(int(tensor.data_ptr()))
+        self.data = SimpleNamespace(ptr=int(tensor.data_ptr()))
         self.shape = tuple(tensor.shape)
         self.size = int(tensor.numel())
         self.dtype = np.dtype({"bfloat16": "uint16"}.get(_dtype_of(tensor), _dtype_of(tensor)))
@@ -359,12 +351,10 @@ class BuiltKernel:
         if key in self._specs:
             return self._specs[key]
         tiny_shape = tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:]
-        out = {}
-        for name, a in self._tiny_inputs(problem).items():
-            shape = problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape)
-            out[name] = (shape, _NP_TO_DTYPE.get(str(a.dtype), str(a.dtype)))
-        self._specs[key] = out
-        return out
+        self._specs[key] = {name: (problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape),
+                                   _NP_TO_DTYPE.get(str(a.dtype), str(a.dtype)))
+                            for name, a in self._tiny_inputs(problem).items()}
+        return self._specs[key]
 
     def bind(self, args: tuple, kwargs: dict) -> tuple[_Mode, dict]:
         """Match positional and keyword arguments to one built option set: (mode, name -> array)."""

@@ -1,6 +1,7 @@
 """A child process that answers JSON-line requests, with a deadline per request; killed on a hang."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -48,13 +49,12 @@ class Child:
             stream.close()
 
     def stderr_tail(self, chars: int = 2000) -> str:
-        try:  # the child is dead (or killed) when this is read
+        with contextlib.suppress(Exception):   # the child is dead (or killed) when this is read
             self.stderr.seek(0, os.SEEK_END)
             size = self.stderr.tell()
             self.stderr.seek(max(0, size - chars))
             return self.stderr.read().decode(errors="replace").strip()
-        except Exception:  # noqa: BLE001
-            return ""
+        return ""
 
     def request(self, msg: dict, timeout_s: float) -> dict:
         """Send one request and wait for its reply; raises WorkerDied (and reaps the child) otherwise."""
@@ -81,20 +81,16 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
         rc = self.proc.wait()
-        try:
+        with contextlib.suppress(Exception):   # the pipe is already broken
             self.proc.stdin.close()
-        except Exception:  # noqa: BLE001 - the pipe is already broken
-            pass
         return rc
 
     def close(self, timeout_s: float = 10.0) -> None:
         if self.alive:
-            try:
+            with contextlib.suppress(Exception):
                 self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=timeout_s)
-            except Exception:  # noqa: BLE001
-                pass
         self.kill()
         self.proc = None
         self._close_stderr()
