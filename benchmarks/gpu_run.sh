@@ -124,6 +124,14 @@ for fo in "" "--fixed-out"; do
   step outputs-bfloat16-residual$fo 100 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate $fo --reps 300 --ms 32768 --kinds $K --flush memset --cold --gate --dtype bfloat16 --residual --ns 256,512,1024 --out reports/outputs/bfloat16-residual${fo:+-fixed-out}.md
   step outputs-float32$fo 100 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate $fo --reps 300 --ms 32768 --kinds $K --flush memset --cold --gate --dtype float32 --ns 256,512,1024,2048 --out reports/outputs/float32${fo:+-fixed-out}.md
 done
+# run 20g: torch.compile's shape at 1K residual (one warp per row, fast_front) beside the winner
+W1=winner:regime=warp:threads=32:rows_per_group=1:fast_front=true
+mkdir -p reports/residual/warp-1k
+for d in float16 bfloat16; do
+  step warp-1k-$d-residual 80 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 300 --ms 32768 --kinds winner,$W1,$W1:weight_load=late,torch_compile,$W1:weight_load=late,$W1,winner --flush memset --cold --gate --residual --ns 1024 --dtype $d --out reports/residual/warp-1k/$d-residual.md
+done
+# run 20f: the baselines timed again beside each winner, with their round-by-round ratios
+step rmsnorm-force-20f 600 $PB build rmsnorm@h200 --force
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
