@@ -17,7 +17,7 @@ def metric_ms(name: str, times_ms: list[float]) -> float | None:
     raise ValueError(f"unknown metric {name!r}")
 
 
-def fastest_baseline(entry: dict) -> tuple[float, str, float, float] | None:
+def closest_baseline(entry: dict) -> tuple[float, str, float, float] | None:
     """(speed-up, name, baseline p50, winner p50) against the baseline the winner beats by least, of
     those timed ok beside a dispatch entry; None if none. A baseline timed in one window with the
     winner (winner_p50_ms) is compared with the winner's p50 of that window (verification.md timing
@@ -41,7 +41,7 @@ def failures(gates: dict, chosen: list[dict]) -> list[str]:
             out.append(f"{c['label']}: {frac:.1%} of the copy-bandwidth floor < min_bandwidth_fraction {frac_min:g}")
         if time_max is not None and p50 > time_max:
             out.append(f"{c['label']}: p50 {p50:.4g} ms > max_time_ms {time_max:g}")
-        base = fastest_baseline(c)
+        base = closest_baseline(c)
         if gates.get("min_speedup") is not None and base and base[0] < gates["min_speedup"]:
             out.append(f"{c['label']}: {base[0]:.3f}x {base[1]} ({base[2] * 1e3:.1f} us) < min_speedup {gates['min_speedup']:g}")
     return out

@@ -11,7 +11,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from .compiler import installed_version
-from .gates import fastest_baseline
+from .gates import closest_baseline
 from .problem import Problem
 
 PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
@@ -97,7 +97,7 @@ def table_rows(data: dict) -> list[list[str]]:
         if d.get("params") is None:
             rows.append([d["label"], "NO VALID CANDIDATE", "-", "-", "-", ""])
             continue
-        base = fastest_baseline(d)
+        base = closest_baseline(d)
         frac = f"{d['floor_ms'] / d['p50_ms'] * 100:.0f}%" if d.get("p50_ms") else "-"
         params = " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
         rows.append([d["label"], _ms(d.get("p50_ms")), frac, _ms(base and base[2]), f"{base[0]:.2f}x" if base else "-", params])
@@ -178,9 +178,8 @@ def markdown(data: dict) -> str:
                   f"{_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
                   + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
     # judged on the timings, not on the table's rounded speed-up (0.996x would show as 1.00x)
-    losses = [(d["label"], fastest_baseline(d)) for d in data["dispatch"]]
-    losses = [(lbl, b, d["baselines"][b[1]].get("round_ratios") if b else None) for (lbl, b), d in zip(losses, data["dispatch"])]
-    losses = [(lbl, b, rr) for lbl, b, rr in losses if b and b[0] < 1]
+    losses = [(d["label"], b, d["baselines"][b[1]].get("round_ratios")) for d in data["dispatch"]
+              if (b := closest_baseline(d)) and b[0] < 1]
     if losses:
         lines += ["", f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})", ""]
         if any(rr for _, _, rr in losses):
