@@ -594,3 +594,23 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
     assert stores(late) == stores(early) == 2 * 2 * 2 and late.spill_bytes == 0
     first_store, last_shfl = (lambda b: b.ptx.index("st.global"), lambda b: b.ptx.rindex("shfl.sync"))
     assert first_store(early) < last_shfl(early) and first_store(late) > last_shfl(late)
+
+
+@pytest.mark.compile
+def test_h32_holds_h_in_fp32_for_the_norm_and_rounds_only_residual_out():
+    """H32 (experimental, session 13; not a parameter): off, the kernel is the one without it; on, the
+    fp16 residual rows keep h = x + r in fp32 for the sum and the norm (as torch.compile does) and
+    round it only for residual_out, so h is never widened back from 16 bits. Staged / chunked /
+    bulk / generic variants refuse it at compile time."""
+    compiler = pytest.importorskip("ptxbuild.compiler")
+    pr = prob("float16", (32768, 512), residual=True)
+    cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "fast_front": True, "load_hint": "nc"})
+    k = op.render(cfg, pr, "sm_90a")
+    base, off, on = (compiler.compile_kernel(v, "sm_90a") for v in (k, k.with_defines("H32=0"), k.with_defines("H32=1")))
+    assert off.ptx == base.ptx and off.cubin == base.cubin
+    widen = lambda b: b.ptx.count("cvt.f32.f16")   # noqa: E731
+    assert widen(on) < widen(base) and on.spill_bytes == 0
+    assert on.ptx.count("st.global") == base.ptx.count("st.global") == 2 * (2 * 2 + 2 * 2)   # h and y, both paths
+    staged = op.render(op._full({"regime": "block", "threads": 64, "stage": "smem"}), pr, "sm_90a")
+    with pytest.raises(compiler.CompileError, match="H32: exact rows held in registers only"):
+        compiler.compile_kernel(staged.with_defines("H32=1"), "sm_90a")
