@@ -132,6 +132,12 @@ for d in float16 bfloat16; do
 done
 # run 20f: the baselines timed again beside each winner, with their round-by-round ratios
 step rmsnorm-force-20f 600 $PB build rmsnorm@h200 --force
+# next (not yet run): H32 (h held in fp32 for the norm; rmsnorm NOTES run 20 Next 1): correctness, then timing
+step rmsnorm-selftest-h32 300 python3 ops/rmsnorm/selftest_gpu.py -k "'residual': True" -D H32=1 -D FAST_FRONT=1
+mkdir -p reports/residual/h32
+for d in float16 bfloat16; do
+  step h32-$d-residual 120 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 300 --ms 32768 --kinds winner,winner+H32=1,winner:weight_load=early+H32=1,torch_compile,winner:weight_load=early+H32=1,winner+H32=1,winner --flush memset --cold --gate --residual --ns 256,512,1024 --dtype $d --out reports/residual/h32/$d-residual.md
+done
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
