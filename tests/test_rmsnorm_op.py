@@ -601,7 +601,7 @@ def test_h32_holds_h_in_fp32_for_the_norm_and_rounds_only_residual_out():
     """H32 (experimental, session 13; not a parameter): off, the kernel is the one without it; on, the
     fp16 residual rows keep h = x + r in fp32 for the sum and the norm (as torch.compile does) and
     round it only for residual_out, so h is never widened back from 16 bits. Staged / chunked /
-    bulk / generic variants refuse it at compile time."""
+    bulk / generic variants ignore it (so a selftest can pass it to every case)."""
     compiler = pytest.importorskip("ptxbuild.compiler")
     pr = prob("float16", (32768, 512), residual=True)
     cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "fast_front": True, "load_hint": "nc"})
@@ -612,5 +612,4 @@ def test_h32_holds_h_in_fp32_for_the_norm_and_rounds_only_residual_out():
     assert widen(on) < widen(base) and on.spill_bytes == 0
     assert on.ptx.count("st.global") == base.ptx.count("st.global") == 2 * (2 * 2 + 2 * 2)   # h and y, both paths
     staged = op.render(op._full({"regime": "block", "threads": 64, "stage": "smem"}), pr, "sm_90a")
-    with pytest.raises(compiler.CompileError, match="H32: exact rows held in registers only"):
-        compiler.compile_kernel(staged.with_defines("H32=1"), "sm_90a")
+    assert compiler.compile_kernel(staged.with_defines("H32=1"), "sm_90a").cubin == compiler.compile_kernel(staged, "sm_90a").cubin

@@ -41,7 +41,8 @@
 //   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
 //   H32         (experimental, default 0) exact rows held in registers, residual in a 16-bit dtype: h is
 //               held as fp32 and normalized unrounded (torch.compile's semantics); residual_out is
-//               still rounded to its dtype when stored. Default: y normalizes the stored, rounded h
+//               still rounded to its dtype when stored. Default: y normalizes the stored, rounded h.
+//               Ignored by the staged, chunked, bulk and generic variants
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -75,10 +76,8 @@ typedef long long i64;
 #ifndef H32
 #define H32 0
 #endif
-#define KHH ((H32 && HAS_RES) ? 2 : KH)                          // kind of h as held (H32: fp32)
-#if H32 && (!EXACT || STAGE_SMEM || STAGE_CHUNK || STAGE_BULK)
-#error "H32: exact rows held in registers only"
-#endif
+// kind of h as held: H32 holds it in fp32 where whole rows live in registers (elsewhere it is ignored)
+#define KHH ((H32 && HAS_RES && EXACT && !STAGE_SMEM && !STAGE_CHUNK && !STAGE_BULK) ? 2 : KH)
 
 template <int K> struct Kind {
   static constexpr int bytes = K == 2 ? 4 : 2;
