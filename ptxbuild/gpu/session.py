@@ -11,7 +11,7 @@ from ..outcome import Outcome
 from ..problem import Binary, Problem
 from .fingerprint import Fingerprint
 from .process import Child, WorkerDied
-from .worker import encode_binary, encode_problem
+from .worker import encode_binary, encode_config, encode_problem
 
 
 class GpuError(RuntimeError):
@@ -129,7 +129,7 @@ class GpuSession:
                 incumbent: tuple[dict, Binary] | None = None, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> MeasureResult:
         args = {"op_folder": self._folder(op_folder), "root": self.root, "params": params, "problem": encode_problem(problem),
                 "binary": encode_binary(binary), "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
-                "incumbent": [incumbent[0], encode_binary(incumbent[1])] if incumbent else None}
+                "incumbent": encode_config(incumbent)}
         return self._measure_result(self._run("measure", args)[0])
 
     def baselines(self, op_folder: str, problem: Problem, winner: tuple[dict, Binary] | None = None,
@@ -137,7 +137,7 @@ class GpuSession:
         """Baselines timed; with `winner`, each in one window with the winner (incumbent_p50_ms: the winner's)."""
         r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
                                        "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
-                                       "winner": [winner[0], encode_binary(winner[1])] if winner else None},
+                                       "winner": encode_config(winner)},
                          max(self.timeout_s, BASELINES_TIMEOUT_S))
         if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung
             return {"*": self._measure_result(r)}

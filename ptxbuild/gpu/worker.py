@@ -29,6 +29,15 @@ def decode_binary(d: dict) -> dict:
     return {**d, "cubin": base64.b64decode(d["cubin"])}
 
 
+def encode_config(c: tuple | None) -> list | None:
+    """A (params, Binary) pair the worker times beside a candidate (incumbent, winner), or None."""
+    return [c[0], encode_binary(c[1])] if c else None
+
+
+def decode_config(c: list | None) -> tuple | None:
+    return (c[0], decode_binary(c[1])) if c else None
+
+
 def handle(gpu, cmd: str, a: dict):
     if cmd == "hello":
         return {"fingerprint": asdict(gpu.fingerprint), "pid": os.getpid()}
@@ -38,14 +47,12 @@ def handle(gpu, cmd: str, a: dict):
         return gpu.verify(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]),
                           decode_binary(a["binary"]), a.get("seeds"))
     if cmd == "measure":
-        inc = a.get("incumbent")
         return gpu.measure(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]), decode_binary(a["binary"]),
-                           (inc[0], decode_binary(inc[1])) if inc else None, a.get("copy_tbps", 0.0),
+                           decode_config(a.get("incumbent")), a.get("copy_tbps", 0.0),
                            a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
     if cmd == "baselines":
-        win = a.get("winner")
         return gpu.baselines(a["op_folder"], a["root"], decode_problem(a["problem"]), a.get("copy_tbps", 0.0),
-                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0), (win[0], decode_binary(win[1])) if win else None)
+                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0), decode_config(a.get("winner")))
     raise ValueError(f"unknown request {cmd!r}")
 
 
