@@ -597,19 +597,21 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
 
 
 @pytest.mark.compile
-def test_h32_holds_h_in_fp32_for_the_norm_and_rounds_only_residual_out():
-    """H32 (experimental, session 13; not a parameter): off, the kernel is the one without it; on, the
-    fp16 residual rows keep h = x + r in fp32 for the sum and the norm (as torch.compile does) and
-    round it only for residual_out, so h is never widened back from 16 bits. Staged / chunked /
-    bulk / generic variants ignore it (so a selftest can pass it to every case)."""
+def test_w_hoist_loads_every_late_weight_vector_before_the_reduction():
+    """W_HOIST (experimental, session 14): with a late weight the kernel loaded vector i+1 only after
+    vector i's y stores (no load may pass a store through Args' pointers); on, both are loaded before
+    the reduction's shuffles and every y store comes after them. Off, the kernel is the one without it."""
     compiler = pytest.importorskip("ptxbuild.compiler")
+    import re
     pr = prob("float16", (32768, 512), residual=True)
-    cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "fast_front": True, "load_hint": "nc"})
+    cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "fast_front": True,
+                    "load_hint": "nc", "weight_load": "late"})
     k = op.render(cfg, pr, "sm_90a")
-    base, off, on = (compiler.compile_kernel(v, "sm_90a") for v in (k, k.with_defines("H32=0"), k.with_defines("H32=1")))
-    assert off.ptx == base.ptx and off.cubin == base.cubin
-    widen = lambda b: b.ptx.count("cvt.f32.f16")   # noqa: E731
-    assert widen(on) < widen(base) and on.spill_bytes == 0
-    assert on.ptx.count("st.global") == base.ptx.count("st.global") == 2 * (2 * 2 + 2 * 2)   # h and y, both paths
-    staged = op.render(op._full({"regime": "block", "threads": 64, "stage": "smem"}), pr, "sm_90a")
-    assert compiler.compile_kernel(staged.with_defines("H32=1"), "sm_90a").cubin == compiler.compile_kernel(staged, "sm_90a").cubin
+    base, off, on = (compiler.compile_kernel(v, "sm_90a") for v in (k, k.with_defines("W_HOIST=0"), k.with_defines("W_HOIST=1")))
+    assert off.cubin == base.cubin and on.spill_bytes == 0
+    seq = lambda b: [m.group(1) for m in re.finditer(r"(ld\.global\.v4|ld\.global\.nc|st\.global|shfl\.sync)", b.ptx)]  # noqa: E731
+    fast = lambda s: s[len(s) // 2:]     # noqa: E731  (the FAST_FRONT path, after the predicated one)
+    w = "ld.global.v4"                   # the late weight loads (x and residual load through .nc)
+    assert fast(seq(base)).count(w) == fast(seq(on)).count(w) == 2
+    assert max(i for i, o in enumerate(fast(seq(base))) if o == w) > fast(seq(base)).index("shfl.sync")
+    assert max(i for i, o in enumerate(fast(seq(on))) if o == w) < fast(seq(on)).index("shfl.sync")

@@ -39,10 +39,9 @@
 //               residual_out is stored after the row's reduction, all of it before y (Triton's order),
 //               not as each h is formed
 //   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
-//   H32         (experimental, default 0) exact rows held in registers, residual in a 16-bit dtype: h is
-//               held as fp32 and normalized unrounded (torch.compile's semantics); residual_out is
-//               still rounded to its dtype when stored. Default: y normalizes the stored, rounded h.
-//               Ignored by the staged, chunked, bulk and generic variants
+//   W_HOIST     (experimental, default 0) exact register rows, late weight: every weight / bias vector is
+//               loaded before the reduction, not each one between y stores (the compiler may not move a
+//               load above a store through Args' pointers, so vector i+1's load waited behind i's stores)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -71,13 +70,11 @@ typedef long long i64;
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
 #endif
-#define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
-#define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of residual_out (and of h as held)
-#ifndef H32
-#define H32 0
+#ifndef W_HOIST
+#define W_HOIST 0
 #endif
-// kind of h as held: H32 holds it in fp32 where whole rows live in registers (elsewhere it is ignored)
-#define KHH ((H32 && HAS_RES && EXACT && !STAGE_SMEM && !STAGE_CHUNK && !STAGE_BULK) ? 2 : KH)
+#define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
+#define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
 
 template <int K> struct Kind {
   static constexpr int bytes = K == 2 ? 4 : 2;
@@ -263,21 +260,21 @@ struct Args {
   void* y; void* ro; float* rstd;
 };
 
-// h = x (+ r) for one vector: packed in kind KHH into hw; returns the sum of squares of h.
+// h = x (+ r) for one vector: packed in kind KH into hw; returns the sum of squares of h.
 __device__ __forceinline__ float combine(const u32* xw, const u32* rw, u32* hw) {
   float ss = 0.f;
 #if HAS_RES
   float f[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) f[j] = getf<DT>(xw, j) + getf<DT>(rw, j);
-  pack<KHH>(f, hw);   // residual_out is hw (H32: rounded as stored, store_h); y normalizes h as held
+  pack<KH>(f, hw);   // residual_out is exactly hw; y normalizes the stored (rounded) h
 #else
 #pragma unroll
   for (int q = 0; q < Kind<KH>::words; ++q) hw[q] = xw[q];
 #endif
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    float h = getf<KHH>(hw, j);
+    float h = getf<KH>(hw, j);
     ss = fmaf(h, h, ss);
   }
   return ss;
@@ -288,7 +285,7 @@ __device__ __forceinline__ void normalize(const u32* hw, const u32* ww, const u3
   float f[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    float v = getf_again<KHH>(hw, j) * rs;
+    float v = getf_again<KH>(hw, j) * rs;
 #if WT != 0
     v = v * getf<KW>(ww, j);
 #endif
@@ -464,36 +461,24 @@ __device__ __forceinline__ void load_rows(const Args& a, const i64* rows, const 
   }
 }
 
-// residual_out's VEC elements at element `idx` from h as held (H32: rounded to KH here).
-__device__ __forceinline__ void store_h(void* ro, i64 idx, const u32* hw) {
-#if KHH != KH
-  float f[VEC];
-  u32 ho[Kind<KH>::words];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) f[j] = getf<KHH>(hw, j);
-  pack<KH>(f, ho);
-  vstore<KH>(ro, idx, ho);
-#else
-  vstore<KH>(ro, idx, hw);
-#endif
-}
-
 template <bool FAST = false>
 __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, const bool* rok, int t, i64 lo,
                                             float eps, const RowWords& xw, const ResWords& rw, int it = 0) {
   constexpr int NV = EX_NV, VPT = EX_VPT;
-  constexpr int HWN = Kind<KHH>::words, WWN = Kind<KW>::words;
-  u32 ww[WEARLY ? VPT : 1][WWN], bw[(WEARLY && HAS_BIAS) ? VPT : 1][WWN];
-#if WEARLY
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
+  constexpr bool WPRE = WEARLY || W_HOIST;   // every weight vector held in registers before y
+  u32 ww[WPRE ? VPT : 1][WWN], bw[(WPRE && HAS_BIAS) ? VPT : 1][WWN];
+  auto load_w = [&]() {
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int v = i * G + t;
-    const bool ok = (i + 1) * G <= NV || v < NV;
-    const i64 idx = lo + (i64)v * VEC;
-    if (WT != 0) { if (ok) WLOAD(KW, a.w, idx, ww[i]); else zero<KW>(ww[i]); }
-    if (HAS_BIAS) { if (ok) WLOAD(KW, a.b, idx, bw[i]); else zero<KW>(bw[i]); }
-  }
-#endif
+    for (int i = 0; i < VPT; ++i) {
+      const int v = i * G + t;
+      const bool ok = (i + 1) * G <= NV || v < NV;
+      const i64 idx = lo + (i64)v * VEC;
+      if (WT != 0) { if (!ok) zero<KW>(ww[i]); else if (WEARLY) WLOAD(KW, a.w, idx, ww[i]); else WLOAD_LATE(KW, a.w, idx, ww[i]); }
+      if (HAS_BIAS) { if (!ok) zero<KW>(bw[i]); else if (WEARLY) WLOAD(KW, a.b, idx, bw[i]); else WLOAD_LATE(KW, a.b, idx, bw[i]); }
+    }
+  };
+  if (WEARLY) load_w();
   u32 hw[RPG][VPT][HWN];
   float ss[RPG];
 #pragma unroll
@@ -506,13 +491,14 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
 #if !H_LATE
       const int v = i * G + t;
       if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
-        store_h(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
 #endif
 #else
       ss[k] += combine(xw[k][i], nullptr, hw[k][i]);
 #endif
     }
   }
+  if (!WEARLY && W_HOIST) load_w();
   float rs[RPG];
 #pragma unroll
   for (int k = 0; k < RPG; ++k) rs[k] = rstd_of(row_sum(ss[k], it), (float)NC, eps);
@@ -523,7 +509,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     for (int i = 0; i < VPT; ++i) {
       const int v = i * G + t;
       if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
-        store_h(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
     }
 #endif
 #if HAS_RSTD
@@ -536,7 +522,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     const int v = i * G + t;
     const bool colok = (i + 1) * G <= NV || v < NV;
     const i64 idx = lo + (i64)v * VEC;
-#if WEARLY
+#if WEARLY || W_HOIST
     const u32* wi = ww[i]; const u32* bi = bw[HAS_BIAS ? i : 0];
 #else
     u32 wl[WWN], bl[WWN];
