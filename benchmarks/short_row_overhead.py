@@ -19,7 +19,8 @@ kernel streams more slowly. Two variants of the winner separate causes:
                 one warp per CTA (M = 32768 only), assembled for the PTX's own .target
   triton_ptx+E  the same PTX edited first, to bisect what its speed comes from (E, '+'-joined):
                 plainw (weight loads without its L1/L2 evict_last hints), cs (stores st.global.cs,
-                as our store_cs=true), noreq (no .reqntid)
+                as our store_cs=true), noreq (no .reqntid), nc (x / residual loads ld.global.nc, as our
+                load_hint=nc)
   winner+NAME=V the winner compiled with -DNAME=V (e.g. winner+FAST_FRONT=1: an
                 experimental path of rmsnorm.cu that op.py does not select yet)
   winner:K=V    the winner with search parameter K set to V (e.g. winner:store_cs=false; may be
@@ -60,6 +61,7 @@ PTX_EDITS = {
                                r"ld.global.\1;", p),
     "cs": lambda p: p.replace("st.global.v4.b32", "st.global.cs.v4.b32"),
     "noreq": lambda p: re.sub(r"^\.reqntid \d+\s*$", "", p, flags=re.M),
+    "nc": lambda p: p.replace("ld.global.v4.b32", "ld.global.nc.v4.b32"),
 }
 MS = [8192, 16384, 32768, 65536, 131072]
 
@@ -175,12 +177,11 @@ def main(argv=None) -> int:
 
     def triton_at(n: int, edits: tuple = ()):
         """torch.compile's own kernel (from its PTX: x, weight, y, xnumel, rnumel, two scratch
-        pointers; M and N are baked in) launched by cupy: tells its code from torch's launch path."""
+        pointers; with --residual x, residual, weight, then its two outputs; M and N are baked in)
+        launched by cupy: tells its code from torch's launch path."""
         import numpy as np
 
         from ptxbuild.compiler import ptx_to_cubin
-        if a.dtype != "bfloat16" or a.residual:
-            raise SystemExit("kind triton_ptx: its launcher knows bf16 rows without residual only")
         files = dict(v.split("=", 1) for v in a.triton_ptx)
         if str(n) not in files:
             return None
@@ -201,11 +202,13 @@ def main(argv=None) -> int:
         def run_at(m: int):
             if m != 32768:
                 raise SystemExit("kind triton_ptx: torch.compile built its kernel for M = 32768 only; pass --ms 32768")
-            pm = Problem.make("rmsnorm", "bfloat16", (m, n), {})
+            pm = Problem.make("rmsnorm", a.dtype, (m, n), mode)
             fns = []
-            for k in range(sets_for(2 * m * n * 2)):
+            for k in range(sets_for(op.bytes_moved(pm))):
                 x, y = op.make_inputs(pm, k, cp), op.make_outputs(pm, cp)
-                args = (x["x"], x["weight"], y["y"], np.uint32(m), np.uint32(n), np.uint64(0), np.uint64(0))
+                ptrs = ((x["x"], x["residual"], x["weight"], y["y"], y["residual_out"]) if a.residual
+                        else (x["x"], x["weight"], y["y"]))
+                args = (*ptrs, np.uint32(m), np.uint32(n), np.uint64(0), np.uint64(0))
                 fns.append(lambda args=args: kern((m * n // per_cta,), (32,), args))
             return rotating(fns)
         return run_at
