@@ -229,7 +229,8 @@ def main(argv=None) -> int:
              f"- reproduce: `python3 benchmarks/short_row_overhead.py --report {a.report.relative_to(ROOT) if a.report.is_absolute() else a.report}"
              f"{' --rotate' if a.rotate else ''}{' --fixed-out' if a.fixed_out else ''} --flush {a.flush} --kinds {a.kinds} --batch {a.batch}"
              f" --settle-us {a.settle_us:g} --idle-us {a.idle_us:g}{' --cold' if a.cold else ''}{' --gate' if a.gate else ''}"
-             f"{'' if a.dtype == 'bfloat16' else ' --dtype ' + a.dtype}{' --residual' if a.residual else ''} --ns {a.ns} --ms {a.ms}`",
+             f"{'' if a.dtype == 'bfloat16' else ' --dtype ' + a.dtype}{' --residual' if a.residual else ''} --ns {a.ns} --ms {a.ms}"
+             + "".join(f" --triton-ptx {v}" for v in a.triton_ptx) + "`",
              f"- each kernel at M = {', '.join(map(str, ms))}; a 256 MiB L2 flush (`--flush {a.flush}`) before each call; "
              f"CUDA events; median of {a.reps}",
              f"- pacing: {'the flush waited for, then the call alone (cold)' if a.cold else 'synchronized after every call' if a.batch == 1 else f'{a.batch} calls enqueued, then a wait'}"
