@@ -132,12 +132,24 @@ for d in float16 bfloat16; do
 done
 # run 20f: the baselines timed again beside each winner, with their round-by-round ratios
 step rmsnorm-force-20f 600 $PB build rmsnorm@h200 --force
-# next (not yet run): H32 (h held in fp32 for the norm; rmsnorm NOTES run 20 Next 1): correctness, then timing
+# run 21 (at 9308fca; the macros H32 (690ca9e) and W_HOIST (fba6388) are in those commits' source only):
+# the GPU tests, H32 and W_HOIST verified and timed, then torch.compile's residual kernels (its Triton
+# PTX, kept from run 18g) through this repository's launcher
+step gpu-tests 300 python3 -m pytest -q -m gpu tests
 step rmsnorm-selftest-h32 300 python3 ops/rmsnorm/selftest_gpu.py -k "'residual': True" -D H32=1 -D FAST_FRONT=1
-mkdir -p reports/residual/h32
+step rmsnorm-selftest-w-hoist 300 python3 ops/rmsnorm/selftest_gpu.py -D W_HOIST=1 -D FAST_FRONT=1
+S="python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 300 --ms 32768 --flush memset --cold --gate"
+mkdir -p reports/residual/h32 reports/residual/w-hoist reports/residual/triton-ptx
 for d in float16 bfloat16; do
-  step h32-$d-residual 120 python3 benchmarks/short_row_overhead.py --report reports/rmsnorm@h200/report.json --rotate --reps 300 --ms 32768 --kinds winner,winner+H32=1,winner:weight_load=early+H32=1,torch_compile,winner:weight_load=early+H32=1,winner+H32=1,winner --flush memset --cold --gate --residual --ns 256,512,1024 --dtype $d --out reports/residual/h32/$d-residual.md
+  step h32-$d-residual 120 $S --kinds winner,winner+H32=1,winner:weight_load=early+H32=1,torch_compile,winner:weight_load=early+H32=1,winner+H32=1,winner --residual --ns 256,512,1024 --dtype $d --out reports/residual/h32/$d-residual.md
+  for r in --residual ""; do
+    step w-hoist-$d$r 100 $S --kinds winner,winner+W_HOIST=1,winner:weight_load=late+W_HOIST=1,torch_compile,winner:weight_load=late+W_HOIST=1,winner+W_HOIST=1,winner $r --ns 256,512 --dtype $d --out reports/residual/w-hoist/$d${r:+-residual}.md
+  done
 done
+T=winner,triton_ptx,triton_ptx+nc,torch_compile,triton_ptx+nc,triton_ptx,winner
+tp() { echo "--triton-ptx $1=$(ls reports/h200-logs/run18g-$2-$1-res-triton-ptx/*.ptx)"; }
+step triton-ptx-float16-residual 120 $S --kinds $T --residual --ns 512 --dtype float16 $(tp 512 float16) --out reports/residual/triton-ptx/float16-residual.md
+step triton-ptx-bfloat16-residual 120 $S --kinds $T --residual --ns 256,512 --dtype bfloat16 $(tp 256 bfloat16) $(tp 512 bfloat16) --out reports/residual/triton-ptx/bfloat16-residual.md
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)

@@ -594,24 +594,3 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
     assert stores(late) == stores(early) == 2 * 2 * 2 and late.spill_bytes == 0
     first_store, last_shfl = (lambda b: b.ptx.index("st.global"), lambda b: b.ptx.rindex("shfl.sync"))
     assert first_store(early) < last_shfl(early) and first_store(late) > last_shfl(late)
-
-
-@pytest.mark.compile
-def test_w_hoist_loads_every_late_weight_vector_before_the_reduction():
-    """W_HOIST (experimental, session 14): with a late weight the kernel loaded vector i+1 only after
-    vector i's y stores (no load may pass a store through Args' pointers); on, both are loaded before
-    the reduction's shuffles and every y store comes after them. Off, the kernel is the one without it."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
-    import re
-    pr = prob("float16", (32768, 512), residual=True)
-    cfg = op._full({"regime": "warp", "threads": 32, "rows_per_group": 2, "fast_front": True,
-                    "load_hint": "nc", "weight_load": "late"})
-    k = op.render(cfg, pr, "sm_90a")
-    base, off, on = (compiler.compile_kernel(v, "sm_90a") for v in (k, k.with_defines("W_HOIST=0"), k.with_defines("W_HOIST=1")))
-    assert off.cubin == base.cubin and on.spill_bytes == 0
-    seq = lambda b: [m.group(1) for m in re.finditer(r"(ld\.global\.v4|ld\.global\.nc|st\.global|shfl\.sync)", b.ptx)]  # noqa: E731
-    fast = lambda s: s[len(s) // 2:]     # noqa: E731  (the FAST_FRONT path, after the predicated one)
-    w = "ld.global.v4"                   # the late weight loads (x and residual load through .nc)
-    assert fast(seq(base)).count(w) == fast(seq(on)).count(w) == 2
-    assert max(i for i, o in enumerate(fast(seq(base))) if o == w) > fast(seq(base)).index("shfl.sync")
-    assert max(i for i, o in enumerate(fast(seq(on))) if o == w) < fast(seq(on)).index("shfl.sync")

@@ -39,9 +39,6 @@
 //               residual_out is stored after the row's reduction, all of it before y (Triton's order),
 //               not as each h is formed
 //   RSQ_FTZ     (experimental, default 0) rsqrt.approx.ftz.f32, as Triton emits it (no subnormal handling)
-//   W_HOIST     (experimental, default 0) exact register rows, late weight: every weight / bias vector is
-//               loaded before the reduction, not each one between y stores (the compiler may not move a
-//               load above a store through Args' pointers, so vector i+1's load waited behind i's stores)
 //   LDH         0 ld.global, 1 ld.global.nc, 2 ld.global.nc.L1::no_allocate, 3 that + an L2 evict_first
 //               policy (late weight loads: evict_last), 4 (chunked only) ld.global with L1 eviction
 //               priorities and an L2 policy, as Triton emits them (run 14d): evict_last in pass 1,
@@ -69,9 +66,6 @@ typedef long long i64;
 #endif
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
-#endif
-#ifndef W_HOIST
-#define W_HOIST 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -466,19 +460,17 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
                                             float eps, const RowWords& xw, const ResWords& rw, int it = 0) {
   constexpr int NV = EX_NV, VPT = EX_VPT;
   constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
-  constexpr bool WPRE = WEARLY || W_HOIST;   // every weight vector held in registers before y
-  u32 ww[WPRE ? VPT : 1][WWN], bw[(WPRE && HAS_BIAS) ? VPT : 1][WWN];
-  auto load_w = [&]() {
+  u32 ww[WEARLY ? VPT : 1][WWN], bw[(WEARLY && HAS_BIAS) ? VPT : 1][WWN];
+#if WEARLY
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int v = i * G + t;
-      const bool ok = (i + 1) * G <= NV || v < NV;
-      const i64 idx = lo + (i64)v * VEC;
-      if (WT != 0) { if (!ok) zero<KW>(ww[i]); else if (WEARLY) WLOAD(KW, a.w, idx, ww[i]); else WLOAD_LATE(KW, a.w, idx, ww[i]); }
-      if (HAS_BIAS) { if (!ok) zero<KW>(bw[i]); else if (WEARLY) WLOAD(KW, a.b, idx, bw[i]); else WLOAD_LATE(KW, a.b, idx, bw[i]); }
-    }
-  };
-  if (WEARLY) load_w();
+  for (int i = 0; i < VPT; ++i) {
+    const int v = i * G + t;
+    const bool ok = (i + 1) * G <= NV || v < NV;
+    const i64 idx = lo + (i64)v * VEC;
+    if (WT != 0) { if (ok) WLOAD(KW, a.w, idx, ww[i]); else zero<KW>(ww[i]); }
+    if (HAS_BIAS) { if (ok) WLOAD(KW, a.b, idx, bw[i]); else zero<KW>(bw[i]); }
+  }
+#endif
   u32 hw[RPG][VPT][HWN];
   float ss[RPG];
 #pragma unroll
@@ -498,7 +490,6 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
 #endif
     }
   }
-  if (!WEARLY && W_HOIST) load_w();
   float rs[RPG];
 #pragma unroll
   for (int k = 0; k < RPG; ++k) rs[k] = rstd_of(row_sum(ss[k], it), (float)NC, eps);
@@ -522,7 +513,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     const int v = i * G + t;
     const bool colok = (i + 1) * G <= NV || v < NV;
     const i64 idx = lo + (i64)v * VEC;
-#if WEARLY || W_HOIST
+#if WEARLY
     const u32* wi = ww[i]; const u32* bi = bw[HAS_BIAS ? i : 0];
 #else
     u32 wl[WWN], bl[WWN];
