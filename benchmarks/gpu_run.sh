@@ -150,6 +150,10 @@ T=winner,triton_ptx,triton_ptx+nc,torch_compile,triton_ptx+nc,triton_ptx,winner
 tp() { echo "--triton-ptx $1=$(ls reports/h200-logs/run18g-$2-$1-res-triton-ptx/*.ptx)"; }
 step triton-ptx-float16-residual 120 $S --kinds $T --residual --ns 512 --dtype float16 $(tp 512 float16) --out reports/residual/triton-ptx/float16-residual.md
 step triton-ptx-bfloat16-residual 120 $S --kinds $T --residual --ns 256,512 --dtype bfloat16 $(tp 256 bfloat16) $(tp 512 bfloat16) --out reports/residual/triton-ptx/bfloat16-residual.md
+# run 21g: Triton's order of memory operations in our code (needs fba6388's rmsnorm.cu for W_HOIST)
+for d in float16 bfloat16; do
+  step triton-order-$d-residual 140 $S --kinds winner,winner+H_LATE=1+W_HOIST=1,winner:weight_load=early+H_LATE=1,torch_compile,winner:weight_load=early+H_LATE=1,winner+H_LATE=1+W_HOIST=1,winner --residual --ns 256,512,1024 --dtype $d --out reports/residual/triton-order/$d-residual.md
+done
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
