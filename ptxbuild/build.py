@@ -503,7 +503,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
     summary["report_manifest"] = {"dispatch": m.get("dispatch", []), "variants": m.get("variants", {})}
-    produced = lessons.derive(ctx.cache, op, t, ctx.run)
+    produced = lessons.derive(ctx.cache, op, t, ctx.run, {json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"])
+                                                          for c in chosen if hw and c["params"] is not None})
     summary["lessons_produced"] = produced
     summary["problems_done"] = f"{len(chosen)}/{len(probs)}"
     timed = [c["p50_ms"] for c in chosen if c.get("p50_ms")]

@@ -153,22 +153,23 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
 
 
 # -- deriving lessons ---------------------------------------------------------------------------
-def best_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
-    """The fastest verified, measured config of each (GPU, problem) as a 'best' lesson row; its rule
-    also lists (near) up to NEAR_MAX other configs measured within 2% of it on that problem."""
+def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None = None) -> list[dict]:
+    """The build's winner per (GPU, problem) (`winners`: problem JSON -> (params, p50_ms)), else the fastest
+    verified, measured config, as a 'best' lesson row; its rule lists (near) up to NEAR_MAX others within 2%."""
     by_problem: dict[tuple, list[dict]] = defaultdict(list)
     for r in attempts:
         if r["outcome"] == "ok" and r.get("p50_ms") is not None:
             by_problem[(r["gpu"], r["problem"])].append(r)
     out = []
     for (gpu, prob), rs in sorted(by_problem.items()):
-        rs = sorted(rs, key=lambda a: (a["p50_ms"], a["id"]))
-        r, near = rs[0], []
-        for a in rs[1:]:
+        rs, w = sorted(rs, key=lambda a: (a["p50_ms"], a["id"])), (winners or {}).get(prob)
+        r = next((a for a in rs if w and json.loads(a["params"]) == w[0]), rs[0])
+        p50, near = w[1] if w and json.loads(r["params"]) == w[0] else r["p50_ms"], []
+        for a in rs:
             p = json.loads(a["params"])
-            if a["p50_ms"] <= r["p50_ms"] * NEAR_BEST and p not in near and p != json.loads(r["params"]):
+            if a["p50_ms"] <= p50 * NEAR_BEST and p not in near and p != json.loads(r["params"]):
                 near.append(p)
-        rule = {"params": json.loads(r["params"]), "p50_ms": r["p50_ms"]}
+        rule = {"params": json.loads(r["params"]), "p50_ms": p50}
         if near:
             rule["near"] = near[:NEAR_MAX]
         out.append(_row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source))
@@ -294,18 +295,17 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: set[str], canon: dict) 
     return changed
 
 
-def derive(cache, op, target, run: str) -> list[dict]:
+def derive(cache, op, target, run: str, winners: dict | None = None) -> list[dict]:
     """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same
-    architecture); lessons this run contradicts are weakened or retired."""
+    architecture; `winners`: see best_rows); lessons this run contradicts are weakened or retired."""
     name, canon = op.NAME, {n: v[0] for n, v in op.SPACE.items()}   # params stored before one existed: its first value
     full = lambda rows: [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
     mine = full(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
     if not mine:
         return []
-    arch = mine[0]["arch"]
-    same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, arch]))
-    rows = best_rows(name, mine, f"run {run}") + fail_rows(name, same_arch, f"run {run}") + \
-        sensitivity_rows(name, mine, f"run {run}")
+    same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]]))
+    rows = best_rows(name, mine, f"run {run}", {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()}) + \
+        fail_rows(name, same_arch, f"run {run}") + sensitivity_rows(name, mine, f"run {run}")
     produced = []
     with cache.db.conn:
         for row in rows:
@@ -324,8 +324,7 @@ def lesson_rows(cache, op: str | None, include_retired: bool, order: str):
 
 
 def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
-    """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first.
-
+    """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first;
     `gpu` (a catalog Gpu) keeps lessons of that GPU and architecture-wide rules of its architecture."""
     out = []
     for r in lesson_rows(cache, op, include_retired, "op, kind, id"):

@@ -798,6 +798,10 @@ def test_a_playoff_times_near_ties_in_one_window_and_keeps_the_faster_there(proj
     assert all(d["playoff"] == [{"params": near, "p50_ms": 0.0099, "leader_p50_ms": 0.0100, "won": True}]
                for d in manifest["dispatch"])
     assert all(d["p50_ms"] == 0.0099 for d in manifest["dispatch"])     # the p50 of the window that chose it
+    from ptxbuild import lessons
+    best_lessons = [r for r in lessons.listing(make_ctx(proj).cache) if r["kind"] == "best"]
+    assert len(best_lessons) == len(manifest["dispatch"])      # and the lesson is the playoff's winner, at its p50
+    assert all(r["rule"] == "threads=256 vec=2 -> 9.9 us" for r in best_lessons)
     md = (proj / "reports/scale@h100/report.md").read_text()
     assert (f"Playoff: in {len(manifest['dispatch'])} problems the fastest config met the next ones within 2% of it, "
             f"each in one window, alternating ({len(manifest['dispatch'])} bouts, largest difference there 1.0%); "

@@ -192,6 +192,12 @@ def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
     assert rule["params"] == {"threads": 128, "vec": 4}           # a wrong result never wins, however fast
     assert rule["near"] == [{"threads": 256, "vec": 4}]           # 1% slower: near; 3% slower: not
 
+    # the build's winner (the playoff's, in one window) is the lesson, at its window's p50, not the
+    # search's fastest timing; the search leader becomes one of its near configs
+    w = {prob: ({"threads": 256, "vec": 4}, 0.0099)}
+    (rule,) = [json.loads(r["rule"]) for r in lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)]
+    assert rule == {"params": {"threads": 256, "vec": 4}, "p50_ms": 0.0099, "near": [{"threads": 128, "vec": 4}]}
+
 
 def test_among_equally_near_scopes_a_config_near_best_on_both_neighbours_goes_first(tmp_path):
     """N = 2048 between lessons of N = 1024 and N = 4096 (same distance): the config within 2% on both
