@@ -286,8 +286,8 @@ class _Evaluator:
         biased low. A challenger lower in the window leads, its p50 there its score. Bouts: self.bouts."""
         ranked, self.bouts = sorted((h for h in hist if math.isfinite(h[1])), key=lambda h: h[1]), []
         binary = lambda c: self.binaries[tuple(sorted(c.items()))]
-        kernel = lambda c: (binary(c).digest, json.dumps(self.op.launch(c, self.problem, self.gpu.sm_count).__dict__,
-                                                          sort_keys=True))      # what a bout runs
+        geoms = lambda c: (self.op.launches if hasattr(self.op, "KERNELS") else self.op.launch)(c, self.problem, self.gpu.sm_count)
+        kernel = lambda c: (binary(c).digest, repr(geoms(c)))      # what a bout runs: every launch of the op
         if not ranked:
             return None
         lead, met = ranked[0], {kernel(ranked[0][0])}

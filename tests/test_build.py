@@ -856,3 +856,27 @@ def test_a_bout_the_harness_failed_is_timed_again_by_the_next_build(proj):
     n0 = len(seen)
     build(make_ctx(proj, gpu=Crashing(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
     assert sum(p == json.dumps(near) for p, _, _ in seen[n0:]) == len(manifest["dispatch"])   # each bout again
+
+
+def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
+    """Two configs with one binary and one main launch but a different second launch are different
+    kernels: the playoff holds their bout (it once compared the main launch only and skipped it)."""
+    from types import SimpleNamespace as NS
+
+    from ptxbuild.build import _Evaluator
+    from ptxbuild.gpu.session import MeasureResult
+    from ptxbuild.outcome import Outcome
+    from ptxbuild.problem import Launch, Problem
+    main, timed = Launch((1, 1, 1), (32, 1, 1)), []
+    op = NS(KERNELS=("a", "b"), FOLDER="x", launch=lambda c, p, n: main,
+            launches=lambda c, p, n: {"a": main, "b": Launch((c["g"], 1, 1), (32, 1, 1))})
+
+    def measure(folder, cfg, problem, b, incumbent=None):
+        timed.append(cfg)
+        return MeasureResult(Outcome.OK, 0.0099, 0.0098, 0.0100, samples=10, incumbent_p50_ms=0.0100)
+    ev, one = _Evaluator.__new__(_Evaluator), NS(digest="d")
+    ev.op, ev.problem, ev.gpu, ev.hw = op, Problem.make("scale", "float32", (7, 100)), NS(sm_count=132), {"name": "h100"}
+    ev.binaries = {(("g", 1),): one, (("g", 2),): one}
+    ev.ctx = NS(cache=NS(get=lambda *a: None, put=lambda *a: None), timed=set(), gpu=NS(measure=measure))
+    assert ev.playoff([({"g": 1}, 0.0100), ({"g": 2}, 0.0101)]) == ({"g": 2}, 0.0099)
+    assert timed == [{"g": 2}]
