@@ -12,6 +12,7 @@ serves any M) and copy1 at several M (a 256 MiB L2 flush before each call, CUDA 
 least squares. Equal slopes and a larger
 intercept mean a fixed cost (launch, the first round trip, the drain); a larger slope means the
 kernel streams more slowly. Two variants of the winner separate causes:
+  copy1         a plain copy of the same bytes (x and, with --residual, the residual in; y and h out)
   no-weight     the same config with weight = none (no weight loads at all)
   min_blocks=2  the winner with min_blocks raised to 2 where the config allows it
   torch_compile the op's torch.compile baseline (ops/rmsnorm/baselines.py), as the build times it
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
 
     def copy_at(n: int):
         def run_at(m: int):
-            nv = m * n * 2 // 16
+            nv = m * n * (4 if a.dtype == 'float32' else 2) * (2 if a.residual else 1) // 16   # x (+ residual) in, y (+ h) out
             grid = (nv + 255) // 256
             fns, dst0 = [], cp.empty(nv * 4, dtype=cp.uint32)
             for _ in range(sets_for(2 * m * n * 2)):
