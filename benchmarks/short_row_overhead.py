@@ -219,7 +219,7 @@ def main(argv=None) -> int:
             nv = m * n * (4 if a.dtype == 'float32' else 2) * (2 if a.residual else 1) // 16   # x (+ residual) in, y (+ h) out
             grid = (nv + 255) // 256
             fns, dst0 = [], cp.empty(nv * 4, dtype=cp.uint32)
-            for _ in range(sets_for(2 * m * n * 2)):
+            for _ in range(sets_for(2 * nv * 16)):
                 src, dst = cp.ones(nv * 4, dtype=cp.uint32), (dst0 if a.fixed_out else cp.empty(nv * 4, dtype=cp.uint32))
                 fns.append(lambda src=src, dst=dst: copy1((grid,), (256,), (src, dst, cp.int64(nv))))
             return rotating(fns)
