@@ -154,6 +154,11 @@ step triton-ptx-bfloat16-residual 120 $S --kinds $T --residual --ns 256,512 --dt
 for d in float16 bfloat16; do
   step triton-order-$d-residual 140 $S --kinds winner,winner+H_LATE=1+W_HOIST=1,winner:weight_load=early+H_LATE=1,torch_compile,winner:weight_load=early+H_LATE=1,winner+H_LATE=1+W_HOIST=1,winner --residual --ns 256,512,1024 --dtype $d --out reports/residual/triton-order/$d-residual.md
 done
+# run 21k: the short rows beside a plain copy of the same bytes
+for d in bfloat16 float16; do
+  step copy-$d-residual 60 $S --kinds copy1,winner,torch_compile,winner,copy1 --residual --ns 256,512,1024 --dtype $d --out reports/residual/copy/$d-residual.md
+done
+step copy-float32 60 $S --kinds copy1,winner,torch_compile,winner,copy1 --ns 512,2048 --dtype float32 --out reports/residual/copy/float32.md
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
