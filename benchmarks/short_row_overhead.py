@@ -178,7 +178,7 @@ def main(argv=None) -> int:
 
     def triton_at(n: int, edits: tuple = ()):
         """torch.compile's own kernel (from its PTX: x, weight, y, xnumel, rnumel, two scratch
-        pointers; with --residual x, residual, weight, then its two outputs; M and N are baked in)
+        pointers; with --residual x, residual, weight, residual_out, y; M and N are baked in)
         launched by cupy: tells its code from torch's launch path."""
         import numpy as np
 
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
             fns = []
             for k in range(sets_for(op.bytes_moved(pm))):
                 x, y = op.make_inputs(pm, k, cp), op.make_outputs(pm, cp)
-                ptrs = ((x["x"], x["residual"], x["weight"], y["y"], y["residual_out"]) if a.residual
+                ptrs = ((x["x"], x["residual"], x["weight"], y["residual_out"], y["y"]) if a.residual
                         else (x["x"], x["weight"], y["y"]))
                 args = (*ptrs, np.uint32(m), np.uint32(n), np.uint64(0), np.uint64(0))
                 fns.append(lambda args=args: kern((m * n // per_cta,), (32,), args))

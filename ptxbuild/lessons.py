@@ -167,7 +167,7 @@ def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None =
         p50, near = w[1] if w and json.loads(r["params"]) == w[0] else r["p50_ms"], []
         for a in rs:
             p = json.loads(a["params"])
-            if a["p50_ms"] <= p50 * NEAR_BEST and p not in near and p != json.loads(r["params"]):
+            if a["p50_ms"] <= max(p50, r["p50_ms"]) * NEAR_BEST and p not in near and p != json.loads(r["params"]):
                 near.append(p)
         rule = {"params": json.loads(r["params"]), "p50_ms": p50}
         if near:

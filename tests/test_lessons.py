@@ -197,6 +197,9 @@ def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
     w = {prob: ({"threads": 256, "vec": 4}, 0.0099)}
     (rule,) = [json.loads(r["rule"]) for r in lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)]
     assert rule == {"params": {"threads": 256, "vec": 4}, "p50_ms": 0.0099, "near": [{"threads": 128, "vec": 4}]}
+    w = {prob: ({"threads": 256, "vec": 4}, 0.0097)}    # faster in its window than the leader was in the search:
+    (rule,) = [json.loads(r["rule"]) for r in lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)]
+    assert rule["near"] == [{"threads": 128, "vec": 4}]  # near is judged against the winner's search timing too
 
 
 def test_among_equally_near_scopes_a_config_near_best_on_both_neighbours_goes_first(tmp_path):
