@@ -216,7 +216,7 @@ def main(argv=None) -> int:
 
     def copy_at(n: int):
         def run_at(m: int):
-            nv = m * n * (4 if a.dtype == 'float32' else 2) * (2 if a.residual else 1) // 16   # x (+ residual) in, y (+ h) out
+            nv = m * n * (4 if a.dtype == "float32" else 2) * (2 if a.residual else 1) // 16   # x (+ residual) in, y (+ h) out
             grid = (nv + 255) // 256
             fns, dst0 = [], cp.empty(nv * 4, dtype=cp.uint32)
             for _ in range(sets_for(2 * nv * 16)):
