@@ -151,7 +151,8 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
             ctx.report("target_fresh", target=t, reason=why)
             continue
         ctx.report("target_start", target=t, reason=why)
-        res = _build_target(ctx, t, key, why)
+        with _Interrupts() as irq:
+            res = _build_target_signals_held(ctx, t, key, why, irq)
         if res.status == "failed":
             failed.add(t)
         results.append(res)
@@ -228,8 +229,7 @@ class _Evaluator:
         except CompileError as exc:
             return self._record(cfg, Outcome.COMPILE_ERROR, str(exc), compile_s=compile_s)
         self.binaries[tuple(sorted(cfg.items()))] = binary
-        res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes,
-                   compile_s=compile_s)
+        res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes, compile_s=compile_s)
         if binary.spill_bytes > self.op.SPILL_BUDGET_BYTES:
             return self._record(cfg, Outcome.SPILL, f"{binary.spill_bytes} bytes spilled "
                                 f"(budget {self.op.SPILL_BUDGET_BYTES})", **res)
@@ -361,11 +361,6 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
         return None, str(exc)[:4000], time.perf_counter() - t0
 
 
-def _build_target(ctx: Context, t: Target, key: str, why: str) -> TargetResult:
-    with _Interrupts() as irq:
-        return _build_target_signals_held(ctx, t, key, why, irq)
-
-
 def check_candidates(spec, op) -> None:
     """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a
     parameter the op lacks, or a candidate a value outside its space."""
@@ -437,8 +432,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
             valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)
-            for r in ev.rules:
-                used_lessons.append({k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")})
+            used_lessons += [{k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")} for r in ev.rules]
             if hw is None:
                 strategy, budget = "exhaustive", min(search["budget"], 16)
                 # compile-only: the first config that compiles within the limits, lessons and default first

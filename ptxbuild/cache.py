@@ -71,8 +71,7 @@ def _v3(db: sqlite_utils.Database) -> None:
 
 def _v4(db: sqlite_utils.Database) -> None:
     """Compiled PTX and cubins stored compressed (pack_binary); the space is returned by a VACUUM after."""
-    rows = db.execute("select key, ptx, cubin from compiles where outcome = 'ok'").fetchall()
-    for key, ptx, cubin in rows:
+    for key, ptx, cubin in db.execute("select key, ptx, cubin from compiles where outcome = 'ok'").fetchall():
         ptx, cubin = pack_binary(*unpack_binary(ptx, cubin))
         db.execute("update compiles set ptx = ?, cubin = ? where key = ?", [ptx, cubin, key])
 

@@ -68,12 +68,6 @@ def toolchain() -> Toolchain:
                      nvjitlink_wheel=installed_version("nvidia-nvjitlink"))
 
 
-def _check(result, what: str, log: str = "") -> None:
-    code = result[0] if isinstance(result, tuple) else result
-    if int(code) != 0:
-        raise CompileError(f"{what} failed ({code}){': ' + log if log else ''}")
-
-
 _RES = {"registers": re.compile(r"Used (\d+) registers"), "spill_store": re.compile(r"(\d+) bytes spill stores"),
         "spill_load": re.compile(r"(\d+) bytes spill loads"), "stack": re.compile(r"(\d+) bytes stack frame"),
         "smem": re.compile(r"(\d+) bytes smem")}
@@ -96,7 +90,8 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     nvrtc, nvjitlink = _bindings()
     compute = arch.replace("sm_", "compute_")
     err, prog = nvrtc.nvrtcCreateProgram(kernel.source.encode(), b"candidate.cu", 0, [], [])
-    _check(err, "nvrtcCreateProgram")
+    if int(err) != 0:
+        raise CompileError(f"nvrtcCreateProgram failed ({err})")
     try:
         opts = [o.encode() for o in (f"--gpu-architecture={compute}", "-std=c++17", "-default-device", *kernel.flags)
                 if o != "--use_fast_math=false"]   # NVRTC has no =false form: fast math stays off unless asked for

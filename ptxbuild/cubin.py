@@ -31,11 +31,7 @@ def _sections(elf: bytes) -> dict[str, tuple]:
     # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
     hdrs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     names = hdrs[shstrndx][4]
-    out = {}
-    for h in hdrs:
-        start = names + h[0]
-        out[elf[start:elf.index(b"\0", start)].decode(errors="replace")] = h
-    return out
+    return {elf[names + h[0]:elf.index(b"\0", names + h[0])].decode(errors="replace"): h for h in hdrs}
 
 
 def _symbol_index(elf: bytes, sections: dict, name: str) -> int | None:

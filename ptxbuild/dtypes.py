@@ -27,6 +27,5 @@ def from_float(arr, name: str, xp):
         bits = xp.ascontiguousarray(arr, dtype=xp.float32).view(xp.uint32)
         rounding = ((bits >> 16) & 1) + 0x7FFF
         out = ((bits + rounding) >> 16).astype(xp.uint16)
-        nan = xp.isnan(arr)
-        return xp.where(nan, xp.uint16(0x7FC0), out)
+        return xp.where(xp.isnan(arr), xp.uint16(0x7FC0), out)
     return arr.astype(storage_dtype(name, xp))

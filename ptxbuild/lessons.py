@@ -76,9 +76,8 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
     confidence * 2^-distance for each lesson whose winner or near-best set (within 2%) holds the
     config. A config near-best on both neighbours (N/2 and 2N, or plain and residual) outranks one
     neighbour's winner: on the H200 recording single winners often did not transfer."""
-    rows = cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME])
     cands = []   # (scope, params, lesson id, confidence, near-best configs)
-    for r in rows:
+    for r in cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]):
         rule = json.loads(r["rule"])
         cands.append((json.loads(r["scope"]), rule["params"], r["id"], r["confidence"], rule.get("near", [])))
     if run:  # the winners of this run's earlier problems count before they become lessons
@@ -329,9 +328,8 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
     out = []
     for r in lesson_rows(cache, op, include_retired, "op, kind, id"):
         scope, rule, ev = json.loads(r["scope"]), json.loads(r["rule"]), json.loads(r["evidence"])
-        if gpu is not None and scope.get("gpu") not in (None, gpu.name):
-            continue
-        if gpu is not None and scope.get("gpu") is None and scope.get("arch") != gpu.arch:
+        g = scope.get("gpu")
+        if gpu is not None and not (g == gpu.name or g is None and scope.get("arch") == gpu.arch):
             continue
         where_ = " ".join(str(x) for x in (scope.get("gpu") or scope.get("arch"), scope.get("dtype")) if x)
         if scope.get("shape"):

@@ -128,8 +128,7 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
                 continue
             targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
-    targets = {k: v for k, v in targets.items() if k in declared}
-    return _write(path, targets)
+    return _write(path, {k: v for k, v in targets.items() if k in declared})
 
 
 def _write(path: Path, targets: dict) -> Path:
@@ -200,8 +199,7 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
         if want is None:
             raise LockError(f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
                             f"does not list")
-        kernel = op.render(d["params"], problem, gpu.arch)
-        b = ctx.compile_fn(kernel, gpu.arch)
+        b = ctx.compile_fn(op.render(d["params"], problem, gpu.arch), gpu.arch)
         got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
         name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
         want_ptx = d.get("ptx_sha256", want["ptx_sha256"])   # its own, where another config has this cubin

@@ -68,8 +68,7 @@ def export_recording(cache, out, op: str | None = None, gpu: str | None = None, 
         m["attempts"].append(a["id"])
     rows = []
     for m in merged.values():
-        ok = "ok" in m["outcomes"]
-        outcome = "ok" if ok else max(set(m["outcomes"]), key=m["outcomes"].count)
+        outcome = "ok" if "ok" in m["outcomes"] else max(set(m["outcomes"]), key=m["outcomes"].count)
         rows.append({"op": m["op"], "gpu": m["gpu"], "arch": m["arch"], "family": m["family"], "problem": m["problem"],
                      "params": m["params"], "outcome": outcome,
                      "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
@@ -233,8 +232,7 @@ def warm_start(cache, rec: Recording, op: str, gpu: str, problem: dict, limit: i
     prob = Problem.make(**problem)
     shim = SimpleNamespace(NAME=op, SPACE={}, check=lambda params, p: None)   # configs as recorded
     seeds, used = lessons.seeds(cache, shim, prob, g, limit=limit)
-    rules = lessons.failure_rules(cache, op, prob, g.arch)
-    return seeds, used, rules
+    return seeds, used, lessons.failure_rules(cache, op, prob, g.arch)
 
 
 def default_of(rec: Recording, op: str, problem: dict) -> dict | None:

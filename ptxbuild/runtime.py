@@ -132,8 +132,7 @@ class _TorchXp:
         self.int32, self.int64 = "int32", "int64"
 
     def empty(self, shape, dtype="float32"):
-        dt = getattr(self._torch, dtype if isinstance(dtype, str) else np.dtype(dtype).name.replace("uint16",
-                                                                                                     "bfloat16"))
+        dt = getattr(self._torch, dtype if isinstance(dtype, str) else np.dtype(dtype).name.replace("uint16", "bfloat16"))
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         return self._torch.empty(shape, dtype=dt, device=self._device)
 
@@ -245,9 +244,8 @@ def _device(ordinal: int) -> _Device:
         name = name.split(b"\0")[0].decode(errors="replace") if isinstance(name, bytes) else str(name)
         version = _ok(cu.cuDriverGetVersion(), "cuDriverGetVersion")
         ctx = _ok(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-        d = _Device(ordinal, name, major * 10 + minor, sms, version, ctx)
-        _devices[ordinal] = d
-        return d
+        _devices[ordinal] = _Device(ordinal, name, major * 10 + minor, sms, version, ctx)
+        return _devices[ordinal]
 
 
 class _Current:
@@ -351,8 +349,7 @@ class BuiltKernel:
         if key in self._specs:
             return self._specs[key]
         tiny_shape = tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:]
-        self._specs[key] = {name: (problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape),
-                                   _NP_TO_DTYPE.get(str(a.dtype), str(a.dtype)))
+        self._specs[key] = {name: (problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape), _dtype_of(a))
                             for name, a in self._tiny_inputs(problem).items()}
         return self._specs[key]
 
@@ -396,11 +393,9 @@ class BuiltKernel:
                 return (len(s) != len(problem.shape), sum(abs(np.log2(max(a, 1) / max(b, 1)))
                                                           for a, b in zip(s, problem.shape)))
             for e in sorted(same, key=distance):
-                if len(e["problem"]["shape"]) != len(problem.shape):
+                if len(e["problem"]["shape"]) != len(problem.shape) or self.op.check(e["params"], problem) is not None:
                     continue
                 built = Problem.make(**e["problem"])
-                if self.op.check(e["params"], problem) is not None:
-                    continue
                 if self.op.render(e["params"], problem, self.arch) == self.op.render(e["params"], built, self.arch):
                     choice = e
                     break
@@ -414,8 +409,7 @@ class BuiltKernel:
 
     # ---------------------------------------------------------- the call
     def __call__(self, *args, **kwargs):
-        outs = self.run(*args, **kwargs)
-        vals = list(outs.values())
+        vals = list(self.run(*args, **kwargs).values())
         return vals[0] if len(vals) == 1 else tuple(vals)
 
     def problem_of(self, mode: _Mode, arrays: dict) -> Problem:
@@ -534,9 +528,8 @@ class BuiltKernel:
                 if res[0] != cu.CUresult.CUDA_SUCCESS:
                     why.append(f"{kind}: {res[0].name}")
                     continue
-                fn = _ok(cu.cuModuleGetFunction(res[1], v["entry"].encode()), "cuModuleGetFunction")
-                self._functions[key] = fn
-                return fn
+                self._functions[key] = _ok(cu.cuModuleGetFunction(res[1], v["entry"].encode()), "cuModuleGetFunction")
+                return self._functions[key]
         raise LoaderError(f"{self.target}: this driver (CUDA {driver_cuda(dev.driver_version)}) can load neither the "
                           f"cubin nor the PTX of {v['entry']} ({'; '.join(why)}); upgrade the NVIDIA driver, or "
                           f"rebuild with a compiler no newer than the driver")

@@ -26,9 +26,8 @@ _registered: dict[str, object] = {}
 def op_name(kernel: BuiltKernel, options: dict | None = None) -> str:
     """ptxbuild::<op>_<gpu>, plus _m<i> for option sets after the first."""
     base = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
-    modes = kernel.modes()
     i = _mode_index(kernel, options)
-    return base if i == 0 or len(modes) == 1 else f"{base}_m{i}"
+    return base if i == 0 or len(kernel.modes()) == 1 else f"{base}_m{i}"
 
 
 def _mode_index(kernel: BuiltKernel, options: dict | None) -> int:

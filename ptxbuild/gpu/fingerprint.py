@@ -124,11 +124,9 @@ def match_gpu(fp: Fingerprint, gpu_name: str, catalog_entry: dict) -> str | None
 def match_fingerprint(a: Fingerprint, b: Fingerprint) -> str | None:
     """The level at which two fingerprints agree: "exact" (model, SMs, memory, clocks, driver), "model",
     "arch" (compute capability), "family" (major version), or None. A cache lookup says which."""
-    if a.model == b.model and (a.sm_count, a.memory_bytes, a.sm_clock_mhz, a.mem_clock_mhz, a.driver) == \
-            (b.sm_count, b.memory_bytes, b.sm_clock_mhz, b.mem_clock_mhz, b.driver):
-        return "exact"
     if a.model == b.model:
-        return "model"
+        sku = ("sm_count", "memory_bytes", "sm_clock_mhz", "mem_clock_mhz", "driver")
+        return "exact" if all(getattr(a, k) == getattr(b, k) for k in sku) else "model"
     if a.cc == b.cc:
         return "arch"
     return "family" if _major(a.cc) == _major(b.cc) >= 0 else None

@@ -51,8 +51,7 @@ class Child:
     def stderr_tail(self, chars: int = 2000) -> str:
         with contextlib.suppress(Exception):   # the child is dead (or killed) when this is read
             self.stderr.seek(0, os.SEEK_END)
-            size = self.stderr.tell()
-            self.stderr.seek(max(0, size - chars))
+            self.stderr.seek(max(0, self.stderr.tell() - chars))
             return self.stderr.read().decode(errors="replace").strip()
         return ""
 

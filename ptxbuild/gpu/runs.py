@@ -175,8 +175,7 @@ class Gpu:
     def copy_bandwidth(self, max_bytes: int = 1 << 30, reps: int = 20) -> float:
         """Device-to-device copy bandwidth in TB/s, read + write bytes counted, median of `reps` copies."""
         cp = self.cp
-        free, _ = cp.cuda.runtime.memGetInfo()
-        size = int(min(max_bytes, free // 4)) // 256 * 256
+        size = int(min(max_bytes, cp.cuda.runtime.memGetInfo()[0] // 4)) // 256 * 256
         src, dst = cp.ones(size, dtype=cp.uint8), cp.empty(size, dtype=cp.uint8)
 
         def timer(_name, n):
@@ -269,8 +268,7 @@ class Gpu:
         Each runner is first called once per input set, untimed and ungated. Gates are checked every
         GATE_BATCH calls: a batch with a timeout is timed again; two in a row: timed ungated (timer.ungated)."""
         cp = self.cp
-        ungated: set = set()
-        primed: set = set()
+        ungated, primed = set(), set()
 
         def batch(name, n, gated):
             run, sets = runners[name]
