@@ -60,6 +60,8 @@ class GatesModel(_Strict):
     min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5)
     max_time_ms: float | None = Field(default=None, gt=0)
     min_speedup: float | None = Field(default=None, gt=0)   # over the fastest baseline timed beside it
+    # "every_round": a row misses min_speedup only if it does in every round of the baseline's window
+    speedup_evidence: Literal["median", "every_round"] | None = None
 
 
 class OpModel(_Strict):
@@ -166,8 +168,7 @@ def _explain(err: dict) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc)
-        hint = did_you_mean(str(loc[-1]), allowed)
-        return f"{where}: unknown key{hint}; allowed here: {', '.join(allowed)}"
+        return f"{where}: unknown key{did_you_mean(str(loc[-1]), allowed)}; allowed here: {', '.join(allowed)}"
     if kind == "missing":
         return f"{where}: required key is missing; add it"
     msg = err["msg"].removeprefix("Value error, ")
@@ -184,8 +185,7 @@ def parse(text: str, path: Path) -> Kernelfile:
     try:
         model = KernelfileModel.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise KernelfileError(f"{path.name}: {_explain(first)}") from None
+        raise KernelfileError(f"{path.name}: {_explain(exc.errors()[0])}") from None
     root = path.parent.resolve()
     gpus = _resolve_gpus(model)
     ops = {}
@@ -208,7 +208,7 @@ def parse(text: str, path: Path) -> Kernelfile:
         ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
                            shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
-                           gates=op.gates.model_dump(exclude={"min_speedup"} if op.gates.min_speedup is None else None), search=op.search.model_dump(exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}), depends=tuple(op.depends))
+                           gates=op.gates.model_dump(exclude={k for k in ("min_speedup", "speedup_evidence") if getattr(op.gates, k) is None}), search=op.search.model_dump(exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}), depends=tuple(op.depends))
     from .graph import find_cycle
     cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
     if cycle:

@@ -1,6 +1,7 @@
 """Reproducibility reports of a target's last build: Markdown + JSON under reports/<op>@<gpu>/."""
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 import subprocess
@@ -18,6 +19,13 @@ PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink"
             "torch", "pydantic", "sqlite-utils", "click")
 
 
+def code_digest(pkg: Path = Path(__file__).parent) -> str:
+    """ptxbuild's own code, by content (each .py file's path and bytes): names the tool that built a
+    report where git cannot (an installed package; a copy whose git metadata is stale)."""
+    return hashlib.sha256(b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes()
+                                   for f in sorted(pkg.rglob("*.py")))).hexdigest()[:12]
+
+
 def environment(root: Path) -> dict:
     versions = {p: v for p in PACKAGES if (v := installed_version(p)) is not None}
     try:
@@ -28,7 +36,7 @@ def environment(root: Path) -> dict:
     except (OSError, subprocess.SubprocessError):
         rev, dirty = "", False
     return {"python": sys.version.split()[0], "platform": platform.platform(), "packages": versions,
-            "git_revision": rev + ("-dirty" if dirty else "")}
+            "git_revision": rev + ("-dirty" if dirty else ""), "ptxbuild_code": code_digest()}
 
 
 def utc_time(ts: float) -> str:
@@ -136,7 +144,8 @@ def markdown(data: dict) -> str:
              f"- reproduce: `{s['command']}`",
              f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
              "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
-             f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`",
+             f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`"
+             + (f"; ptxbuild code `{env['ptxbuild_code']}`" if env.get("ptxbuild_code") else ""),
              "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items())]
     if hw:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))

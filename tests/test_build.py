@@ -730,6 +730,14 @@ def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
     same = {**row, "baselines": {"torch_compile": {"outcome": "ok", "p50_ms": 0.0205, "winner_p50_ms": 0.0203}}}
     assert gates.closest_baseline(same) == (0.0205 / 0.0203, "torch_compile", 0.0205, 0.0203)
     assert gates.failures({"min_speedup": 1.0}, [same]) == []
+    # speedup_evidence = "every_round": a loss that some round of the window contradicts is a tie
+    tc = {"outcome": "ok", "p50_ms": 0.0205, "winner_p50_ms": 0.0209, "round_ratios": [0.97, 1.01]}
+    tie, loss = ({**row, "baselines": {"torch_compile": {**tc, "round_ratios": rr}}} for rr in ([0.97, 1.01], [0.97, 0.99]))
+    assert gates.failures({"min_speedup": 1.0}, [tie]) == [
+        "bfloat16[32768x512]: 0.981x torch_compile (20.5 us) < min_speedup 1; rounds 0.970-1.010x"]
+    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [tie]) == []
+    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [loss]) == [
+        "bfloat16[32768x512]: 0.981x torch_compile (20.5 us) < min_speedup 1; rounds 0.970-0.990x"]
 
 
 def test_baselines_are_timed_beside_the_winner_and_the_report_compares_that_window(proj):
@@ -880,3 +888,20 @@ def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
     ev.ctx = NS(cache=NS(get=lambda *a: None, put=lambda *a: None), timed=set(), gpu=NS(measure=measure))
     assert ev.playoff([({"g": 1}, 0.0100), ({"g": 2}, 0.0101)]) == ({"g": 2}, 0.0099)
     assert timed == [{"g": 2}]
+
+
+def test_the_report_names_ptxbuilds_code_by_content(proj, tmp_path):
+    """A report's header names the code that built it by content (git metadata may be stale, or be the
+    user's repository's when ptxbuild is an installed package); one changed byte changes the name."""
+    import shutil
+    from pathlib import Path
+
+    from ptxbuild import report
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    assert f"; ptxbuild code `{report.code_digest()}`" in md and len(report.code_digest()) == 12
+    pkg = tmp_path / "pkg"
+    shutil.copytree(Path(report.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    assert report.code_digest(pkg) == report.code_digest()
+    (pkg / "gates.py").write_text((pkg / "gates.py").read_text() + "\n")
+    assert report.code_digest(pkg) != report.code_digest()

@@ -85,9 +85,15 @@ def test_unknown_target_did_you_mean(proj):
 def test_an_undeclared_min_speedup_gate_leaves_the_op_config_as_before(proj):
     """Gates added after a lock was written must not change the config digest of kernelfiles that do
     not declare them (or every existing lock would report drift)."""
-    from ptxbuild.kernelfile import load
+    from ptxbuild.kernelfile import KernelfileError, load
     (proj / "kernelfile.toml").write_text(GOOD)
     assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"] == {
         "min_bandwidth_fraction": None, "max_time_ms": None}
     (proj / "kernelfile.toml").write_text(GOOD + "gates = { min_speedup = 1.0 }\n")
     assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"]["min_speedup"] == 1.0
+    assert "speedup_evidence" not in load(proj / "kernelfile.toml").ops["scale"].config()["gates"]
+    (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "every_round" }\n')
+    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"]["speedup_evidence"] == "every_round"
+    (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "mean" }\n')
+    with pytest.raises(KernelfileError, match="speedup_evidence"):
+        load(proj / "kernelfile.toml")

@@ -6,8 +6,7 @@ import platform
 
 def _version(module: str) -> str | None:
     try:
-        mod = __import__(module)
-        return getattr(mod, "__version__", "installed")
+        return getattr(__import__(module), "__version__", "installed")
     except Exception:  # noqa: BLE001
         return None
 
@@ -17,7 +16,9 @@ def doctor() -> list[tuple[str, str]]:
     from ..compiler import INSTALL_HINT
     from .fingerprint import smi_line
 
-    lines = [("python", f"{platform.python_version()} ({platform.machine()})"),
+    from ..report import code_digest
+    lines = [("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
+             ("python", f"{platform.python_version()} ({platform.machine()})"),
              ("numpy", _version("numpy") or "missing: pip install numpy")]
     cupy_v = _version("cupy")
     lines += [("cupy", cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x"),
