@@ -17,15 +17,19 @@ def metric_ms(name: str, times_ms: list[float]) -> float | None:
     raise ValueError(f"unknown metric {name!r}")
 
 
+def speedups(entry: dict) -> list[tuple[float, str, float, float]]:
+    """(speed-up, name, baseline p50, winner p50) over each baseline timed ok beside a dispatch entry,
+    smallest first. A baseline timed in one window with the winner (winner_p50_ms) is compared with the
+    winner's p50 of that window (verification.md timing rule 4), an older one with the winner's own timing."""
+    return sorted((b["p50_ms"] / (b.get("winner_p50_ms") or entry["p50_ms"]), n, b["p50_ms"],
+                   b.get("winner_p50_ms") or entry["p50_ms"])
+                  for n, b in (entry.get("baselines") or {}).items()
+                  if b.get("outcome") == "ok" and b.get("p50_ms") and entry.get("p50_ms"))
+
+
 def closest_baseline(entry: dict) -> tuple[float, str, float, float] | None:
-    """(speed-up, name, baseline p50, winner p50) against the baseline the winner beats by least, of
-    those timed ok beside a dispatch entry; None if none. A baseline timed in one window with the
-    winner (winner_p50_ms) is compared with the winner's p50 of that window (verification.md timing
-    rule 4), an older one with the winner's own timing."""
-    return min([(b["p50_ms"] / (b.get("winner_p50_ms") or entry["p50_ms"]), n, b["p50_ms"],
-                 b.get("winner_p50_ms") or entry["p50_ms"])
-                for n, b in (entry.get("baselines") or {}).items()
-                if b.get("outcome") == "ok" and b.get("p50_ms") and entry.get("p50_ms")], default=None)
+    """speedups' entry for the baseline the winner beats by least; None if none."""
+    return next(iter(speedups(entry)), None)
 
 
 def failures(gates: dict, chosen: list[dict]) -> list[str]:
@@ -41,10 +45,11 @@ def failures(gates: dict, chosen: list[dict]) -> list[str]:
             out.append(f"{c['label']}: {frac:.1%} of the copy-bandwidth floor < min_bandwidth_fraction {frac_min:g}")
         if time_max is not None and p50 > time_max:
             out.append(f"{c['label']}: p50 {p50:.4g} ms > max_time_ms {time_max:g}")
-        base, ms = closest_baseline(c), gates.get("min_speedup")
-        rounds = (c["baselines"][base[1]].get("round_ratios") or []) if base else []
-        tie = gates.get("speedup_evidence") == "every_round" and rounds and max(rounds) >= (ms or 0)   # a round says no
-        if ms is not None and base and base[0] < ms and not tie:
-            out.append(f"{c['label']}: {base[0]:.3f}x {base[1]} ({base[2] * 1e3:.1f} us) < min_speedup {ms:g}"
-                       + (f"; rounds {min(rounds):.3f}-{max(rounds):.3f}x" if rounds else ""))
+        ms, every = gates.get("min_speedup"), gates.get("speedup_evidence") == "every_round"
+        for x, name, base_p50, _ in (speedups(c) if ms is not None else []):
+            rounds = c["baselines"][name].get("round_ratios") or []
+            if x < ms and not (every and rounds and max(rounds) >= ms):   # every_round: a round that won is a tie
+                out.append(f"{c['label']}: {x:.3f}x {name} ({base_p50 * 1e3:.1f} us) < min_speedup {ms:g}"
+                           + (f"; rounds {min(rounds):.3f}-{max(rounds):.3f}x" if rounds else ""))
+                break
     return out

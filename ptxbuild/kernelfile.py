@@ -63,6 +63,13 @@ class GatesModel(_Strict):
     # "every_round": a row misses min_speedup only if it does in every round of the baseline's window
     speedup_evidence: Literal["median", "every_round"] | None = None
 
+    @field_validator("speedup_evidence")
+    @classmethod
+    def _evidence(cls, v, info):
+        if v is not None and info.data.get("min_speedup") is None:
+            raise ValueError("judges min_speedup, which is not declared; add min_speedup = 1.0 (or remove this key)")
+        return None if v == "median" else v      # the default, written out: the same digest as leaving it out
+
 
 class OpModel(_Strict):
     template: str | None = None

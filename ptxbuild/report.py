@@ -22,8 +22,9 @@ PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink"
 def code_digest(pkg: Path = Path(__file__).parent) -> str:
     """ptxbuild's own code, by content (each .py file's path and bytes): names the tool that built a
     report where git cannot (an installed package; a copy whose git metadata is stale)."""
+    files = sorted(pkg.rglob("*.py"))      # none where the package is read from a zip: no name then
     return hashlib.sha256(b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes()
-                                   for f in sorted(pkg.rglob("*.py")))).hexdigest()[:12]
+                                   for f in files)).hexdigest()[:12] if files else ""
 
 
 def environment(root: Path) -> dict:

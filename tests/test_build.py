@@ -738,6 +738,12 @@ def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
     assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [tie]) == []
     assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [loss]) == [
         "bfloat16[32768x512]: 0.981x torch_compile (20.5 us) < min_speedup 1; rounds 0.970-0.990x"]
+    # every baseline is judged: the closest one a round contradicts, another one no round does
+    both = {**row, "baselines": {"torch_compile": tie["baselines"]["torch_compile"],
+                                 "torch_eager": {**tc, "p50_ms": 0.0207, "round_ratios": [0.98, 0.995]}}}
+    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [both]) == [
+        "bfloat16[32768x512]: 0.990x torch_eager (20.7 us) < min_speedup 1; rounds 0.980-0.995x"]
+    assert len(gates.failures({"min_speedup": 1.0}, [both])) == 1      # one line per row: its closest baseline
 
 
 def test_baselines_are_timed_beside_the_winner_and_the_report_compares_that_window(proj):
@@ -905,3 +911,4 @@ def test_the_report_names_ptxbuilds_code_by_content(proj, tmp_path):
     assert report.code_digest(pkg) == report.code_digest()
     (pkg / "gates.py").write_text((pkg / "gates.py").read_text() + "\n")
     assert report.code_digest(pkg) != report.code_digest()
+    assert report.code_digest(tmp_path / "empty") == ""      # no files to read (a zip import): no name at all

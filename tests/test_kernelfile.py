@@ -97,3 +97,9 @@ def test_an_undeclared_min_speedup_gate_leaves_the_op_config_as_before(proj):
     (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "mean" }\n')
     with pytest.raises(KernelfileError, match="speedup_evidence"):
         load(proj / "kernelfile.toml")
+    (proj / "kernelfile.toml").write_text(GOOD + 'gates = { speedup_evidence = "every_round" }\n')
+    with pytest.raises(KernelfileError, match="gates.speedup_evidence: judges min_speedup, which is not declared"):
+        load(proj / "kernelfile.toml")
+    (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "median" }\n')
+    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"] == {   # the default, written out
+        "min_bandwidth_fraction": None, "max_time_ms": None, "min_speedup": 1.0}
