@@ -300,7 +300,11 @@ def report(kernelfile, targets):
         if data is None:
             click.echo(f"{t}: never built; run: ptxbuild build {t}")
             continue
-        path = write_report(kf, cache, t)
+        path = write_report(kf, cache, t, keep_newer=True)
+        if path is None:
+            click.echo(f"{t}: left as it is: its report comes from a later build (another machine's?) than this "
+                       f"cache's last one; bring that machine's cache here to re-render it")
+            continue
         measured = "measured on hardware" if data["summary"]["measured"] else "not measured on hardware"
         click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
         rows = [HEAD] + table_rows(data)

@@ -253,14 +253,19 @@ def lessons_section(s: dict, data: dict) -> list[str]:
     return lines
 
 
-def write_report(kf, cache, target) -> Path | None:
+def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
+    """The report of the cache's last build of `target`; None if never built, or (keep_newer: a re-render)
+    if the report there comes from a later build that this cache lacks (its cache stayed where it ran)."""
     data = collect(kf, cache, target)
     if data is None:
         return None
     out = kf.reports_dir / str(target)
     with suppress(OSError, ValueError, KeyError):   # a compile-only build keeps a GPU-measured build's report
-        if not data["summary"].get("measured") and json.loads((out / "report.json").read_text())["summary"]["measured"]:
+        old = json.loads((out / "report.json").read_text())
+        if not data["summary"].get("measured") and old["summary"]["measured"]:
             out = out / "compile-only"
+        elif keep_newer and old["built_at"] > data["built_at"] and old["summary"]["run"] != data["summary"]["run"]:
+            return None
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     (out / "report.md").write_text(markdown(data))

@@ -912,3 +912,23 @@ def test_the_report_names_ptxbuilds_code_by_content(proj, tmp_path):
     (pkg / "gates.py").write_text((pkg / "gates.py").read_text() + "\n")
     assert report.code_digest(pkg) != report.code_digest()
     assert report.code_digest(tmp_path / "empty") == ""      # no files to read (a zip import): no name at all
+
+
+def test_a_rerender_keeps_a_report_from_a_later_build_that_this_cache_lacks(proj, monkeypatch):
+    """A GPU machine's later build came back as its report only, not its cache: `ptxbuild report` here
+    would replace it with the older build this cache holds. It leaves it and says why."""
+    from click.testing import CliRunner
+
+    from ptxbuild import cli
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    path = proj / "reports/scale@h100/report.json"
+    later = json.loads(path.read_text())
+    later["built_at"], later["summary"]["run"] = later["built_at"] + 3600, "later"
+    path.write_text(json.dumps(later))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["report", "scale@h100"])
+    assert res.exit_code == 0 and "scale@h100: left as it is: its report comes from a later build" in res.output
+    assert json.loads(path.read_text())["summary"]["run"] == "later"
+    path.write_text(json.dumps({**later, "built_at": later["built_at"] - 7200}))    # an older one is re-rendered
+    assert CliRunner().invoke(cli.main, ["report", "scale@h100"]).exit_code == 0
+    assert json.loads(path.read_text())["summary"]["run"] != "later"
