@@ -162,13 +162,14 @@ def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None =
     out = []
     for (gpu, prob), rs in sorted(by_problem.items()):
         rs, w = sorted(rs, key=lambda a: (a["p50_ms"], a["id"])), (winners or {}).get(prob)
-        r = next((a for a in rs if w and json.loads(a["params"]) == w[0]), rs[0])
-        p50, near = w[1] if w and json.loads(r["params"]) == w[0] else r["p50_ms"], []
+        hit = next((a for a in rs if w and json.loads(a["params"]) == w[0]), None)
+        (r, p50), near = ((hit, w[1]) if hit else (rs[0], rs[0]["p50_ms"])), []
+        params = json.loads(r["params"])
         for a in rs:
             p = json.loads(a["params"])
-            if a["p50_ms"] <= max(p50, r["p50_ms"]) * NEAR_BEST and p not in near and p != json.loads(r["params"]):
+            if a["p50_ms"] <= max(p50, r["p50_ms"]) * NEAR_BEST and p not in near and p != params:
                 near.append(p)
-        rule = {"params": json.loads(r["params"]), "p50_ms": p50}
+        rule = {"params": params, "p50_ms": p50}
         if near:
             rule["near"] = near[:NEAR_MAX]
         out.append(_row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source))
