@@ -159,6 +159,21 @@ for d in bfloat16 float16; do
   step copy-$d-residual 60 $S --kinds copy1,winner,torch_compile,winner,copy1 --residual --ns 256,512,1024 --dtype $d --out reports/residual/copy/$d-residual.md
 done
 step copy-float32 60 $S --kinds copy1,winner,torch_compile,winner,copy1 --ns 512,2048 --dtype float32 --out reports/residual/copy/float32.md
+# run 22a: the rows torch.compile still wins by 0.3-0.9% in every round, under ncu (current winners):
+# per-SM active cycles (min / avg / max against elapsed: ramp-up and tail) and the bytes each moves
+M22=gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_blocks,smsp__inst_executed.sum
+for c in "float16 512 --residual" "bfloat16 1024 --residual" "bfloat16 512" "float32 2048"; do
+  set -- $c; step ncu22-$1-$2${3:+-res} 150 ncu --clock-control none --metrics $M22 -k regex:'rmsnorm_fwd|triton_' --launch-count 8 python3 benchmarks/rmsnorm_profile.py $1 32768 $2 $3 --reps 2
+done
+# run 22b: x and residual streamed through L2 with evict_first (load_hint=nc_ef, the weight kept out of
+# that policy: w_el or a late weight), at the 8 rows torch.compile wins in every round (22a: ours
+# writes 1.5-4 MB more to DRAM inside the kernel at bf16 1K residual)
+E=winner,winner:load_hint=nc_ef:w_el=true,winner:load_hint=nc_ef:weight_load=late,torch_compile,winner:load_hint=nc_ef:weight_load=late,winner:load_hint=nc_ef:w_el=true,winner
+for d in bfloat16 float16; do
+  step ef-$d-residual 150 $S --kinds $E --residual --ns 256,512,1024 --dtype $d --out reports/residual/evict-first/$d-residual.md
+  step ef-$d 60 $S --kinds $E --ns 512 --dtype $d --out reports/residual/evict-first/$d.md
+done
+step ef-float32 60 $S --kinds winner,winner:load_hint=nc_ef,torch_compile,winner:load_hint=nc_ef,winner --ns 2048 --dtype float32 --out reports/residual/evict-first/float32.md
 # next (not yet run): all six KDA problems under protocol 3 (ops/kda/NOTES.md)
 step kda-remeasure-protocol3 900 $PB build kda@h200 --remeasure
 step mma-probe 120 python3 benchmarks/mma_probe.py --json "$logs/mma-probe.json"   # mma.sync latency vs issue rate (KDA notes)
