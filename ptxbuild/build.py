@@ -136,26 +136,30 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
     results = []
     failed: set[Target] = set()
     done: dict[Target, str] = {}
-    for t in build_order(ctx.kf, targets):
-        key = target_key(ctx, t, done)
-        done[t] = key
-        bad_deps = [d for d in dependencies(ctx.kf, t) if d in failed]
-        if bad_deps:
-            failed.add(t)
-            results.append(TargetResult(t, "failed", f"dependency {bad_deps[0]} failed"))
-            ctx.report("target_skip", target=t, reason=f"dependency {bad_deps[0]} failed")
-            continue
-        fresh, why = explain(ctx, t, key)
-        if fresh and not ctx.force:
-            results.append(TargetResult(t, "up_to_date", why))
-            ctx.report("target_fresh", target=t, reason=why)
-            continue
-        ctx.report("target_start", target=t, reason=why)
-        with _Interrupts() as irq:
-            res = _build_target_signals_held(ctx, t, key, why, irq)
-        if res.status == "failed":
-            failed.add(t)
-        results.append(res)
+    try:
+        for t in build_order(ctx.kf, targets):
+            key = target_key(ctx, t, done)
+            done[t] = key
+            bad_deps = [d for d in dependencies(ctx.kf, t) if d in failed]
+            if bad_deps:
+                failed.add(t)
+                results.append(TargetResult(t, "failed", f"dependency {bad_deps[0]} failed"))
+                ctx.report("target_skip", target=t, reason=f"dependency {bad_deps[0]} failed")
+                continue
+            fresh, why = explain(ctx, t, key)
+            if fresh and not ctx.force:
+                results.append(TargetResult(t, "up_to_date", why))
+                ctx.report("target_fresh", target=t, reason=why)
+                continue
+            ctx.report("target_start", target=t, reason=why)
+            with _Interrupts() as irq:
+                res = _build_target_signals_held(ctx, t, key, why, irq)
+            if res.status == "failed":
+                failed.add(t)
+            results.append(res)
+    except (KeyboardInterrupt, GpuError) as exc:   # the caller still locks the targets finished before it
+        exc.finished = results
+        raise
     return results
 
 

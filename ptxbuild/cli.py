@@ -229,9 +229,11 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     except LockError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BUILD_FAILED)
-    except GpuError as exc:
-        raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None
-    except KeyboardInterrupt:
+    except (GpuError, KeyboardInterrupt) as exc:   # targets that finished before it keep their lock entries
+        if not locked and (lock := update_lock(kf, getattr(exc, "finished", []))):
+            click.echo(f"lock: {lock} (the targets finished before the stop)", err=True)
+        if isinstance(exc, GpuError):
+            raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None
         click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
         sys.exit(130)
     finally:

@@ -16,9 +16,7 @@ def storage_dtype(name: str, xp):
 
 def to_float(arr, name: str, xp):
     """Upcast a stored tensor of element type `name` to float32."""
-    if name == "bfloat16":
-        return (arr.astype(xp.uint32) << 16).view(xp.float32)
-    return arr.astype(xp.float32)
+    return (arr.astype(xp.uint32) << 16).view(xp.float32) if name == "bfloat16" else arr.astype(xp.float32)
 
 
 def from_float(arr, name: str, xp):

@@ -272,6 +272,4 @@ def import_lessons(cache, path: str | Path) -> dict:
 def import_shared(cache, path: str | Path) -> dict | None:
     """On a cache with no lessons yet, import the repository's checked-in lessons file (if any)."""
     path = Path(path)
-    if not path.is_file() or cache.db["lessons"].count:
-        return None
-    return import_lessons(cache, path)
+    return None if not path.is_file() or cache.db["lessons"].count else import_lessons(cache, path)

@@ -142,9 +142,7 @@ def _to_numpy(arr):
         import torch
         t = arr.detach().cpu().contiguous()
         return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-    if _kind(arr) == "cupy":
-        return arr.get()
-    return np.asarray(arr)
+    return arr.get() if _kind(arr) == "cupy" else np.asarray(arr)
 
 
 def _from_numpy(a: np.ndarray, like):

@@ -932,3 +932,26 @@ def test_a_rerender_keeps_a_report_from_a_later_build_that_this_cache_lacks(proj
     path.write_text(json.dumps({**later, "built_at": later["built_at"] - 7200}))    # an older one is re-rendered
     assert CliRunner().invoke(cli.main, ["report", "scale@h100"]).exit_code == 0
     assert json.loads(path.read_text())["summary"]["run"] != "later"
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "gpu"])
+def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(proj, monkeypatch, stop):
+    """`ptxbuild build` writes the lock when every target is done: Ctrl-C (or a lost GPU) in the second
+    target must not cost the first one, finished and reported, its lock entry (a dependency built
+    for twenty minutes, then the dependent interrupted, was left unlocked)."""
+    from ptxbuild.gpu.session import GpuError
+    from ptxbuild.lockfile import read_lock
+    real, seen = build_mod._build_target_signals_held, []
+
+    def stop_second(ctx, t, *a):
+        seen.append(str(t))
+        if len(seen) == 2:
+            raise KeyboardInterrupt if stop == "ctrl-c" else GpuError("the GPU worker exited")
+        return real(ctx, t, *a)
+    monkeypatch.setattr(build_mod, "_build_target_signals_held", stop_second)
+    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
+    assert res.exit_code == (130 if stop == "ctrl-c" else cli.EXIT_TOOL), res.output
+    assert "(the targets finished before the stop)" in res.output
+    assert sorted(read_lock(load(proj / "kernelfile.toml"))["targets"]) == [seen[0]]

@@ -41,9 +41,7 @@ def model_of(name: str) -> str:
     toks = [t for t in re.split(r"[\s_\-/]+", name.lower()) if t and t not in _VENDOR]
     if not toks:
         return ""
-    if toks[0] in _JOIN and len(toks) > 1:
-        return toks[0] + toks[1]
-    return toks[0]
+    return toks[0] + toks[1] if toks[0] in _JOIN and len(toks) > 1 else toks[0]
 
 
 def cc_of(arch: str) -> str:
