@@ -827,9 +827,11 @@ def test_a_playoff_times_near_ties_in_one_window_and_keeps_the_faster_there(proj
         == [near] * len(manifest["dispatch"])
 
 
-def test_the_report_says_which_losses_hold_in_every_round_of_their_window(proj):
+@pytest.mark.parametrize("eager_loses_every_round", [False, True])
+def test_the_report_says_which_losses_hold_in_every_round_of_their_window(proj, eager_loses_every_round):
     """Beside each loss the range of the round-by-round ratios of its window; a count of the losses
-    that no round contradicts."""
+    that no round contradicts, judged as the every_round gate judges them: over every baseline, not
+    only the closest (a row whose closest baseline won a round can still lose every round to another)."""
     from .fakes import _M
     from ptxbuild.gpu.session import MeasureResult
     from ptxbuild.outcome import Outcome
@@ -839,11 +841,15 @@ def test_the_report_says_which_losses_hold_in_every_round_of_their_window(proj):
             mixed = problem.dtype == "float32"
             rr = (0.985, 1.004) if mixed else (0.98, 0.99)
             fast = MeasureResult(Outcome.OK, 0.0099, 0.0098, 0.0100, samples=10, incumbent_p50_ms=0.0100, round_ratios=rr)
-            return {"eager": _M(Outcome.OK, 0.05, 0.049, 0.051), "compiled": fast}
+            eager = (MeasureResult(Outcome.OK, 0.00995, 0.0099, 0.0100, samples=10, incumbent_p50_ms=0.0100,
+                                   round_ratios=(0.99, 0.996)) if eager_loses_every_round and mixed
+                     else _M(Outcome.OK, 0.05, 0.049, 0.051))
+            return {"eager": eager, "compiled": fast}
     build(make_ctx(proj, gpu=Rounds(), gpu_match=fake_match), [Target("scale", "h100")])
     md = (proj / "reports/scale@h100/report.md").read_text()
     section = md.split("## Rows where it loses to a baseline (4 of 4)\n\n")[1].split("\n\n## ")[0]
-    assert section.startswith("2 of them lose in every round of the baseline's window")
+    every = 4 if eager_loses_every_round else 2
+    assert section.startswith(f"{every} of them lose in every round of a baseline's window")
     assert "- bfloat16[7x100]: 0.990x compiled (9.9 against 10.0 us); rounds 0.980-0.990x" in section
     assert "- float32[7x100]: 0.990x compiled (9.9 against 10.0 us); rounds 0.985-1.004x" in section
 
