@@ -262,8 +262,10 @@ def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
     return out
 
 
-def _weaken(cache, op: str, attempts: list[dict], fresh: set[str], canon: dict) -> list[dict]:
-    """Lessons contradicted by this run: a failure rule a config passed, a 'best' beaten by more than 2%."""
+def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: dict) -> list[dict]:
+    """Lessons contradicted by this run: a failure rule a config passed; a 'best' beaten by more than 2%, or
+    measured again in a run whose own best of that scope (`fresh`: id -> scope) is another lesson (one live
+    best per scope; a near tie lives on in the new lesson's near list)."""
     changed = []
     oks = [a for a in attempts if a["outcome"] == "ok"]
     for r in list(cache.db.query("select * from lessons where op = ? and retired = 0", [op])):
@@ -277,10 +279,8 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: set[str], canon: dict) 
             same = [a for a in oks if a["gpu"] == scope.get("gpu") and a.get("p50_ms") and
                     _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope]
             mine = [a["p50_ms"] for a in same if json.loads(a["params"]) == {**canon, **rule["params"]}]
-            top = min((a["p50_ms"] for a in same), default=None)
-            against = [a["id"] for a in same if mine and a["p50_ms"] * NEAR_BEST < min(mine)]
-            if top is None or not mine or min(mine) <= top * NEAR_BEST:
-                against = []
+            against = [a["id"] for a in same if mine and a["p50_ms"] * NEAR_BEST < min(mine)] or \
+                [f"lesson {i}" for i, sc in fresh.items() if mine and sc == r["scope"]][:1]
         else:
             continue
         if not against:
@@ -312,7 +312,7 @@ def derive(cache, op, target, run: str, winners: dict | None = None) -> list[dic
             cache.db["lessons"].upsert(row, pk="id")
             produced.append({"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]),
                              **json.loads(row["rule"]), "confidence": row["confidence"]})
-        weakened = _weaken(cache, name, mine, {r["id"] for r in rows}, canon)
+        weakened = _weaken(cache, name, mine, {r["id"]: r["scope"] if r["kind"] == "best" else "" for r in rows}, canon)
     return produced + [{**w, "weakened": True} for w in weakened]
 
 

@@ -118,6 +118,31 @@ def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path, stored
     assert new["rule"]["params"] == {"threads": 256, "vec": 4}
 
 
+@pytest.mark.parametrize("measured_again", [True, False])
+def test_a_scope_keeps_one_live_best_the_latest_run_that_measured_it_wins(tmp_path, measured_again):
+    """A near tie (within 2%) used to leave two live 'best' lessons for one scope, and builds piled them
+    up (8 for one H200 row): seeds then took the first four in table order, maybe not the last winner.
+    A best this run measured again and did not choose is superseded (its config lives on in the new
+    lesson's near list); one it never tried (a probe kernelfile with its own candidates) stays live."""
+    cache = Cache(tmp_path / "c.sqlite")
+    _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.0100)
+    lessons.derive(cache, OP, "scale@h100", "r1")
+    (old,) = _lessons(cache, "best")
+    if measured_again:
+        _attempt(cache, "r2", {"threads": 64, "vec": 4}, "ok", 0.0100)
+    _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.0099)
+    changed = lessons.derive(cache, OP, "scale@h100", "r2")
+    live = [r for r in _lessons(cache, "best") if not r["retired"]]
+    new = next(r for r in _lessons(cache, "best") if r["id"] != old["id"])
+    assert new["rule"]["params"] == {"threads": 256, "vec": 4}
+    if measured_again:
+        assert [r["id"] for r in live] == [new["id"]] and new["rule"]["near"] == [{"threads": 64, "vec": 4}]
+        assert {"lesson": old["id"], "kind": "best", "retired": True, "against": [f"lesson {new['id']}"],
+                "weakened": True} == {k: v for k, v in changed[-1].items() if k != "confidence"}
+    else:
+        assert sorted(r["id"] for r in live) == sorted([old["id"], new["id"]])
+
+
 def test_seeds_come_from_the_same_gpu_then_the_same_arch_then_the_family_then_others(tmp_path):
     cache = Cache(tmp_path / "c.sqlite")
     prob = Problem.make("scale", "float32", (64, 1024))
