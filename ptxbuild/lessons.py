@@ -76,10 +76,10 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
     confidence * 2^-distance for each lesson whose winner or near-best set (within 2%) holds the
     config. A config near-best on both neighbours (N/2 and 2N, or plain and residual) outranks one
     neighbour's winner: on the H200 recording single winners often did not transfer."""
-    cands = []   # (scope, params, lesson id, confidence, near-best configs)
+    cands = []   # (scope, params, lesson id, confidence, near-best configs, created: newest first among equals)
     for r in cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]):
         rule = json.loads(r["rule"])
-        cands.append((json.loads(r["scope"]), rule["params"], r["id"], r["confidence"], rule.get("near", [])))
+        cands.append((json.loads(r["scope"]), rule["params"], r["id"], r["confidence"], rule.get("near", []), r["created"]))
     if run:  # the winners of this run's earlier problems count before they become lessons
         best: dict[str, dict] = {}
         for r in cache.db.query("select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
@@ -88,18 +88,18 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
                 best[r["problem"]] = r
         for r in best.values():
             cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
-                          f"run:{r['id']}", 1.0, []))
+                          f"run:{r['id']}", 1.0, [], math.inf))
     support: dict[str, float] = defaultdict(float)
     origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params, role) of its nearest lesson
     canon = {n: v[0] for n, v in op.SPACE.items()}   # a config stored before a parameter existed meant its first value
-    for scope, params, lid, conf, near in cands:
+    for scope, params, lid, conf, near, _ in cands:
         d = _distance(scope, gpu, problem)
         for role, p in [("winner", {**canon, **params})] + [("near-best", {**canon, **x}) for x in near]:
             k = json.dumps(p, sort_keys=True)
             support[k] += conf * 2.0 ** -d if d > 0 else 0.0
             if k not in origin or d < origin[k][0]:
                 origin[k] = (d, scope, lid, p, role)
-    exact = list(dict.fromkeys(json.dumps({**canon, **c[1]}, sort_keys=True) for c in sorted(cands, key=lambda c: -c[3])
+    exact = list(dict.fromkeys(json.dumps({**canon, **c[1]}, sort_keys=True) for c in sorted(cands, key=lambda c: (-c[3], -c[5]))
                                if _distance(c[0], gpu, problem) == 0))     # this scope's winners
     ranked = exact + sorted((k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k))
     out, used = [], []

@@ -143,6 +143,21 @@ def test_a_scope_keeps_one_live_best_the_latest_run_that_measured_it_wins(tmp_pa
         assert sorted(r["id"] for r in live) == sorted([old["id"], new["id"]])
 
 
+def test_among_live_bests_of_the_exact_scope_the_newest_seeds_first(tmp_path):
+    """Lessons files written before one-best-per-scope hold several live bests of a scope; with a seed
+    limit of 4, table order left 2 of the 66 locked H200 rmsnorm winners out of the next build's seeds."""
+    cache = Cache(tmp_path / "c.sqlite")
+    prob = Problem.make("scale", "float32", (64, 1024))
+    scope = lessons._scope("h100", "sm_90a", prob.key())
+    for i, threads in enumerate([64, 128, 256, 512, 64]):
+        row = lessons._row("scale", "best", scope, {"params": {"threads": threads, "vec": 1 + (i == 4)}, "p50_ms": 0.01},
+                           [1], 1.0, "test")
+        cache.db["lessons"].insert({**row, "created": 1000.0 + (i * 7) % 5})   # created: 1000, 1002, 1004, 1001, 1003
+    seeds, used = lessons.seeds(cache, OP, prob, CATALOG["h100"], limit=4)
+    assert [(s["threads"], s["vec"]) for s in seeds] == [(256, 1), (64, 2), (128, 1), (512, 1)]
+    assert all(u["distance"] == 0 for u in used)
+
+
 def test_seeds_come_from_the_same_gpu_then_the_same_arch_then_the_family_then_others(tmp_path):
     cache = Cache(tmp_path / "c.sqlite")
     prob = Problem.make("scale", "float32", (64, 1024))
