@@ -158,7 +158,7 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
                 failed.add(t)
             results.append(res)
     except (KeyboardInterrupt, GpuError) as exc:   # the caller still locks the targets finished before it
-        exc.finished = results
+        exc.finished = results + getattr(exc, "finished", [])
         raise
     return results
 
@@ -512,17 +512,15 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
     write_report(ctx.kf, ctx.cache, t)
-    if gpu_failure is not None:
-        raise gpu_failure
-    if interrupted or irq.count:
-        raise KeyboardInterrupt
-    if not ok:
-        reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
-    elif missed:
-        reason = f"{len(missed)} gate(s) missed, first: {missed[0]} (ops.{t.op}.gates)"
-    else:
-        return TargetResult(t, "built", why, bool(hw), manifest)
-    return TargetResult(t, "failed", reason, bool(hw), manifest)
+    if gpu_failure is not None or interrupted:
+        raise gpu_failure or KeyboardInterrupt()
+    reason = (f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)" if not ok else
+              f"{len(missed)} gate(s) missed, first: {missed[0]} (ops.{t.op}.gates)" if missed else None)
+    res = TargetResult(t, "failed" if reason else "built", reason or why, bool(hw), manifest)
+    if irq.count:   # a stop held while this finished target was saved: the caller still locks it
+        (stop := KeyboardInterrupt()).finished = [res]
+        raise stop
+    return res
 
 
 def remeasuring(ctx: Context, problem: Problem) -> bool:

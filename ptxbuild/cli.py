@@ -230,7 +230,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BUILD_FAILED)
     except (GpuError, KeyboardInterrupt) as exc:   # targets that finished before it keep their lock entries
-        if not locked and (lock := update_lock(kf, getattr(exc, "finished", []))):
+        if not locked and (lock := update_lock(kf, getattr(exc, "finished", []), note=lambda m: click.echo(f"lock: {m}", err=True))):
             click.echo(f"lock: {lock} (the targets finished before the stop)", err=True)
         if isinstance(exc, GpuError):
             raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None

@@ -264,8 +264,8 @@ def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
 
 def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: dict) -> list[dict]:
     """Lessons contradicted by this run: a failure rule a config passed; a 'best' beaten by more than 2%, or
-    measured again in a run whose own best of that scope (`fresh`: id -> scope) is another lesson (one live
-    best per scope; a near tie lives on in the new lesson's near list)."""
+    measured again (those attempts are the evidence) in a run whose own best of that scope (`fresh`: id ->
+    scope) is another lesson: one live best per scope; a near tie lives on in the new lesson's near list."""
     changed = []
     oks = [a for a in attempts if a["outcome"] == "ok"]
     for r in list(cache.db.query("select * from lessons where op = ? and retired = 0", [op])):
@@ -278,9 +278,10 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
         elif r["kind"] == "best":
             same = [a for a in oks if a["gpu"] == scope.get("gpu") and a.get("p50_ms") and
                     _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope]
-            mine = [a["p50_ms"] for a in same if json.loads(a["params"]) == {**canon, **rule["params"]}]
-            against = [a["id"] for a in same if mine and a["p50_ms"] * NEAR_BEST < min(mine)] or \
-                [f"lesson {i}" for i, sc in fresh.items() if mine and sc == r["scope"]][:1]
+            mine = [a for a in same if json.loads(a["params"]) == {**canon, **rule["params"]}]
+            low = min((a["p50_ms"] for a in mine), default=0.0)
+            against = [a["id"] for a in same if a["p50_ms"] * NEAR_BEST < low] or \
+                [a["id"] for a in mine if r["scope"] in fresh.values()]   # measured again, another lesson chosen
         else:
             continue
         if not against:

@@ -844,12 +844,14 @@ def test_the_report_says_which_losses_hold_in_every_round_of_their_window(proj, 
             eager = (MeasureResult(Outcome.OK, 0.00995, 0.0099, 0.0100, samples=10, incumbent_p50_ms=0.0100,
                                    round_ratios=(0.99, 0.996)) if eager_loses_every_round and mixed
                      else _M(Outcome.OK, 0.05, 0.049, 0.051))
+            if problem.shape == (7, 100) and mixed and not eager_loses_every_round:   # timed apart: no rounds
+                eager = _M(Outcome.OK, 0.0099, 0.0098, 0.0100)
             return {"eager": eager, "compiled": fast}
     build(make_ctx(proj, gpu=Rounds(), gpu_match=fake_match), [Target("scale", "h100")])
     md = (proj / "reports/scale@h100/report.md").read_text()
     section = md.split("## Rows where it loses to a baseline (4 of 4)\n\n")[1].split("\n\n## ")[0]
-    every = 4 if eager_loses_every_round else 2
-    assert section.startswith(f"{every} of them lose in every round of a baseline's window")
+    every = 4 if eager_loses_every_round else 3     # 3: bfloat16's two, and float32[7x100] timed apart from eager
+    assert section.startswith(f"{every} of them lose in every round of a baseline's window, or were timed apart")
     assert "- bfloat16[7x100]: 0.990x compiled (9.9 against 10.0 us); rounds 0.980-0.990x" in section
     assert "- float32[7x100]: 0.990x compiled (9.9 against 10.0 us); rounds 0.985-1.004x" in section
 
@@ -961,3 +963,26 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(pro
     assert res.exit_code == (130 if stop == "ctrl-c" else cli.EXIT_TOOL), res.output
     assert "(the targets finished before the stop)" in res.output
     assert sorted(read_lock(load(proj / "kernelfile.toml"))["targets"]) == [seen[0]]
+
+
+def test_a_stop_held_while_a_finished_target_is_saved_still_locks_it(proj, monkeypatch):
+    """Ctrl-C while a target's report is written is held until the build is recorded (ok), then stops
+    the command: the target finished, so it is locked like any other finished before the stop."""
+    import os
+    import signal
+    from ptxbuild.lockfile import read_lock
+    real, calls = build_mod.write_report, []
+
+    def report_then_ctrl_c(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)     # held: the first target is being saved
+        return real(*a, **k)
+    monkeypatch.setattr(build_mod, "write_report", report_then_ctrl_c)
+    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
+    assert res.exit_code == 130 and len(calls) == 1, res.output
+    kf = load(proj / "kernelfile.toml")
+    (first,) = read_lock(kf)["targets"]
+    assert Cache(kf.cache_path).last_build(first, kf.project)["status"] == "ok"

@@ -135,12 +135,16 @@ def test_a_scope_keeps_one_live_best_the_latest_run_that_measured_it_wins(tmp_pa
     live = [r for r in _lessons(cache, "best") if not r["retired"]]
     new = next(r for r in _lessons(cache, "best") if r["id"] != old["id"])
     assert new["rule"]["params"] == {"threads": 256, "vec": 4}
+    again = [a["id"] for a in cache.attempts("scale@h100", "r2") if json.loads(a["params"])["threads"] == 64]
     if measured_again:
         assert [r["id"] for r in live] == [new["id"]] and new["rule"]["near"] == [{"threads": 64, "vec": 4}]
-        assert {"lesson": old["id"], "kind": "best", "retired": True, "against": [f"lesson {new['id']}"],
+        assert {"lesson": old["id"], "kind": "best", "retired": True, "against": again,   # its re-measurement
                 "weakened": True} == {k: v for k, v in changed[-1].items() if k != "confidence"}
     else:
-        assert sorted(r["id"] for r in live) == sorted([old["id"], new["id"]])
+        assert sorted(r["id"] for r in live) == sorted([old["id"], new["id"]]) and again == []
+    from ptxbuild.lessons_io import export_lessons, parse_lessons     # the retired one exports and parses back
+    lines = export_lessons(cache, include_retired=True)
+    assert len(parse_lessons("\n".join(lines).encode())) == len(lines) == 2
 
 
 def test_among_live_bests_of_the_exact_scope_the_newest_seeds_first(tmp_path):
