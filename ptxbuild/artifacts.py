@@ -57,7 +57,8 @@ def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> P
                 "gpu": gpu.as_dict(), "arch": gpu.arch, "measured_on_hardware": summary["measured"],
                 "kernelfile_digest": kf.digest, "toolchain": summary["toolchain"], "variants": variants,
                 "dispatch": dispatch, "hardware": summary.get("hardware"),
-                "op_files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}}
+                "op_files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)},
+                **({"incomplete": summary["incomplete"]} if summary.get("incomplete") else {})}   # problems built/declared
     path = out / "manifest.json"
     _atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return path

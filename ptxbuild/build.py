@@ -75,8 +75,7 @@ def hardware_for(ctx: Context, gpu) -> dict | None:
     """The fingerprint of the GPU present if it is this target's GPU (or its model), else None."""
     if ctx.gpu is None or ctx.gpu_match is None:
         return None
-    level = ctx.gpu_match(ctx.gpu.fingerprint, gpu)
-    return ctx.gpu.fingerprint.key() if level in ("exact", "model") else None
+    return ctx.gpu.fingerprint.key() if ctx.gpu_match(ctx.gpu.fingerprint, gpu) in ("exact", "model") else None
 
 
 def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
@@ -122,8 +121,7 @@ def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool,
     done: dict[Target, str] = {}
     out = []
     for t in build_order(ctx.kf, targets):
-        key = target_key(ctx, t, done)
-        done[t] = key
+        done[t] = key = target_key(ctx, t, done)
         fresh, why = explain(ctx, t, key)
         stale_dep = [d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)]
         if fresh and stale_dep:
@@ -138,8 +136,7 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
     done: dict[Target, str] = {}
     try:
         for t in build_order(ctx.kf, targets):
-            key = target_key(ctx, t, done)
-            done[t] = key
+            done[t] = key = target_key(ctx, t, done)
             bad_deps = [d for d in dependencies(ctx.kf, t) if d in failed]
             if bad_deps:
                 failed.add(t)
@@ -367,9 +364,28 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
 
 def check_candidates(spec, op) -> None:
     """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a
-    parameter the op lacks, or a candidate a value outside its space."""
+    parameter the op lacks, or a candidate a value outside its space; when `options` or a mode names
+    an option the op lacks or gives it a value of another type than the op's default (a misspelled
+    key used to build the op's plain kernel under the wrong label); when the op has no config at all
+    for a declared problem (a shape of the wrong rank)."""
     from .catalog import did_you_mean
     from .kernelfile import KernelfileError
+    for where, opts in [("options", spec.options)] + [(f"modes[{i}]", m) for i, m in enumerate(spec.modes)]:
+        for k, v in dict(opts).items():
+            d = op.OPTIONS.get(k, ...)
+            if d is ...:
+                raise KernelfileError(f"ops.{spec.name}.{where}: unknown option {k!r}{did_you_mean(k, op.OPTIONS)}; "
+                                      f"the op's options are {', '.join(sorted(op.OPTIONS))}")
+            if None not in (d, v) and type(v) is not type(d) and not (type(d) is float and type(v) is int):
+                raise KernelfileError(f"ops.{spec.name}.{where}: {k} = {v!r} is not a {type(d).__name__} "
+                                      f"(the op's default is {d!r})")
+    for p in problems_of(spec):
+        try:
+            op.default_params(p)
+        except ValueError as exc:
+            i = [tuple(s) for s in spec.shapes].index(tuple(p.shape))
+            raise KernelfileError(f"ops.{spec.name}.shapes[{i}] = {list(p.shape)}: the op cannot build "
+                                  f"{p.label()} ({exc})") from None
     for i, name in enumerate(spec.search.get("polish") or ()):
         if name not in op.SPACE:
             raise KernelfileError(f"ops.{spec.name}.search.polish[{i}]: unknown parameter {name!r}"
@@ -438,7 +454,6 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)
             used_lessons += [{k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")} for r in ev.rules]
             if hw is None:
-                strategy, budget = "exhaustive", min(search["budget"], 16)
                 # compile-only: the first config that compiles within the limits, lessons and default first
                 hist = []
                 for cfg in _dedupe(seeds):
@@ -446,8 +461,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                     if math.isfinite(hist[-1][1]):
                         break
                 if not any(math.isfinite(s) for _, s in hist):
-                    hist += run_search(op.SPACE, ev, strategy=strategy, budget=budget, seconds=search["seconds"],
-                                       valid=valid, seeds=(), rng_seed=search["seed"], batch=ctx.jobs)
+                    hist += run_search(op.SPACE, ev, strategy="exhaustive", budget=min(search["budget"], 16),
+                                       seconds=search["seconds"], valid=valid, seeds=(), rng_seed=search["seed"], batch=ctx.jobs)
             else:
                 ev([s for s in _dedupe(seeds) if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)])
                 hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
@@ -490,8 +505,9 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
                "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
                "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
+               "incomplete": f"{len(chosen)}/{len(probs)}" if interrupted else None,   # the manifest says so too
                "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
-               "remeasured": bool(hw) and ctx.remeasure,
+               "remeasured": bool(hw) and ctx.remeasure, "problems_done": f"{len(chosen)}/{len(probs)}",
                "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],
                # timed_since is only set by a resumed --remeasure build (hardware present)
                "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
@@ -501,10 +517,8 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
     summary["report_manifest"] = {"dispatch": m.get("dispatch", []), "variants": m.get("variants", {})}
-    produced = lessons.derive(ctx.cache, op, t, ctx.run, {json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"])
-                                                          for c in chosen if hw and c["params"] is not None})
-    summary["lessons_produced"] = produced
-    summary["problems_done"] = f"{len(chosen)}/{len(probs)}"
+    summary["lessons_produced"] = lessons.derive(ctx.cache, op, t, ctx.run, {
+        json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"]) for c in chosen if hw and c["params"] is not None})
     timed = [c["p50_ms"] for c in chosen if c.get("p50_ms")]
     missed = gates.failures(spec.gates, chosen) if hw else []
     summary["metric"] = {"name": spec.metric, "value_ms": gates.metric_ms(spec.metric, timed), "problems": len(timed)}

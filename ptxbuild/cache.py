@@ -86,8 +86,7 @@ class Cache:
         path = Path(path)
         if str(path) != ":memory:":
             path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        self.db = sqlite_utils.Database(conn)
+        self.db = sqlite_utils.Database(sqlite3.connect(str(path), timeout=30, isolation_level=None))
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.migrate()
@@ -159,13 +158,9 @@ class Cache:
         return self.db["attempts"].insert({**row, "created": time.time()}).last_pk
 
     def attempts(self, target: str | None = None, run: str | None = None) -> list[dict]:
-        where, args = [], []
-        if target:
-            where.append("target = ?"), args.append(target)
-        if run:
-            where.append("run = ?"), args.append(run)
-        sql = "select * from attempts" + (" where " + " and ".join(where) if where else "") + " order by id"
-        return list(self.db.query(sql, args))
+        where = ["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else [])
+        sql = f"select * from attempts where {' and '.join(where)} order by id"
+        return list(self.db.query(sql, [v for v in (target, run) if v]))
 
     def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
                   summary: dict, project: str = "") -> None:

@@ -35,9 +35,8 @@ def _kernelfile(path: str):
     from .oploader import OpError, load_op
     try:
         kf = load(path)
-        for spec in kf.ops.values():   # declared candidates / polish name the op's parameters: checked up front
-            if spec.search.get("candidates") or spec.search.get("polish"):
-                check_candidates(spec, load_op(spec.template, kf.root))
+        for spec in kf.ops.values():   # options, modes, shapes, candidates, polish against the op: up front
+            check_candidates(spec, load_op(spec.template, kf.root))
         return kf
     except (KernelfileError, TargetError, OpError) as exc:
         raise ConfigError(str(exc)) from None
@@ -95,9 +94,7 @@ class Progress:
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
-        self.tried = self.failed = 0
-        self.best = math.inf
-        self.t0 = time.monotonic()
+        self.tried, self.failed, self.best, self.t0 = 0, 0, math.inf, time.monotonic()
 
     def __call__(self, kind: str, **ev):
         if self.quiet:
@@ -105,9 +102,7 @@ class Progress:
         if kind in self.LINES:
             click.echo(self.LINES[kind].format(**ev), err=True)
         elif kind == "problem_start":
-            self.tried = self.failed = 0
-            self.best = math.inf
-            self.t0 = time.monotonic()
+            self.tried, self.failed, self.best, self.t0 = 0, 0, math.inf, time.monotonic()
             self.label = f"  [{ev['index'] + 1}/{ev['total']}] {ev['problem'].label()}"
         elif kind == "attempt":
             self.tried += 1
@@ -300,7 +295,9 @@ def report(kernelfile, targets):
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
         if data is None:
-            click.echo(f"{t}: never built; run: ptxbuild build {t}")
+            kept = kf.reports_dir / str(t) / "report.md"   # e.g. a GPU machine's, committed; this cache lacks its build
+            click.echo(f"{t}: no build in this cache" + (f"; its report is {kept.relative_to(kf.root)}" if kept.is_file()
+                       else "") + f"; run: ptxbuild build {t}")
             continue
         path = write_report(kf, cache, t, keep_newer=True)
         if path is None:

@@ -86,12 +86,10 @@ class OpModel(_Strict):
     @field_validator("dtypes")
     @classmethod
     def _dtypes(cls, v):
-        out = []
-        for d in v:
-            d = ALIASES.get(d, d)
+        out = [ALIASES.get(d, d) for d in v]
+        for d in out:
             if d not in DTYPES:
                 raise ValueError(f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}")
-            out.append(d)
         return out
 
     @field_validator("shapes")
@@ -237,8 +235,7 @@ def _resolve_gpus(model: KernelfileModel) -> dict[str, Gpu]:
                                   f"use a catalog name ({', '.join(CATALOG)}) or give arch = \"sm_90a\"")
         if base is None:
             base = Gpu(name, g.model or name, g.arch, "custom", g.sm_count or 1, g.dram_tbps or 1.0, 48 * 1024, 1)
-        over = {k: v for k, v in g.model_dump().items() if v is not None}
-        out[name] = Gpu(**{**base.as_dict(), **over, "name": name})
+        out[name] = Gpu(**{**base.as_dict(), **{k: v for k, v in g.model_dump().items() if v is not None}, "name": name})
     return out
 
 

@@ -56,11 +56,9 @@ def _distance(scope: dict, gpu, problem: Problem) -> float:
     d += 0.0 if scope.get("dtype") == problem.dtype else 1.5
     d += 0.0 if scope.get("options") == problem.opts_json else 1.0
     shape = scope.get("shape") or []
-    if len(shape) == len(problem.shape):
-        d += 0.5 * sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(shape, problem.shape))
-    else:
-        d += 4.0
-    return d
+    if len(shape) != len(problem.shape):
+        return d + 4.0
+    return d + 0.5 * sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(shape, problem.shape))
 
 
 def _row(op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence: float, source: str) -> dict:
@@ -120,8 +118,7 @@ def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> li
     nearer-scope lessons. (On the H200 rmsnorm recording the default beat other shapes' winners, so
     a lesson from another shape goes after it; see reports/warmstart/.)"""
     exact = [s for s, u in zip(seeds, used) if u["distance"] == 0]
-    rest = [s for s in seeds if s not in exact]
-    return exact + ([default] if default and default not in exact else []) + [s for s in rest if s != default]
+    return exact + ([default] if default and default not in exact else []) + [s for s in seeds if s not in exact and s != default]
 
 
 def _in_scope(scope: dict, problem: Problem, arch: str) -> bool:
@@ -169,9 +166,7 @@ def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None =
             p = json.loads(a["params"])
             if a["p50_ms"] <= max(p50, r["p50_ms"]) * NEAR_BEST and p not in near and p != params:
                 near.append(p)
-        rule = {"params": params, "p50_ms": p50}
-        if near:
-            rule["near"] = near[:NEAR_MAX]
+        rule = {"params": params, "p50_ms": p50, **({"near": near[:NEAR_MAX]} if near else {})}
         out.append(_row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source))
     return out
 
@@ -196,7 +191,6 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
                 (ok_with if a["outcome"] == "ok" else fail_with)[(k, json.dumps(v))].add(key)
         rules: dict[str, tuple] = {}                      # rule -> (params, shape or None)
         for f in fails:
-            key = json.dumps(f["_params"], sort_keys=True)
             rule, scope_shape = None, None
             items = sorted((k, json.dumps(v)) for k, v in f["_params"].items())
             for size in (1, 2):
@@ -288,9 +282,8 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
             continue
         conf = round(r["confidence"] * 0.5 ** min(len(against), 8), 4)
         retired = int(conf < RETIRE_CONFIDENCE or r["kind"] == "best")   # a beaten best is superseded
-        ev = json.loads(r["evidence"])
         cache.db["lessons"].update(r["id"], {"confidence": conf, "retired": retired,
-                                             "evidence": json.dumps(ev + [{"against": against[:20]}])})
+                                             "evidence": json.dumps(json.loads(r["evidence"]) + [{"against": against[:20]}])})
         changed.append({"lesson": r["id"], "kind": r["kind"], "confidence": conf, "retired": bool(retired),
                         "against": against[:20]})
     return changed
@@ -340,12 +333,9 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
             where_ += " all shapes"
         opts = ",".join(f"{k}={v}" for k, v in sorted((scope.get("options") or {}).items()) if v not in (False, None, ""))
         params = " ".join(f"{k}={v}" for k, v in sorted(rule.get("params", {}).items()))
-        if r["kind"] == "best":
-            what = f"{params} -> {rule['p50_ms'] * 1000:.1f} us"
-        elif r["kind"] == "fails":
-            what = f"{params} -> {rule['outcome']}"
-        else:
-            what = ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4])
+        what = (f"{params} -> {rule['p50_ms'] * 1000:.1f} us" if r["kind"] == "best" else
+                f"{params} -> {rule['outcome']}" if r["kind"] == "fails" else
+                ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4]))
         src = r["source"] or ""
         if src.startswith("{"):
             s = json.loads(src)

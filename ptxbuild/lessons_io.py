@@ -139,21 +139,18 @@ def _evidence(cache, ev: list) -> list[dict]:
             out.append({"attempt": e})
             continue
         a, p = rows[0], json.loads(rows[0]["problem"])
-        item = {"attempt": a["id"], "gpu": a["gpu"], "arch": a["arch"], "dtype": p["dtype"], "shape": p["shape"],
-                "params": json.loads(a["params"]), "outcome": a["outcome"]}
-        if a["p50_ms"]:
-            item["p50_ms"] = a["p50_ms"]
-        out.append(item)
+        out.append({"attempt": a["id"], "gpu": a["gpu"], "arch": a["arch"], "dtype": p["dtype"], "shape": p["shape"],
+                    "params": json.loads(a["params"]), "outcome": a["outcome"],
+                    **({"p50_ms": a["p50_ms"]} if a["p50_ms"] else {})})
     return out
 
 
 def _provenance(source: str, project: str, now: float) -> dict:
     if source.startswith("{"):      # imported earlier: keep its provenance, note the import
         stored = json.loads(source)
-        prov = dict(stored["provenance"])
-        prov["history"] = (prov.get("history", []) + [f"imported from {stored['imported_from']} "
-                                                       f"at {stored['imported_at']:.0f}"])[-20:]
-        return prov
+        prov = stored["provenance"]
+        return {**prov, "history": (prov.get("history", []) + [f"imported from {stored['imported_from']} "
+                                                               f"at {stored['imported_at']:.0f}"])[-20:]}
     return {"source": source, "project": project, "exported_by": _version(), "exported_at": now}
 
 

@@ -126,9 +126,17 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
                 note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this "
                      f"build was compile-only; build it on that GPU to update the lock")
                 continue
-            targets[str(r.target)] = new
+            if _pins(new) != _pins(old):   # the same kernels from another machine's wheels or lessons: left as is
+                targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
     return _write(path, {k: v for k, v in targets.items() if k in declared})
+
+
+def _pins(entry: dict) -> str:
+    """What an entry pins: everything but the installed wheels and each problem's lesson provenance."""
+    skip = ("wheels", "entry_sha256", "dispatch")
+    return canonical_json({**{k: v for k, v in entry.items() if k not in skip},
+                           "dispatch": [{k: v for k, v in d.items() if k != "lesson"} for d in entry.get("dispatch", [])]})
 
 
 def _write(path: Path, targets: dict) -> Path:
@@ -191,7 +199,6 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
     """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts.
     `ptx_of` (relock, no GPU): dispatch index -> each config's PTX sha256; a PTX that alone differs is not refused."""
     gpu = ctx.kf.gpus[t.gpu]
-    binaries: dict[str, Binary] = {}
     chosen = []
     for i, d in enumerate(entry["dispatch"]):
         problem = Problem.make(**d["problem"])
@@ -212,7 +219,6 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
             raise LockError(f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
                             f"artifacts not written")
         b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
-        binaries[b.digest] = b
         chosen.append({**d, "_binary": b, "_problem": problem})
     if ptx_of is None and hardware_for(ctx, gpu) is not None:
         for c in chosen:
@@ -227,18 +233,18 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     """Rebuild exactly the locked artifacts (compile + compare + verify, no search); all targets are
     checked before any is written, so a drift leaves build/ as it was."""
     lock = read_lock(ctx.kf)
-    plan = []
-    for t in build_order(ctx.kf, targets):
-        entry = lock["targets"].get(str(t))
-        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
+    order = [(t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
+             for t in build_order(ctx.kf, targets)]
+    for t, entry, op in order:   # every entry first: a missing or drifted one fails before anything compiles
         _check_entry(ctx, t, entry, op)
+    plan = []
+    for t, entry, op in order:
         ctx.report("target_start", target=t, reason="locked")
         plan.append((t, entry, op, _reproduce(ctx, t, entry, op)))
     results = []
     for t, entry, op, chosen in plan:
-        summary = {"measured": entry["measured_on_hardware"], "toolchain": entry["toolchain"],
-                   "hardware": entry.get("hardware")}
-        manifest = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, summary)
+        manifest = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, {"measured": entry["measured_on_hardware"],
+                                   "toolchain": entry["toolchain"], "hardware": entry.get("hardware")})
         results.append(TargetResult(t, "built", f"locked: {len(entry['variants'])} variant(s) reproduced",
                                     entry["measured_on_hardware"], manifest))
     return results
@@ -269,8 +275,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
                             f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}")
         gpu = ctx.kf.gpus[t.gpu]
         for d in entry["dispatch"]:
-            problem = Problem.make(**d["problem"])
-            now = json.loads(canonical_json(op.launch(d["params"], problem, gpu.sm_count).__dict__))
+            now = json.loads(canonical_json(op.launch(d["params"], Problem.make(**d["problem"]), gpu.sm_count).__dict__))
             want = {**_LAUNCH_DEFAULTS, **d.get("launch", now)}   # fields added since: their defaults
             if now != want:
                 raise LockError(f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "

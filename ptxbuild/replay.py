@@ -48,15 +48,10 @@ def export_recording(cache, out, op: str | None = None, gpu: str | None = None, 
 
     Repeated attempts of one config (forced rebuilds) merge: the median p50 of the successes and the
     largest cost in seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
-    where, args = ["outcome not in ('invalid', 'pruned')"], []
-    if op:
-        where.append("op = ?"), args.append(op)
-    if gpu:
-        where.append("gpu = ?"), args.append(gpu)
+    where = ["outcome not in ('invalid', 'pruned')"] + (["op = ?"] if op else []) + (["gpu = ?"] if gpu else [])
     merged: dict[tuple, dict] = {}
-    for a in cache.db.query("select * from attempts where " + " and ".join(where) + " order by id", args):
+    for a in cache.db.query(f"select * from attempts where {' and '.join(where)} order by id", [v for v in (op, gpu) if v]):
         key = (a["op"], a["gpu"], a["problem"], a["params"])
-        secs = sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s"))
         m = merged.setdefault(key, {"op": a["op"], "gpu": a["gpu"], "arch": a["arch"],
                                     "family": lessons.family_of(a["gpu"], a["arch"]),
                                     "problem": json.loads(a["problem"]), "params": json.loads(a["params"]),
@@ -64,7 +59,7 @@ def export_recording(cache, out, op: str | None = None, gpu: str | None = None, 
         m["outcomes"].append(a["outcome"])
         if a["outcome"] == "ok" and a["p50_ms"] is not None:
             m["p50s"].append(a["p50_ms"])
-        m["seconds"] = max(m["seconds"], secs)
+        m["seconds"] = max(m["seconds"], sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")))
         m["attempts"].append(a["id"])
     rows = []
     for m in merged.values():

@@ -224,9 +224,8 @@ def lessons_section(s: dict, data: dict) -> list[str]:
     """Which lessons the build used (seeds, failure rules that pruned) and which it produced."""
     used = list({u["lesson"]: u for u in s.get("lessons_used", [])}.values())
     produced = s.get("lessons_produced", [])
-    pruned = data["candidates_by_outcome"].get("pruned", 0)
     lines = ["", "## Lessons", "", f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
-             f"failure rules: {pruned}"]
+             f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}"]
     for u in used[:12]:
         sc = u["scope"]
         if u.get("kind") == "fails":

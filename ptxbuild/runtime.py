@@ -73,6 +73,9 @@ def load(target: str | Path, *, kernelfile: str | Path | None = None, allow_fall
         raise LoaderError(f"{build} has no manifest.json: the target was never built; run: ptxbuild build "
                           f"{build.name if '@' in build.name else '<op>@<gpu>'}")
     manifest = json.loads(manifest_path.read_text())
+    if manifest.get("incomplete"):
+        warnings.warn(f"{build}: its build was interrupted ({manifest['incomplete']} problems built); run: ptxbuild "
+                      f"build {manifest['target']} to finish it", stacklevel=2)
     if folder is None:
         kfp = Path(kernelfile) if kernelfile else _find_kernelfile(build.resolve().parent)
         folder = _op_folder_from(kfp, manifest) if kfp else build.resolve().parent.parent / "ops" / manifest["template"]

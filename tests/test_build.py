@@ -160,6 +160,11 @@ def test_interrupt_keeps_finished_problems_and_marks_the_build(proj, stop):
     last = ctx.cache.last_build("scale@b200", ctx.kf.project)
     assert last["status"] == "interrupted" and json.loads(last["summary"])["problems_done"] == "2/4"
     assert "problems built: 2/4 (**interrupted**: rerun to finish)" in (proj / "reports/scale@b200/report.md").read_text()
+    manifest = json.loads((proj / "build/scale@b200/manifest.json").read_text())   # a model loading it is told
+    assert manifest["incomplete"] == "2/4" and len(manifest["dispatch"]) == 2
+    from ptxbuild.runtime import load as load_built
+    with pytest.warns(UserWarning, match=r"interrupted \(2/4 problems built\); run: ptxbuild build scale@b200 to"):
+        load_built(proj / "build/scale@b200", op_folder=proj / "ops/scale")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     comp = FakeCompiler()
@@ -167,6 +172,7 @@ def test_interrupt_keeps_finished_problems_and_marks_the_build(proj, stop):
     assert [(str(t), w) for t, f, w in plan(ctx2, [Target("scale", "b200")])] == [("scale@b200", "last build interrupted")]
     assert _status(build(ctx2, [Target("scale", "b200")])) == {"scale@b200": "built"}
     assert len(comp.calls) == 1   # the finished float32 compile was not redone
+    assert "incomplete" not in json.loads((proj / "build/scale@b200/manifest.json").read_text())
 
 
 def test_baselines_are_cached_per_gpu_and_problem(proj):
@@ -986,3 +992,47 @@ def test_a_stop_held_while_a_finished_target_is_saved_still_locks_it(proj, monke
     kf = load(proj / "kernelfile.toml")
     (first,) = read_lock(kf)["targets"]
     assert Cache(kf.cache_path).last_build(first, kf.project)["status"] == "ok"
+
+
+@pytest.mark.parametrize("decl, said", [
+    ('modes = [{}, { alfa = 1.0 }]', "ops.scale.modes[1]: unknown option 'alfa'"),
+    ('options = { alpha = "x" }', "ops.scale.options: alpha = 'x' is not a float (the op's default is 2.0)"),
+    ('options = { alpha = 3 }', None),                                    # an int where the default is a float
+])
+def test_options_and_modes_are_checked_against_the_ops_options_by_name_and_type(proj, monkeypatch, decl, said):
+    """A misspelled mode key used to build the op's plain kernel under a label that named the option."""
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", f"search = {{ budget = 6 }}\n{decl}"))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["check"])
+    if said is None:
+        assert res.exit_code == 0, res.output
+    else:
+        assert res.exit_code == cli.EXIT_CONFIG and said in res.output, res.output
+        assert "did you mean 'alpha'" in res.output or "options" in said
+
+
+def test_a_shape_the_op_cannot_build_names_its_key_before_any_build(tmp_path, monkeypatch):
+    from pathlib import Path
+    ops = Path(__file__).resolve().parents[1] / "ops" / "rmsnorm"
+    (tmp_path / "kernelfile.toml").write_text(
+        f'[project]\nname = "t"\n[gpus.h100]\n[ops.rmsnorm]\ntemplate = "{ops.as_posix()}"\ndtypes = ["bfloat16"]\n'
+        'shapes = [[64, 2048], [64, 2048, 3]]\n')
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
+    assert res.exit_code == cli.EXIT_CONFIG, res.output
+    assert ("ops.rmsnorm.shapes[1] = [64, 2048, 3]: the op cannot build bfloat16[64x2048x3] "
+            "(no default config for bfloat16[64x2048x3])") in res.output
+
+
+def test_report_on_a_cache_without_the_build_points_at_the_committed_report(proj, monkeypatch):
+    """A fresh clone has the GPU machine's committed report but not its cache: say where the report is."""
+    (proj / "reports/scale@h100").mkdir(parents=True)
+    (proj / "reports/scale@h100/report.md").write_text("# scale@h100\n")
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["report"])
+    assert res.exit_code == 0, res.output
+    assert ("scale@h100: no build in this cache; its report is reports/scale@h100/report.md; run: ptxbuild build "
+            "scale@h100") in res.output
+    assert "scale@b200: no build in this cache; run: ptxbuild build scale@b200" in res.output
+    assert (proj / "reports/scale@h100/report.md").read_text() == "# scale@h100\n"

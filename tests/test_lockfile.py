@@ -395,3 +395,35 @@ def test_configs_sharing_a_cubin_lock_the_winners_own_ptx(proj):
     assert [r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])] == ["built"]
     ptxs = [p.read_text() for p in (proj / "build/scale@h100").glob("*.ptx")]
     assert len(ptxs) == 2 and all(p.endswith("// #define VEC 4") for p in ptxs)
+
+
+def test_a_target_missing_from_the_lock_fails_before_any_target_compiles(proj):
+    """`ptxbuild build --locked` over the whole kernelfile used to compile every earlier target (22 s in
+    this repository) before it named the one the lock lacks."""
+    ctx, results, _ = _built(proj)
+    last = [r.target for r in results][-1]
+    _edit_lock(proj, lambda n, e: None)
+    lock = json.loads((proj / "kernelfile.lock").read_text())
+    del lock["targets"][str(last)]
+    (proj / "kernelfile.lock").write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
+    shutil.rmtree(proj / "build")
+    comp = FakeCompiler()
+    with pytest.raises(LockError, match=f"{re.escape(str(last))} is not in kernelfile.lock"):
+        build_locked(make_ctx(proj, comp))
+    assert comp.calls == [] and not (proj / "build").exists()
+
+
+def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
+    """The README's first command on a fresh clone rewrote every entry it rebuilt (this machine's wheel
+    versions, which lesson a config was traced to) and left the checkout dirty; a change to what the
+    entry pins (here an op source) still rewrites it."""
+    _built(proj)
+    _edit_lock(proj, lambda n, e: e.update(wheels={"cuda-bindings": "0.0 (another machine)"}))
+    before = (proj / "kernelfile.lock").read_text()
+    ctx = make_ctx(proj, force=True)
+    update_lock(ctx.kf, build(ctx))
+    assert (proj / "kernelfile.lock").read_text() == before
+    (proj / "ops/scale/scale.cu").write_text((proj / "ops/scale/scale.cu").read_text() + "\n// v2\n")
+    ctx = make_ctx(proj)
+    update_lock(ctx.kf, build(ctx))
+    assert all(e["wheels"] != {"cuda-bindings": "0.0 (another machine)"} for e in read_lock(ctx.kf)["targets"].values())
