@@ -169,10 +169,18 @@ def plan(kernelfile, targets, no_gpu):
 
     Example: ptxbuild plan rmsnorm@b200
     """
+    from contextlib import suppress
+    from .artifacts import target_dir
     from .build import plan as do_plan
+    from .lockfile import LockError, read_lock
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None)
     for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
+        m = target_dir(kf, t) / "manifest.json"    # build/ from a compile-only build beside a measured lock entry
+        with suppress(LockError, KeyError):          # no lock, or no entry for t: nothing to compare
+            locked = [d["binary"] for d in read_lock(kf)["targets"][str(t)]["dispatch"]]
+            if fresh and m.is_file() and [d.get("binary") for d in json.loads(m.read_text())["dispatch"]] != locked:
+                fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
 

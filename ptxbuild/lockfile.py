@@ -123,8 +123,8 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
         if Path(manifest).is_file():
             new, old = entry_from_manifest(kf, r.target, Path(manifest)), targets.get(str(r.target), {})
             if old.get("measured_on_hardware") and not new["measured_on_hardware"]:
-                note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this "
-                     f"build was compile-only; build it on that GPU to update the lock")
+                note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this build "
+                     "was compile-only (build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)")
                 continue
             if _pins(new) != _pins(old):   # the same kernels from another machine's wheels or lessons: left as is
                 targets[str(r.target)] = new

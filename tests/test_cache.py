@@ -1,6 +1,7 @@
 """The SQLite cache: schema migrations, and a kill -9 mid-build loses nothing that finished."""
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -169,8 +170,11 @@ def test_kill_9_mid_build_then_rerun(proj):
     deadline = time.time() + 60
     while time.time() < deadline:
         time.sleep(0.2)
-        if db.exists() and Cache(db).db["compiles"].count >= 3:
-            break
+        try:   # the child may be creating the schema or writing right now: poll again
+            if db.exists() and Cache(db).db["compiles"].count >= 3:
+                break
+        except sqlite3.OperationalError:
+            continue
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     cache = Cache(db)

@@ -364,8 +364,8 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(p
     lock = read_lock(ctx.kf)["targets"]
     assert lock["scale@h100"] == measured
     assert lock["scale@b200"]["kernelfile_digest"] == ctx.kf.digest != measured["kernelfile_digest"]
-    assert notes == ["scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only; "
-                     "build it on that GPU to update the lock"]
+    assert notes == ["scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only "
+                     "(build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)"]
     # and its report stays the measured one; the compile-only build's goes beside it
     report = proj / "reports/scale@h100"
     assert json.loads((report / "report.json").read_text())["summary"]["measured"] is True
@@ -427,3 +427,26 @@ def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx))
     assert all(e["wheels"] != {"cuda-bindings": "0.0 (another machine)"} for e in read_lock(ctx.kf)["targets"].values())
+
+
+def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monkeypatch):
+    """A fresh clone (no cache) built without the GPU: the measured lock entry stays, but build/ holds the
+    op's default kernels, and `plan` called that up to date while `ptxbuild.load` would run them."""
+    from ptxbuild import cli
+    from ptxbuild.graph import Target
+
+    from .fakes import FakeGpu, fake_match
+    h100 = [Target("scale", "h100")]
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    update_lock(ctx.kf, build(ctx, h100))
+    for f in (proj / "cache").glob("*.sqlite*"):
+        f.unlink()
+    ctx = make_ctx(proj)
+    update_lock(ctx.kf, build(ctx, h100))
+    assert read_lock(ctx.kf)["targets"]["scale@h100"]["measured_on_hardware"] is True
+    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    monkeypatch.chdir(proj)
+    plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output   # noqa: E731
+    assert plan() == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"
+    build_locked(make_ctx(proj), h100)
+    assert plan() == "up-to-date scale@h100  (up to date)\n"
