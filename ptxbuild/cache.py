@@ -158,9 +158,8 @@ class Cache:
         return self.db["attempts"].insert({**row, "created": time.time()}).last_pk
 
     def attempts(self, target: str | None = None, run: str | None = None) -> list[dict]:
-        where = ["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else [])
-        sql = f"select * from attempts where {' and '.join(where)} order by id"
-        return list(self.db.query(sql, [v for v in (target, run) if v]))
+        where = " and ".join(["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else []))
+        return list(self.db.query(f"select * from attempts where {where} order by id", [v for v in (target, run) if v]))
 
     def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
                   summary: dict, project: str = "") -> None:

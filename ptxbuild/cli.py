@@ -189,9 +189,9 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--explain", is_flag=True, help="Say why each target is built or skipped, then build "
               "(`ptxbuild plan` only says).")
 @click.option("--force", is_flag=True, help="Rebuild even up-to-date targets (cached steps are still reused).")
-@click.option("--jobs", "-j", type=int, default=None, help="Parallel compiles (default: all cores).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: all cores).")
 @click.option("--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present.")
-@click.option("--quiet", "-q", is_flag=True)
+@click.option("--quiet", "-q", is_flag=True, help="Print only the result lines (no progress).")
 @click.option("--locked", is_flag=True, help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
               "search); fail on any drift.")
 @click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
@@ -221,6 +221,12 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
         raise ConfigError("--no-resume only applies with --remeasure")
     ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
     ctx.remeasure_only = tuple(remeasure_only)
+    from .build import problems_of
+    from .graph import all_targets
+    for text in remeasure_only:   # a typo would time nothing again and look like success
+        if not any(text in p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])):
+            raise ConfigError(f"--remeasure-only {text!r} matches no problem of these targets (labels look like "
+                              f"{problems_of(kf.ops[(chosen or all_targets(kf))[0].op])[0].label()!r})")
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
@@ -377,7 +383,7 @@ def cache_show(kernelfile):
 
 
 @cache_group.command("prune")
-@click.option("--older-than", "days", type=float, default=7.0, show_default=True,
+@click.option("--older-than", "days", type=click.FloatRange(min=0), default=7.0, show_default=True,
               help="Drop compiled PTX and cubin stored more than this many days ago.")
 @click.pass_obj
 def cache_prune(kernelfile, days):
@@ -414,9 +420,10 @@ def lessons_show(kernelfile, op, gpu, show_all):
     from .lessons import listing
     kf = _kernelfile(kernelfile)
     rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
+    ops = sorted({r["op"] for r in listing(Cache(kf.cache_path), None, None, True)}) if op and not rows else []
     if not rows:
-        click.echo("no lessons yet; build a target on a GPU (ptxbuild build op@gpu) or import some "
-                   "(ptxbuild lessons import FILE)")
+        click.echo(f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}" if ops else "no lessons yet; "
+                   "build a target on a GPU (ptxbuild build op@gpu) or import some (ptxbuild lessons import FILE)")
         return
     head = ["id", "op", "kind", "scope", "rule", "confidence", "evidence", "source"]
     table = [head] + [[r[k] for k in head] for r in rows]

@@ -49,6 +49,8 @@ def all_targets(kf) -> list[Target]:
 def parse_target(text: str, kf) -> list[Target]:
     """'op@gpu', 'op' (all its GPUs) or '@gpu' (all ops on that GPU)."""
     op, _, gpu = text.partition("@")
+    if text.endswith("@"):
+        raise TargetError(f"{text}: nothing after '@'; write op@gpu, op (all its GPUs) or @gpu (all ops on it)")
     if not gpu and op in kf.gpus and op not in kf.ops:
         op, gpu = "", op
     if op and op not in kf.ops:

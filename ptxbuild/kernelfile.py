@@ -192,10 +192,13 @@ def parse(text: str, path: Path) -> Kernelfile:
     except ValidationError as exc:
         raise KernelfileError(f"{path.name}: {_explain(exc.errors()[0])}") from None
     root = path.parent.resolve()
-    gpus = _resolve_gpus(model)
+    gpus = _resolve_gpus(model, path.name)
     ops = {}
     for name, op in model.ops.items():
         targets = tuple(op.gpus) if op.gpus is not None else tuple(gpus)
+        if not targets:
+            raise KernelfileError(f"{path.name}: ops.{name}.gpus: empty, so nothing would be built; name at least one of "
+                                  f"{', '.join(gpus)} (or leave the key out: every [gpus.*])")
         for i, g in enumerate(targets):
             if g not in gpus:
                 raise KernelfileError(f"{path.name}: ops.{name}.gpus[{i}]: unknown GPU {g!r}"
@@ -224,14 +227,14 @@ def parse(text: str, path: Path) -> Kernelfile:
                       reports_dir=root / model.project.reports_dir, gpus=gpus, ops=ops)
 
 
-def _resolve_gpus(model: KernelfileModel) -> dict[str, Gpu]:
+def _resolve_gpus(model: KernelfileModel, file: str) -> dict[str, Gpu]:
     if not model.gpus:
         return dict(CATALOG)
     out = {}
     for name, g in model.gpus.items():
         base = CATALOG.get(name)
         if base is None and g.arch is None:
-            raise KernelfileError(f"kernelfile.toml: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
+            raise KernelfileError(f"{file}: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
                                   f"use a catalog name ({', '.join(CATALOG)}) or give arch = \"sm_90a\"")
         if base is None:
             base = Gpu(name, g.model or name, g.arch, "custom", g.sm_count or 1, g.dram_tbps or 1.0, 48 * 1024, 1)

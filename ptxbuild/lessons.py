@@ -183,8 +183,7 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
     out: dict[str, dict] = {}
     for (arch, dtype, opts), pool in sorted(pools.items()):
         fails = [a for a in pool if a["outcome"] in FAIL_OUTCOMES]
-        ok_with: dict[tuple, set] = defaultdict(set)      # (param, value) -> distinct configs that passed
-        fail_with: dict[tuple, set] = defaultdict(set)    # (param, value) -> distinct configs that failed
+        ok_with, fail_with = defaultdict(set), defaultdict(set)   # (param, value) -> distinct configs that passed / failed
         for a in pool:
             key = json.dumps(a["_params"], sort_keys=True)
             for k, v in a["_params"].items():
@@ -193,14 +192,10 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
         for f in fails:
             rule, scope_shape = None, None
             items = sorted((k, json.dumps(v)) for k, v in f["_params"].items())
-            for size in (1, 2):
-                good = []
-                for sub in itertools.combinations(items, size):
-                    if set.intersection(*(ok_with[kv] for kv in sub)):
-                        continue
-                    support = set.intersection(*(fail_with[kv] for kv in sub))
-                    if len(support) >= 2:
-                        good.append((len(support), sub))
+            for size in (1, 2):   # (support, sub-combination): no config holding it passed, two or more failed
+                supports = ((len(set.intersection(*(fail_with[kv] for kv in sub))), sub)
+                            for sub in itertools.combinations(items, size) if not set.intersection(*(ok_with[kv] for kv in sub)))
+                good = [(n, sub) for n, sub in supports if n >= 2]
                 if good:
                     rule = {k: json.loads(v) for k, v in max(good)[1]}
                     break
@@ -300,14 +295,12 @@ def derive(cache, op, target, run: str, winners: dict | None = None) -> list[dic
     same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]]))
     rows = best_rows(name, mine, f"run {run}", {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()}) + \
         fail_rows(name, same_arch, f"run {run}") + sensitivity_rows(name, mine, f"run {run}")
-    produced = []
     with cache.db.conn:
         for row in rows:
             cache.db["lessons"].upsert(row, pk="id")
-            produced.append({"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]),
-                             **json.loads(row["rule"]), "confidence": row["confidence"]})
         weakened = _weaken(cache, name, mine, {r["id"]: r["scope"] if r["kind"] == "best" else "" for r in rows}, canon)
-    return produced + [{**w, "weakened": True} for w in weakened]
+    return [{"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]), **json.loads(row["rule"]),
+             "confidence": row["confidence"]} for row in rows] + [{**w, "weakened": True} for w in weakened]
 
 
 # -- reading lessons ----------------------------------------------------------------------------

@@ -221,8 +221,7 @@ def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
         except ValidationError as exc:
             e = exc.errors()[0]
             loc = ".".join(str(p) for p in e["loc"]) or "record"
-            msg = e["msg"].replace("\n", " ")[:200]
-            raise LessonsFileError(f"{where}: {loc}: {msg}") from None
+            raise LessonsFileError(f"{where}: {loc}: " + e["msg"].replace("\n", " ")[:200]) from None
     return records
 
 

@@ -61,13 +61,10 @@ def export_recording(cache, out, op: str | None = None, gpu: str | None = None, 
             m["p50s"].append(a["p50_ms"])
         m["seconds"] = max(m["seconds"], sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")))
         m["attempts"].append(a["id"])
-    rows = []
-    for m in merged.values():
-        outcome = "ok" if "ok" in m["outcomes"] else max(set(m["outcomes"]), key=m["outcomes"].count)
-        rows.append({"op": m["op"], "gpu": m["gpu"], "arch": m["arch"], "family": m["family"], "problem": m["problem"],
-                     "params": m["params"], "outcome": outcome,
-                     "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
-                     "seconds": round(m["seconds"], 6), "attempts": m["attempts"][:20]})
+    rows = [{"op": m["op"], "gpu": m["gpu"], "arch": m["arch"], "family": m["family"], "problem": m["problem"],
+             "params": m["params"], "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
+             "outcome": "ok" if "ok" in m["outcomes"] else max(set(m["outcomes"]), key=m["outcomes"].count),
+             "seconds": round(m["seconds"], 6), "attempts": m["attempts"][:20]} for m in merged.values()]
     header = {"format": FORMAT, "spaces": spaces or {}, "defaults": defaults or {}, "rows": len(rows)}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
@@ -106,8 +103,7 @@ def lessons_cache(rec: Recording, op: str, keep, extra_lessons: list | None = No
     attempts = [{"id": i, "gpu": r["gpu"], "arch": r["arch"], "problem": json.dumps(r["problem"]),
                  "params": json.dumps(r["params"], sort_keys=True), "outcome": r["outcome"], "p50_ms": r.get("p50_ms")}
                 for i, r in enumerate(rec.rows, 1) if r["op"] == op and keep(r)]
-    rows = lessons.best_rows(op, attempts, "replay") + lessons.fail_rows(op, attempts, "replay")
-    for row in rows + list(extra_lessons or []):
+    for row in lessons.best_rows(op, attempts, "replay") + lessons.fail_rows(op, attempts, "replay") + list(extra_lessons or []):
         cache.db["lessons"].upsert(row, pk="id")
     return cache
 
@@ -216,8 +212,7 @@ def replay_search(rec: Recording, op: str, gpu: str, problem: dict, *, strategy:
         run_search(space, evaluate, strategy=strategy, budget=budget or len(cands), seconds=1e9, valid=valid,
                    seeds=seeds, rng_seed=rng_seed, batch=1)
     except _Reached:
-        return Run(rp.evaluations, round(spent[0], 6), rp.evaluations, rp.unrecorded,
-                   rules_used=tuple(sorted(used_rules)))
+        return Run(rp.evaluations, round(spent[0], 6), rp.evaluations, rp.unrecorded, rules_used=tuple(sorted(used_rules)))
     return Run(None, None, rp.evaluations, rp.unrecorded, rules_used=tuple(sorted(used_rules)))
 
 

@@ -88,13 +88,10 @@ def timed_candidates(attempts) -> list[dict]:
             continue
         k = json.loads(a["problem"])
         label = Problem.make(k["op"], k["dtype"], k["shape"], k.get("options")).label()
-        seen = by_problem.setdefault(label, {})
-        seen.setdefault(a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]})
-    out = []
-    for label, rows in by_problem.items():
-        ranked = sorted(rows.values(), key=lambda r: r["p50_ms"])
-        out.append({"label": label, "best": ranked[:TIMED_PER_PROBLEM], "more": max(0, len(ranked) - TIMED_PER_PROBLEM)})
-    return out
+        by_problem.setdefault(label, {}).setdefault(a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]})
+    ranked = {label: sorted(rows.values(), key=lambda r: r["p50_ms"]) for label, rows in by_problem.items()}
+    return [{"label": label, "best": rs[:TIMED_PER_PROBLEM], "more": max(0, len(rs) - TIMED_PER_PROBLEM)}
+            for label, rs in ranked.items()]
 
 
 def _ms(v) -> str:
@@ -137,7 +134,6 @@ def markdown(data: dict) -> str:
     when_all = _timed_at(data)
     rows = table_rows(data)
     env = data["environment"]
-    hw = s.get("hardware")
     lines = [f"# {data['target']}", "",
              f"- status: **{data['status']}**; " + ("measured on hardware" if s["measured"] else
                                                    "**not measured on hardware** (compiled and resource-checked only)"),
@@ -149,7 +145,7 @@ def markdown(data: dict) -> str:
              f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`"
              + (f"; ptxbuild code `{env['ptxbuild_code']}`" if env.get("ptxbuild_code") else ""),
              "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items())]
-    if hw:
+    if hw := s.get("hardware"):
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
         lines.append("- timings: " + _timings(s))

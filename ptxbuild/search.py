@@ -131,8 +131,7 @@ def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[S
 
 
 def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Config]:
-    ok = sorted((h for h in history if math.isfinite(h[1])), key=lambda h: h[1])
-    parents = [c for c, _ in ok[:3]]
+    parents = [c for c, _ in sorted((h for h in history if math.isfinite(h[1])), key=lambda h: h[1])[:3]]
     out: list[Config] = []
     seen = set(tried) | {_key(c) for c in pending}
     for _ in range(50 * n):
@@ -154,8 +153,7 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
 
 
 def best(history: list[tuple[Config, Score]]) -> tuple[Config, Score] | None:
-    ok = [h for h in history if math.isfinite(h[1])]
-    return min(ok, key=lambda h: h[1]) if ok else None
+    return min((h for h in history if math.isfinite(h[1])), key=lambda h: h[1], default=None)
 
 
 def neighbours(cfg: Config, space: dict[str, list], names: Iterable[str], valid: Callable[[Config], str | None],

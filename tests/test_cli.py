@@ -31,3 +31,43 @@ def test_cache_show_and_prune_name_the_cache_and_what_went(proj, monkeypatch):
     assert res.exit_code == 0 and "0 compile(s) dropped" in res.output
     res = CliRunner().invoke(cli.main, ["cache"])
     assert res.exit_code == 0 and ".sqlite: " in res.output and "compiles" in res.output
+
+
+def _edit(proj, old, new):
+    kf = proj / "kernelfile.toml"
+    kf.write_text(kf.read_text().replace(old, new))
+
+
+def test_inputs_that_used_to_succeed_silently_are_errors_that_name_the_input(proj, monkeypatch):
+    """Each of these once printed success (or did nothing) and left the user to find out later."""
+    from .conftest import make_ctx
+    monkeypatch.chdir(proj)
+    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    run = lambda *args: CliRunner().invoke(cli.main, list(args))   # noqa: E731
+    res = run("plan", "scale@")
+    assert res.exit_code == cli.EXIT_CONFIG and "scale@: nothing after '@'; write op@gpu" in res.output
+    res = run("build", "--no-gpu", "--remeasure-only", "float32[99x99]")
+    assert res.exit_code == cli.EXIT_CONFIG, res.output
+    assert "--remeasure-only 'float32[99x99]' matches no problem of these targets (labels look like 'float32[" in res.output
+    assert run("build", "-j", "0").exit_code == 2 and run("cache", "prune", "--older-than", "-1").exit_code == 2
+    res = run("lessons", "show", "nosuchop")
+    assert res.exit_code == 0 and "no lessons yet" in res.output        # an empty cache: the generic hint
+    from ptxbuild import lessons
+    from ptxbuild.cache import Cache
+    from ptxbuild.problem import Problem
+    scope = lessons._scope("h100", "sm_90a", Problem.make("scale", "float32", (64, 1024)).key())
+    Cache(proj / "cache/ptxbuild.sqlite").db["lessons"].insert(
+        lessons._row("scale", "best", scope, {"params": {"threads": 64}, "p50_ms": 0.01}, [1], 1.0, "test"))
+    res = run("lessons", "show", "sacle")
+    assert res.exit_code == 0 and "no lessons for op 'sacle'; the cache has lessons for scale" in res.output
+
+
+def test_an_op_with_no_gpus_and_an_unknown_gpu_in_another_kernelfile_name_the_file_and_key(proj, monkeypatch):
+    monkeypatch.chdir(proj)
+    _edit(proj, "search = { budget = 6 }", "search = { budget = 6 }\ngpus = []")
+    res = CliRunner().invoke(cli.main, ["check"])
+    assert res.exit_code == cli.EXIT_CONFIG and "kernelfile.toml: ops.scale.gpus: empty, so nothing would be built" in res.output
+    (proj / "k.toml").write_text((proj / "kernelfile.toml").read_text().replace("gpus = []", "")
+                                 .replace("[gpus.b200]", "[gpus.h300]"))
+    res = CliRunner().invoke(cli.main, ["-f", "k.toml", "check"])
+    assert res.exit_code == cli.EXIT_CONFIG and "k.toml: gpus.h300: unknown GPU (did you mean 'h200'?)" in res.output
