@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,8 +212,8 @@ def parse(text: str, path: Path) -> Kernelfile:
         from .oploader import op_dir
         if not (op_dir(template, root) / "op.py").is_file():
             known = sorted(p.parent.name for p in (root / "ops").glob("*/op.py"))
-            raise KernelfileError(f"{path.name}: ops.{name}.template: no op {template!r} in ops/"
-                                  f"{did_you_mean(template, known)}; available: {', '.join(known) or 'none'}")
+            raise KernelfileError(f"{path.name}: ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
+                                  f"{did_you_mean(template, known)}; ops/ holds: {', '.join(known) or 'none'}")
         ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
                            shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,

@@ -29,7 +29,7 @@ CASES = [
      "error: kernelfile.toml: gpus.b2000: unknown GPU (did you mean 'b200'?); use a catalog name (a100, l40s, h100, "
      "h200, gh200, b200) or give arch = \"sm_90a\""),
     ("unknown op template", GOOD.replace("[ops.scale]", "[ops.scael]"),
-     "error: kernelfile.toml: ops.scael.template: no op 'scael' in ops/ (did you mean 'scale'?); available: scale"),
+     "error: kernelfile.toml: ops.scael.template: no op.py in ops/scael (did you mean 'scale'?); ops/ holds: scale"),
     ("empty shapes", GOOD.replace("[[64, 1024]]", "[]"),
      "error: kernelfile.toml: ops.scale.shapes: List should have at least 1 item after validation, not 0"),
     ("bad dtype", GOOD.replace('"float32"]', '"bfloat61"]'),
