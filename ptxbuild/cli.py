@@ -175,12 +175,14 @@ def plan(kernelfile, targets, no_gpu):
     from .lockfile import LockError, read_lock
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None)
+    pinned = {}
+    with suppress(LockError):   # no lock: nothing to compare build/ with
+        pinned = {k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()}
     for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
         m = target_dir(kf, t) / "manifest.json"    # build/ from a compile-only build beside a measured lock entry
-        with suppress(LockError, KeyError):          # no lock, or no entry for t: nothing to compare
-            locked = [d["binary"] for d in read_lock(kf)["targets"][str(t)]["dispatch"]]
-            if fresh and m.is_file() and [d.get("binary") for d in json.loads(m.read_text())["dispatch"]] != locked:
-                fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
+        if fresh and str(t) in pinned and m.is_file() and [d.get("binary") for d in json.loads(m.read_text())["dispatch"]] \
+                != pinned[str(t)]:
+            fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
 
@@ -223,10 +225,10 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     ctx.remeasure_only = tuple(remeasure_only)
     from .build import problems_of
     from .graph import all_targets
+    labels = [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])] if remeasure_only else []
     for text in remeasure_only:   # a typo would time nothing again and look like success
-        if not any(text in p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])):
-            raise ConfigError(f"--remeasure-only {text!r} matches no problem of these targets (labels look like "
-                              f"{problems_of(kf.ops[(chosen or all_targets(kf))[0].op])[0].label()!r})")
+        if not any(text in label for label in labels):
+            raise ConfigError(f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})")
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
