@@ -90,7 +90,7 @@ class Progress:
     """Prints one line per problem with candidates tried / failed / best so far."""
 
     LINES = {"target_start": "{target}: building ({reason})", "note": "  {message}",   # events of one plain line
-             "target_fresh": "{target}: up to date", "target_skip": "{target}: skipped, {reason}"}
+             "target_skip": "{target}: skipped, {reason}"}   # an up-to-date target: its result line says so
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
@@ -137,6 +137,7 @@ class Progress:
 
 
 @click.group()
+@click.version_option(package_name="ptxbuild", prog_name="ptxbuild")
 @click.option("--kernelfile", "-f", default="kernelfile.toml", show_default=True, help="Path to the kernelfile.")
 @click.pass_context
 def main(ctx, kernelfile):

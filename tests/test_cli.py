@@ -71,3 +71,9 @@ def test_an_op_with_no_gpus_and_an_unknown_gpu_in_another_kernelfile_name_the_fi
                                  .replace("[gpus.b200]", "[gpus.h300]"))
     res = CliRunner().invoke(cli.main, ["-f", "k.toml", "check"])
     assert res.exit_code == cli.EXIT_CONFIG and "k.toml: gpus.h300: unknown GPU (did you mean 'h200'?)" in res.output
+
+
+def test_version_names_the_installed_package():
+    from importlib.metadata import version
+    res = CliRunner().invoke(cli.main, ["--version"])
+    assert res.exit_code == 0 and res.output == f"ptxbuild, version {version('ptxbuild')}\n"

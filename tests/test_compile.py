@@ -121,6 +121,7 @@ def test_cli_build_twice_second_compiles_nothing(proj):
     assert "scale@b200: built (not measured on hardware) -> build/scale@b200\n" in first.output
     assert second.exit_code == 0
     assert second.stdout == "scale@b200: up to date\nscale@h100: up to date\n"
+    assert "up to date" not in second.stderr          # said once, by the result line
     for t, arch in (("scale@b200", "sm_100a"), ("scale@h100", "sm_90a")):
         m = json.loads((proj / "build" / t / "manifest.json").read_text())
         assert m["arch"] == arch
