@@ -28,14 +28,14 @@ class ConfigError(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-def _kernelfile(path: str):
+def _kernelfile(path: str, ops: bool = True):
     from .graph import TargetError
     from .kernelfile import KernelfileError, load
     from .build import check_candidates
     from .oploader import OpError, load_op
     try:
         kf = load(path)
-        for spec in kf.ops.values():   # options, modes, shapes, candidates, polish against the op: up front
+        for spec in kf.ops.values() if ops else ():   # options, modes, shapes, candidates, polish against the op
             check_candidates(spec, load_op(spec.template, kf.root))
         return kf
     except (KernelfileError, TargetError, OpError) as exc:
@@ -216,20 +216,20 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     from .build import plan as do_plan
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
-    ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
     if remeasure and remeasure_only:
         raise ConfigError("give --remeasure (every problem) or --remeasure-only TEXT (some), not both")
     remeasure = remeasure or bool(remeasure_only)
     if no_resume and not remeasure:
         raise ConfigError("--no-resume only applies with --remeasure")
-    ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
-    ctx.remeasure_only = tuple(remeasure_only)
     from .build import problems_of
     from .graph import all_targets
     labels = [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])] if remeasure_only else []
-    for text in remeasure_only:   # a typo would time nothing again and look like success
+    for text in remeasure_only:   # a typo would time nothing again and look like success (checked before a GPU starts)
         if not any(text in label for label in labels):
             raise ConfigError(f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})")
+    ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
+    ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
+    ctx.remeasure_only = tuple(remeasure_only)
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
             click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
@@ -307,7 +307,7 @@ def report(kernelfile, targets):
     """
     from .graph import all_targets
     from .report import HEAD, collect, table_rows, write_report
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     cache = Cache(kf.cache_path)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
@@ -378,7 +378,7 @@ def cache_show(kernelfile):
 
     Example: ptxbuild cache show
     """
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     counts = Cache(kf.cache_path).counts()
     click.echo(f"{kf.cache_path}: {_mib(kf.cache_path)}")
     for table, n in counts.items():
@@ -395,7 +395,7 @@ def cache_prune(kernelfile, days):
 
     Example: ptxbuild cache prune --older-than 0
     """
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     cache = Cache(kf.cache_path)                 # (creates an empty one if there is none yet)
     before = _mib(kf.cache_path)
     n = cache.prune_compiles(days * 86400)
@@ -421,11 +421,11 @@ def lessons_show(kernelfile, op, gpu, show_all):
     Example: ptxbuild lessons show rmsnorm --gpu h100
     """
     from .lessons import listing
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
     ops = sorted({r["op"] for r in listing(Cache(kf.cache_path), None, None, True)}) if op and not rows else []
     if not rows:
-        click.echo(f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}" if ops else "no lessons yet; "
+        click.echo(f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}" if ops and op not in ops else "no lessons yet; "
                    "build a target on a GPU (ptxbuild build op@gpu) or import some (ptxbuild lessons import FILE)")
         return
     head = ["id", "op", "kind", "scope", "rule", "confidence", "evidence", "source"]
@@ -447,7 +447,7 @@ def lessons_export(kernelfile, out, op, gpu, retired):
     Example: ptxbuild lessons export cache/lessons.jsonl --op rmsnorm
     """
     from .lessons_io import export_lessons
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     _gpu(kf, gpu)
     lines = export_lessons(Cache(kf.cache_path), op, gpu, retired, kf.project)
     text = "".join(line + "\n" for line in lines)
@@ -469,7 +469,7 @@ def lessons_import(kernelfile, file):
     Example: ptxbuild lessons import cache/lessons.jsonl
     """
     from .lessons_io import LessonsFileError, import_lessons
-    kf = _kernelfile(kernelfile)
+    kf = _kernelfile(kernelfile, ops=False)
     try:
         n = import_lessons(Cache(kf.cache_path), file)
     except LessonsFileError as exc:

@@ -126,16 +126,17 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
                 note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this build "
                      "was compile-only (build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)")
                 continue
-            if _pins(new) != _pins(old):   # the same kernels from another machine's wheels or lessons: left as is
+            if _pins(new) != _pins(old) or old.get("entry_sha256") != entry_digest(old):   # same kernels: left as is
                 targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
     return _write(path, {k: v for k, v in targets.items() if k in declared})
 
 
 def _pins(entry: dict) -> str:
-    """What an entry pins: everything but the installed wheels and each problem's lesson provenance."""
+    """What an entry pins: everything but cuda-bindings (not the compiler) and each problem's lesson provenance."""
     skip = ("wheels", "entry_sha256", "dispatch")
     return canonical_json({**{k: v for k, v in entry.items() if k not in skip},
+                           "wheels": {k: v for k, v in entry.get("wheels", {}).items() if k != "cuda-bindings"},
                            "dispatch": [{k: v for k, v in d.items() if k != "lesson"} for d in entry.get("dispatch", [])]})
 
 

@@ -418,7 +418,7 @@ def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
     versions, which lesson a config was traced to) and left the checkout dirty; a change to what the
     entry pins (here an op source) still rewrites it."""
     _built(proj)
-    _edit_lock(proj, lambda n, e: e.update(wheels={"cuda-bindings": "0.0 (another machine)"}))
+    _edit_lock(proj, lambda n, e: e["wheels"].update({"cuda-bindings": "0.0 (another machine)"}))   # not the compiler
     before = (proj / "kernelfile.lock").read_text()
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
@@ -426,7 +426,7 @@ def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
     (proj / "ops/scale/scale.cu").write_text((proj / "ops/scale/scale.cu").read_text() + "\n// v2\n")
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx))
-    assert all(e["wheels"] != {"cuda-bindings": "0.0 (another machine)"} for e in read_lock(ctx.kf)["targets"].values())
+    assert all(e["wheels"]["cuda-bindings"] != "0.0 (another machine)" for e in read_lock(ctx.kf)["targets"].values())
 
 
 def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monkeypatch):
@@ -450,3 +450,23 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     assert plan() == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"
     build_locked(make_ctx(proj), h100)
     assert plan() == "up-to-date scale@h100  (up to date)\n"
+
+
+def test_a_new_compiler_wheel_or_a_hand_edited_entry_is_rewritten_even_with_the_same_kernels(proj, monkeypatch):
+    """Kept entries are only those whose pins did not move: a patch release of NVRTC (same cubins) must
+    still be recorded, or `--locked` on the machine that just rebuilt reports toolchain drift; and an
+    entry edited by hand is replaced by the rebuild its error message recommends."""
+    import ptxbuild.lockfile as lf
+    _built(proj)
+    real = lf.installed_version
+    monkeypatch.setattr(lf, "installed_version", lambda n: "13.0.99" if n == "nvidia-cuda-nvrtc" else real(n))
+    ctx = make_ctx(proj, force=True)
+    update_lock(ctx.kf, build(ctx))
+    assert {e["wheels"]["nvidia-cuda-nvrtc"] for e in read_lock(ctx.kf)["targets"].values()} == {"13.0.99"}
+    build_locked(make_ctx(proj))                       # no toolchain drift
+    _edit_lock(proj, lambda n, e: e["wheels"].update({"cuda-bindings": "edited"}), fix_digest=False)
+    with pytest.raises(LockError, match="edited"):
+        build_locked(make_ctx(proj))
+    ctx = make_ctx(proj, force=True)
+    update_lock(ctx.kf, build(ctx))
+    build_locked(make_ctx(proj))                       # the rebuild replaced the edited entries
