@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import gates, keys, lessons
-from .artifacts import write_artifacts
+from .artifacts import target_dir, write_artifacts
 from .compiler import CompileError, compile_kernel, with_resources
 from .gpu.session import GpuError
 from .graph import Target, build_order, dependencies
@@ -118,11 +118,16 @@ def _inputs(ctx: Context, t: Target) -> dict[str, str]:
 
 
 def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool, str]]:
+    """(target, up to date?, why) for plan / --explain; up to date also needs build/ to hold what the lock pins."""
+    from .lockfile import pinned_binaries   # lockfile imports this module
     done: dict[Target, str] = {}
-    out = []
+    out, pinned = [], pinned_binaries(ctx.kf)
     for t in build_order(ctx.kf, targets):
         done[t] = key = target_key(ctx, t, done)
         fresh, why = explain(ctx, t, key)
+        if fresh and str(t) in pinned and pinned[str(t)] != [
+                d.get("binary") for d in json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())["dispatch"]]:
+            fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
         stale_dep = [d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)]
         if fresh and stale_dep:
             fresh, why = False, f"dependency {stale_dep[0]} is stale"

@@ -170,20 +170,10 @@ def plan(kernelfile, targets, no_gpu):
 
     Example: ptxbuild plan rmsnorm@b200
     """
-    from contextlib import suppress
-    from .artifacts import target_dir
     from .build import plan as do_plan
-    from .lockfile import LockError, read_lock
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None)
-    pinned = {}
-    with suppress(LockError):   # no lock: nothing to compare build/ with
-        pinned = {k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()}
     for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
-        m = target_dir(kf, t) / "manifest.json"    # build/ from a compile-only build beside a measured lock entry
-        if fresh and str(t) in pinned and m.is_file() and [d.get("binary") for d in json.loads(m.read_text())["dispatch"]] \
-                != pinned[str(t)]:
-            fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
 

@@ -132,6 +132,14 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     return _write(path, {k: v for k, v in targets.items() if k in declared})
 
 
+def pinned_binaries(kf) -> dict[str, list[str]]:
+    """Each locked target's dispatch binaries, in order ({} without a readable lock)."""
+    try:
+        return {k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()}
+    except LockError:
+        return {}
+
+
 def _pins(entry: dict) -> str:
     """What an entry pins: everything but cuda-bindings (not the compiler) and each problem's lesson provenance."""
     skip = ("wheels", "entry_sha256", "dispatch")

@@ -448,6 +448,8 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     monkeypatch.chdir(proj)
     plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output   # noqa: E731
     assert plan() == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"
+    explained = CliRunner().invoke(main, ["build", "--explain", "scale@h100"]).output   # the same judgement
+    assert "scale@h100: stale (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)" in explained
     build_locked(make_ctx(proj), h100)
     assert plan() == "up-to-date scale@h100  (up to date)\n"
 
