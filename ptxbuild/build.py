@@ -367,7 +367,7 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
         return None, str(exc)[:4000], time.perf_counter() - t0
 
 
-def check_candidates(spec, op) -> None:
+def check_declaration(spec, op) -> None:
     """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a
     parameter the op lacks, or a candidate a value outside its space; when `options` or a mode names
     an option the op lacks or gives it a value of another type than the op's default (a misspelled
@@ -408,7 +408,7 @@ def check_candidates(spec, op) -> None:
 
 
 def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dict]:
-    """The kernelfile's `search.candidates` for one problem (validated by check_candidates first):
+    """The kernelfile's `search.candidates` for one problem (validated by check_declaration first):
     each entry merged over the op's default, those the op's check() rejects for this problem left
     out, each with its reason passed to `note`."""
     out = []
@@ -433,7 +433,7 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     used_lessons: list[dict] = []
     probs = problems_of(spec)
     started = time.time()
-    check_candidates(spec, op)
+    check_declaration(spec, op)
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure and ctx.resume else None
     if ctx.timed_since:
         ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "

@@ -31,12 +31,12 @@ class ConfigError(click.ClickException):
 def _kernelfile(path: str, ops: bool = True):
     from .graph import TargetError
     from .kernelfile import KernelfileError, load
-    from .build import check_candidates
+    from .build import check_declaration
     from .oploader import OpError, load_op
     try:
         kf = load(path)
         for spec in kf.ops.values() if ops else ():   # options, modes, shapes, candidates, polish against the op
-            check_candidates(spec, load_op(spec.template, kf.root))
+            check_declaration(spec, load_op(spec.template, kf.root))
         return kf
     except (KernelfileError, TargetError, OpError) as exc:
         raise ConfigError(str(exc)) from None

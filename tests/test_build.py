@@ -510,13 +510,13 @@ def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj, monk
 def test_a_declared_candidate_value_outside_the_space_is_an_error(proj, entry, shown):
     """Values are compared with their type: 2.0 == 2 and True == 1 in Python, but they would render
     and key differently from the op's own values."""
-    from ptxbuild.build import check_candidates
+    from ptxbuild.build import check_declaration
     from ptxbuild.kernelfile import KernelfileError
     from ptxbuild.oploader import load_op
     _declare_candidates(proj, f'[{{ {entry} }}]')
     kf = load(proj / "kernelfile.toml")
     with pytest.raises(KernelfileError, match=rf"candidates\[0\]: vec = {shown} is not one of \[1, 2, 4\]"):
-        check_candidates(kf.ops["scale"], load_op(kf.ops["scale"].template, kf.root))
+        check_declaration(kf.ops["scale"], load_op(kf.ops["scale"].template, kf.root))
 
 
 def test_ptxbuild_check_rejects_bad_candidates_before_any_build(proj, monkeypatch):
