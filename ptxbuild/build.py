@@ -22,7 +22,7 @@ from .graph import Target, build_order, dependencies
 from .oploader import load_op, source_files
 from .outcome import Outcome
 from .problem import Binary, Kernel, Problem, digest
-from .report import environment, utc_time, write_report
+from .report import environment, rejudge, utc_time, write_report
 from .search import best, neighbours, run_search
 
 REGISTERS_PER_SM = 65536
@@ -58,6 +58,7 @@ class TargetResult:
     reason: str
     measured: bool = False
     manifest: Path | None = None
+    missed: tuple = ()                # gates.judge's failures: built (and locked), but the declared bar is not met
 
 
 def problems_of(spec) -> list[Problem]:
@@ -79,9 +80,8 @@ def hardware_for(ctx: Context, gpu) -> dict | None:
 
 
 def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
-    spec = ctx.kf.ops[t.op]
+    spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
-    gpu = ctx.kf.gpus[t.gpu]
     deps = [done.get(d) or target_key(ctx, d, done) for d in dependencies(ctx.kf, t)]
     return keys.build_key(_file_digests(op), spec.config(), gpu.as_dict(), ctx.toolchain.key(), deps,
                           hardware_for(ctx, gpu))
@@ -107,9 +107,8 @@ def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
 
 def _inputs(ctx: Context, t: Target) -> dict[str, str]:
     """Named digests of each input of a target's build key (for --explain)."""
-    spec = ctx.kf.ops[t.op]
+    spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
-    gpu = ctx.kf.gpus[t.gpu]
     d = lambda v: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = {f"op file {name}": h[:12] for name, h in _file_digests(op).items()}
     out.update({"ops." + t.op: d(spec.config()), "gpus." + t.gpu: d(gpu.as_dict()),
@@ -150,7 +149,8 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
                 continue
             fresh, why = explain(ctx, t, key)
             if fresh and not ctx.force:
-                results.append(TargetResult(t, "up_to_date", why))
+                m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
+                results.append(TargetResult(t, "up_to_date", why, missed=rejudge(ctx.kf, t, m)))
                 ctx.report("target_fresh", target=t, reason=why)
                 continue
             ctx.report("target_start", target=t, reason=why)
@@ -284,7 +284,6 @@ class _Evaluator:
             self.incumbent = (cfg, binary, score)
         return score
 
-
     def playoff(self, hist: list, size: int = 4, within: float = 0.02):
         """The search's fastest config against the next ones (up to `size` in all) within `within` of
         it, each challenger timed in one window with the leader, alternating (verification.md timing
@@ -368,11 +367,10 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
 
 
 def check_declaration(spec, op) -> None:
-    """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a
-    parameter the op lacks, or a candidate a value outside its space; when `options` or a mode names
-    an option the op lacks or gives it a value of another type than the op's default (a misspelled
-    key used to build the op's plain kernel under the wrong label); when the op has no config at all
-    for a declared problem (a shape of the wrong rank)."""
+    """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a parameter the op lacks,
+    or a candidate a value outside its space; when `options` or a mode names an option the op lacks or gives it a value
+    of another type than the op's default (a misspelled key used to build the op's plain kernel under the wrong label);
+    when the op has no config at all for a declared problem (a shape of the wrong rank)."""
     from .catalog import did_you_mean
     from .kernelfile import KernelfileError
     for where, opts in [("options", spec.options)] + [(f"modes[{i}]", m) for i, m in enumerate(spec.modes)]:
@@ -424,9 +422,8 @@ def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dic
 
 
 def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq: _Interrupts) -> TargetResult:
-    spec = ctx.kf.ops[t.op]
+    spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
-    gpu = ctx.kf.gpus[t.gpu]
     hw = hardware_for(ctx, gpu)
     search = spec.search
     chosen: list[dict] = []
@@ -523,19 +520,17 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
     summary["report_manifest"] = {"dispatch": m.get("dispatch", []), "variants": m.get("variants", {})}
     summary["lessons_produced"] = lessons.derive(ctx.cache, op, t, ctx.run, {
-        json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"]) for c in chosen if hw and c["params"] is not None})
-    timed = [c["p50_ms"] for c in chosen if c.get("p50_ms")]
-    missed = gates.failures(spec.gates, chosen) if hw else []
-    summary["metric"] = {"name": spec.metric, "value_ms": gates.metric_ms(spec.metric, timed), "problems": len(timed)}
-    summary["gates"] = {"declared": {k: v for k, v in spec.gates.items() if v is not None}, "failures": missed}
-    status = "interrupted" if interrupted else ("failed" if not ok else ("gates_failed" if missed else "ok"))
+        json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"]) for c in chosen if hw and c["params"] is not None},
+        done={json.dumps(c["problem"], sort_keys=True) for c in chosen})
+    summary.update(gates.judge(spec, chosen, bool(hw)))
+    status = "interrupted" if interrupted else ("failed" if not ok else "ok")
     ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:
         raise gpu_failure or KeyboardInterrupt()
-    reason = (f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)" if not ok else
-              f"{len(missed)} gate(s) missed, first: {missed[0]} (ops.{t.op}.gates)" if missed else None)
-    res = TargetResult(t, "failed" if reason else "built", reason or why, bool(hw), manifest)
+    reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)" if not ok else None
+    res = TargetResult(t, "failed" if reason else "built", reason or why, bool(hw), manifest,
+                       tuple(summary["gates"]["failures"]))
     if irq.count:   # a stop held while this finished target was saved: the caller still locks it
         (stop := KeyboardInterrupt()).finished = [res]
         raise stop
@@ -555,9 +550,8 @@ def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bo
         return True
     if not remeasuring(ctx, problem) or key in ctx.timed:
         return False
-    fresh = (ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
-             and row.get("outcome", "ok") == "ok")
-    return not fresh
+    return not (ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
+                and row.get("outcome", "ok") == "ok")
 
 
 def resume_point(ctx: Context, t: Target) -> float | None:
@@ -576,14 +570,11 @@ def _baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict,
     key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
                  keys.PROTOCOL_VERSION, "beside", "rounds", winner[0], winner[1].digest)
     row = ctx.cache.get("measurements", key)
-    if _must_time(ctx, key, row, problem):
-        row = None
+    cached = None if _must_time(ctx, key, row, problem) else json.loads(row["detail"])
     ctx.timed.add(key)
-    if row is not None:
-        cached = json.loads(row["detail"])
-        # caches written before the harness's failures stopped being cached hold them: measure again
-        if not any(v["outcome"] in RETRY_BASELINE for v in cached.values()):
-            return {n: {**v, "timed_at": row.get("created")} for n, v in cached.items()}
+    # caches written before the harness's failures stopped being cached hold them: measure again
+    if cached is not None and not any(v["outcome"] in RETRY_BASELINE for v in cached.values()):
+        return {n: {**v, "timed_at": row.get("created")} for n, v in cached.items()}
     ctx.report("baselines_start", problem=problem)   # third-party code may compile or autotune for minutes
     out = {}
     for name, r in ctx.gpu.baselines(str(op.FOLDER), problem, winner=winner, budget_ms=200.0).items():

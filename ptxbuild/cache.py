@@ -46,11 +46,10 @@ def _v1(db: sqlite_utils.Database) -> None:
                                "p50_ms": float, "p20_ms": float, "p80_ms": float, "samples": int,
                                "floor_ms": float, "copy_tbps": float, "detail": str, "seconds": float,
                                "created": float}, pk="key", if_not_exists=True)
-    db["attempts"].create({"id": int, "run": str, "target": str, "op": str, "gpu": str, "arch": str,
-                           "problem": str, "params": str, "outcome": str, "detail": str, "binary": str,
-                           "registers": int, "spill_bytes": int, "compile_s": float, "verify_s": float,
-                           "measure_s": float, "p50_ms": float, "measured_on": str, "created": float},
-                          pk="id", if_not_exists=True)
+    db["attempts"].create({"id": int, "run": str, "target": str, "op": str, "gpu": str, "arch": str, "problem": str,
+                           "params": str, "outcome": str, "detail": str, "binary": str, "registers": int,
+                           "spill_bytes": int, "compile_s": float, "verify_s": float, "measure_s": float,
+                           "p50_ms": float, "measured_on": str, "created": float}, pk="id", if_not_exists=True)
     db["builds"].create({"id": int, "target": str, "key": str, "kernelfile": str, "status": str, "measured": int,
                          "manifest": str, "summary": str, "created": float}, pk="id", if_not_exists=True)
     db["lessons"].create({"id": str, "op": str, "kind": str, "scope": str, "rule": str, "evidence": str,
@@ -164,15 +163,13 @@ class Cache:
     def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
                   summary: dict, project: str = "") -> None:
         self.db["builds"].insert({"target": target, "key": key, "kernelfile": kernelfile, "status": status,
-                                  "measured": int(measured), "manifest": manifest,
-                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time(),
-                                  "project": project})
+                                  "measured": int(measured), "manifest": manifest, "project": project,
+                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time()})
 
     def last_build(self, target: str, project: str = "") -> dict | None:
-        """The latest build of `target` by the kernelfile whose [project] name is `project`. A project
-        with no build of its own sees the builds made before schema v3 (project ""), whose kernelfile
-        is unknown: upgrading ptxbuild must not make every target "never built". Their build keys
-        still decide whether a target is up to date."""
+        """The latest build of `target` by the kernelfile whose [project] name is `project`. A project with no build of
+        its own sees the builds made before schema v3 (project ""), whose kernelfile is unknown: upgrading ptxbuild must
+        not make every target "never built". Their build keys still decide whether a target is up to date."""
         for p in dict.fromkeys([project, ""]):
             rows = list(self.db.query("select * from builds where target = ? and project = ? order by id desc limit 1",
                                       [target, p]))
@@ -181,8 +178,7 @@ class Cache:
         return None
 
     def give_pages_back(self) -> None:
-        """VACUUM, if nobody holds the file: busy or out of disk, what was deleted stays deleted and the
-        file just stays larger."""
+        """VACUUM, if nobody holds the file (busy or out of disk, deleted rows stay deleted; the file stays larger)."""
         with suppress(sqlite3.OperationalError):
             self.db.execute("VACUUM")
 
@@ -191,9 +187,8 @@ class Cache:
         return {t: self.db[t].count for t in sorted(self.db.table_names())}
 
     def prune_compiles(self, older_than_s: float) -> int:
-        """Drop stored compiles (PTX and cubin: a pure function of source, arch and toolchain, redone
-        on demand) older than `older_than_s` seconds, then give the pages back; returns how many.
-        The evidence (attempts, verdicts, timings, builds, lessons) stays."""
+        """Drop stored compiles (PTX and cubin: a pure function of source, arch and toolchain, redone on demand) older
+        than `older_than_s` seconds and VACUUM; returns how many. Attempts, verdicts, timings, builds, lessons stay."""
         n = self.db.execute("DELETE FROM compiles WHERE created < ?", [time.time() - older_than_s]).rowcount
         self.give_pages_back()
         return n

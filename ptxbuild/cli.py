@@ -5,6 +5,7 @@ import json
 import math
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import click
@@ -50,19 +51,19 @@ def _targets(kf, names):
         raise ConfigError(str(exc)) from None
 
 
-def _context(kf, jobs: int | None, use_gpu: bool, progress):
+def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
     from .build import Context
     from .compiler import ToolchainMissing, toolchain
     try:
         tc = toolchain()
     except ToolchainMissing as exc:
         raise ToolError(str(exc)) from None
-    ctx = Context(kf=kf, cache=Cache(kf.cache_path), toolchain=tc, report=progress,
-                  command="ptxbuild " + " ".join(sys.argv[1:]))
+    cache = Cache(":memory:" if dry and not kf.cache_path.exists() else kf.cache_path)   # dry: plan creates none
+    ctx = Context(kf=kf, cache=cache, toolchain=tc, report=progress, command="ptxbuild " + " ".join(sys.argv[1:]))
     from .lessons_io import LessonsFileError, import_shared
     shared = kf.cache_path.parent / "lessons.jsonl"
     try:
-        counts = import_shared(ctx.cache, shared)
+        counts = None if dry else import_shared(ctx.cache, shared)
     except LessonsFileError as exc:
         raise ConfigError(f"{exc}; fix or remove {shared.name}") from None
     if counts:
@@ -131,9 +132,7 @@ class Progress:
         return total if base is None else f"{total}, of which baselines {base:.1f}s"
 
     def _best(self) -> str:
-        if not math.isfinite(self.best):
-            return "-"
-        return "compiled" if self.best == 0 else f"{self.best * 1000:.1f} us"
+        return "-" if not math.isfinite(self.best) else "compiled" if self.best == 0 else f"{self.best * 1000:.1f} us"
 
 
 @click.group()
@@ -172,7 +171,7 @@ def plan(kernelfile, targets, no_gpu):
     """
     from .build import plan as do_plan
     kf = _kernelfile(kernelfile)
-    ctx = _context(kf, None, not no_gpu, lambda *a, **k: None)
+    ctx = _context(kf, None, not no_gpu, lambda *a, **k: None, dry=True)
     for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
@@ -190,10 +189,9 @@ def plan(kernelfile, targets, no_gpu):
 @click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
               "compiles and verdicts still come from the cache): all of a report's numbers from one run. "
               "After an interrupted --remeasure build it resumes, keeping that run's successful timings.")
-@click.option("--remeasure-only", "remeasure_only", multiple=True, metavar="TEXT",
-              help="Like --remeasure, but only for problems whose label contains TEXT (repeatable), e.g. "
-              "'float32[32768x2048]'; the others keep their cached timings, and each report row says when "
-              "it was timed.")
+@click.option("--remeasure-only", "remeasure_only", multiple=True, metavar="TEXT", help="Like --remeasure, but only "
+              "for problems whose label contains TEXT (repeatable), e.g. 'float32[32768x2048]'; the others keep "
+              "their cached timings, and each report row says when it was timed.")
 @click.option("--no-resume", is_flag=True, help="With --remeasure: start over even after an interrupted "
               "--remeasure build (e.g. when the GPU was shared while it ran).")
 @click.pass_obj
@@ -202,8 +200,8 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
     """
-    from .build import build as do_build
-    from .build import plan as do_plan
+    from .build import build as do_build, plan as do_plan, problems_of
+    from .graph import all_targets
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
     if remeasure and remeasure_only:
@@ -211,8 +209,6 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     remeasure = remeasure or bool(remeasure_only)
     if no_resume and not remeasure:
         raise ConfigError("--no-resume only applies with --remeasure")
-    from .build import problems_of
-    from .graph import all_targets
     labels = [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])] if remeasure_only else []
     for text in remeasure_only:   # a typo would time nothing again and look like success (checked before a GPU starts)
         if not any(text in label for label in labels):
@@ -242,18 +238,20 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
         if ctx.gpu is not None:
             ctx.gpu.close()
     for r in results:
-        extra = "" if r.status == "up_to_date" else (" (measured on hardware)" if r.measured else
-                                                     " (not measured on hardware)")
-        extra = f" ({r.reason})" if locked else extra
+        extra = (f" ({r.reason})" if locked else "" if r.status == "up_to_date"
+                 else " (measured on hardware)" if r.measured else " (not measured on hardware)")
         line = f"{r.target}: {r.status.replace('_', ' ')}{extra}"
         if r.status == "failed":
             line += f": {r.reason}"
         elif r.manifest:
             line += f" -> {r.manifest.parent.relative_to(kf.root)}"
         click.echo(line)
+        if r.missed:   # built and locked all the same: the gates judge the kernels, they do not build them
+            click.echo(f"{r.target}: {len(r.missed)} gate(s) missed (ops.{r.target.op}.gates):\n"
+                       + "\n".join(f"  - {m}" for m in r.missed))
     if lock is not None and not quiet:
         click.echo(f"lock: {lock}", err=True)
-    if any(r.status == "failed" for r in results):
+    if any(r.status == "failed" or r.missed for r in results):
         sys.exit(EXIT_BUILD_FAILED)
 
 
@@ -270,8 +268,7 @@ def relock(kernelfile, targets):
     Example: ptxbuild relock rmsnorm@h200
     """
     from .compiler import CompileError
-    from .lockfile import LockError
-    from .lockfile import relock as do_relock
+    from .lockfile import LockError, relock as do_relock
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, False, Progress(True))
     try:
@@ -296,14 +293,18 @@ def report(kernelfile, targets):
     Example: ptxbuild report rmsnorm@h200
     """
     from .graph import all_targets
-    from .report import HEAD, collect, table_rows, write_report
+    from .report import HEAD, collect, rejudge, table_rows, write_report
     kf = _kernelfile(kernelfile, ops=False)
     cache = Cache(kf.cache_path)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
-        if data is None:
-            kept = kf.reports_dir / str(t) / "report.md"   # e.g. a GPU machine's, committed; this cache lacks its build
-            click.echo(f"{t}: no build in this cache" + (f"; its report is {kept.relative_to(kf.root)}" if kept.is_file()
+        if data is None:   # e.g. a GPU machine's report, committed: judged by this kernelfile's gates all the same
+            kept = kf.reports_dir / str(t) / "report.json"
+            with suppress(OSError, ValueError, KeyError):
+                old = json.loads(kept.read_text())
+                rejudge(kf, t, {"dispatch": old["dispatch"], "measured_on_hardware": old["summary"]["measured"]})
+            md = kept.with_suffix(".md")
+            click.echo(f"{t}: no build in this cache" + (f"; its report is {md.relative_to(kf.root)}" if md.is_file()
                        else "") + f"; run: ptxbuild build {t}")
             continue
         path = write_report(kf, cache, t, keep_newer=True)

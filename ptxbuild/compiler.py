@@ -56,7 +56,6 @@ def installed_version(name: str) -> str | None:
 def toolchain() -> Toolchain:
     nvrtc, nvjitlink = _bindings()
     import cuda.bindings
-
     _, major, minor = nvrtc.nvrtcVersion()
     try:
         jl = nvjitlink.version()
@@ -74,9 +73,8 @@ _RES = {"registers": re.compile(r"Used (\d+) registers"), "spill_store": re.comp
 
 
 def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:
-    """Registers, spills, stack and static shared memory from a ptxas verbose log: of `entry`'s
-    section when the log has one (a source with several kernels lists each; the first one listed is
-    not necessarily the entry), else the first figures in the log."""
+    """Registers, spills, stack and static shared memory from a ptxas verbose log: of `entry`'s section if the log
+    has one (a source with several kernels lists each, the entry not necessarily first), else its first figures."""
     if entry:
         parts = re.split(r"(?=Compiling entry function ')", log)
         mine = [p for p in parts if p.startswith(f"Compiling entry function '{entry}'")]
@@ -118,9 +116,8 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
 
 
 def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) -> str:
-    """The linker's log had no resource report: take registers and the stack frame from the cubin.
-    Spill bytes are not in a cubin; any stack frame counts as spilled (conservative: our kernels
-    keep no local arrays, so a frame means spills), so the spill filter still holds."""
+    """The linker's log had no resource report: registers and stack frame from the cubin. A cubin has no spill bytes,
+    so any stack frame counts as spilled (conservative: our kernels keep no local arrays) and the spill filter holds."""
     from . import cubin as elf
     try:
         found = elf.resources(cubin, entry)

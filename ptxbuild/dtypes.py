@@ -1,7 +1,5 @@
-"""Element types: names, sizes, and bf16 <-> float32 conversion on numpy or cupy arrays.
-
-bfloat16 has no numpy/cupy dtype, so bf16 tensors are stored as uint16 bit patterns.
-"""
+"""Element types: names, sizes, and bf16 <-> float32 conversion on numpy or cupy arrays (bfloat16 has no
+numpy/cupy dtype, so bf16 tensors are stored as uint16 bit patterns)."""
 from __future__ import annotations
 
 DTYPES = ("bfloat16", "float16", "float32")

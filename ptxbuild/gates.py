@@ -32,6 +32,15 @@ def closest_baseline(entry: dict) -> tuple[float, str, float, float] | None:
     return next(iter(speedups(entry)), None)
 
 
+def judge(spec, chosen: list[dict], measured: bool) -> dict:
+    """The op's declared metric and gates over a build's chosen kernels, as the kernelfile says now (neither is
+    part of the build key: a build, a --locked rebuild and a report each judge again). Gates need hardware."""
+    timed = [c["p50_ms"] for c in chosen if c.get("p50_ms")]
+    return {"metric": {"name": spec.metric, "value_ms": metric_ms(spec.metric, timed), "problems": len(timed)},
+            "gates": {"declared": {k: v for k, v in spec.gates.items() if v is not None},
+                      "failures": failures(spec.gates, chosen) if measured else []}}
+
+
 def failures(gates: dict, chosen: list[dict]) -> list[str]:
     """One line per (problem, gate) that a timed winner misses (untimed problems, or no baseline: not judged)."""
     out = []
@@ -46,10 +55,11 @@ def failures(gates: dict, chosen: list[dict]) -> list[str]:
         if time_max is not None and p50 > time_max:
             out.append(f"{c['label']}: p50 {p50:.4g} ms > max_time_ms {time_max:g}")
         ms, every = gates.get("min_speedup"), gates.get("speedup_evidence") == "every_round"
-        for x, name, base_p50, _ in (speedups(c) if ms is not None else []):
+        for x, name, base_p50, win_p50 in (speedups(c) if ms is not None else []):
             rounds = c["baselines"][name].get("round_ratios") or []
             if x < ms and not (every and rounds and max(rounds) >= ms):   # every_round: a round that won is a tie
-                out.append(f"{c['label']}: {x:.3f}x {name} ({base_p50 * 1e3:.1f} us) < min_speedup {ms:g}"
+                out.append(f"{c['label']}: {x:.{3 if round(x, 3) < ms else 4}f}x {name} ({base_p50 * 1e3:.1f} against "
+                           f"{win_p50 * 1e3:.1f} us) < min_speedup {ms:g}"
                            + (f"; rounds {min(rounds):.3f}-{max(rounds):.3f}x" if rounds else ""))
                 break
     return out

@@ -39,11 +39,10 @@ _RESIDENT_MAX = 256          # entries; a long build loads many kernels (handles
 
 
 def resident_grid(cu, fn, cfg, geom) -> int:
-    """cfg.gridDimX for `geom`: as given, or for a persistent cluster launch (geom.persistent) at most
-    the clusters that can be resident at once (cuOccupancyMaxActiveClusters on cfg, which already
-    carries the block, shared memory and cluster attribute), times the cluster size. Cached per
-    function handle, its registers and static shared memory (a handle may be reused by a later
-    module), and the launch shape; a shape no cluster of which fits raises RuntimeError."""
+    """cfg.gridDimX for `geom`: as given, or for a persistent cluster launch (geom.persistent) at most the clusters that
+    can be resident at once (cuOccupancyMaxActiveClusters on cfg, which already carries the block, shared memory and
+    cluster attribute), times the cluster size. Cached per function handle, its registers and static shared memory (a
+    handle may be reused by a later module), and the launch shape; RuntimeError if no cluster of the shape fits."""
     grid = int(cfg.gridDimX)
     if not getattr(geom, "persistent", False):
         return grid

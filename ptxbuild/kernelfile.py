@@ -123,10 +123,13 @@ class OpSpec:
     depends: tuple[str, ...]
 
     def config(self) -> dict:
-        """Everything of this op's declaration that can change what gets built."""
+        """Everything of this op's declaration that can change what gets built. The metric and gates judge a
+        build and never change it: hashed as their defaults (the digests of locks written before), so editing
+        them re-judges what is built and locked (gates.judge) instead of searching again."""
         return {"template": self.template, "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes],
-                "options": dict(self.options), "modes": [dict(m) for m in self.modes], "metric": self.metric,
-                "gates": self.gates, "search": self.search, "depends": list(self.depends)}
+                "options": dict(self.options), "modes": [dict(m) for m in self.modes], "metric": "geomean_time",
+                "gates": {"min_bandwidth_fraction": None, "max_time_ms": None}, "search": self.search,
+                "depends": list(self.depends)}
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,8 @@ def _allowed_keys(loc) -> list[str]:
 
 
 def _explain(err: dict) -> str:
-    loc = err["loc"]
+    loc, kind = err["loc"], err["type"]
     where = _key_path(loc)
-    kind = err["type"]
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc)
         return f"{where}: unknown key{did_you_mean(str(loc[-1]), allowed)}; allowed here: {', '.join(allowed)}"

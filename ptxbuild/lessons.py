@@ -69,11 +69,10 @@ def _row(op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence
 
 # -- using lessons ------------------------------------------------------------------------------
 def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4) -> tuple[list[dict], list[dict]]:
-    """Configs to try first for `problem` and the lessons they came from: a lesson of this exact
-    scope first; then configs by support, the sum over other scopes' 'best' lessons of
-    confidence * 2^-distance for each lesson whose winner or near-best set (within 2%) holds the
-    config. A config near-best on both neighbours (N/2 and 2N, or plain and residual) outranks one
-    neighbour's winner: on the H200 recording single winners often did not transfer."""
+    """Configs to try first for `problem` and the lessons they came from: a lesson of this exact scope first; then
+    configs by support, the sum over other scopes' 'best' lessons of confidence * 2^-distance for each lesson whose
+    winner or near-best set (within 2%) holds the config. A config near-best on both neighbours (N/2 and 2N, or plain
+    and residual) outranks one neighbour's winner: on the H200 recording single winners often did not transfer."""
     cands = []   # (scope, params, lesson id, confidence, near-best configs, created: newest first among equals)
     for r in cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]):
         rule = json.loads(r["rule"])
@@ -114,9 +113,8 @@ def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int =
 
 
 def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> list[dict]:
-    """For a measured search: a lesson of this exact scope first, then the op's default, then the
-    nearer-scope lessons. (On the H200 rmsnorm recording the default beat other shapes' winners, so
-    a lesson from another shape goes after it; see reports/warmstart/.)"""
+    """For a measured search: a lesson of this exact scope first, then the op's default, then the nearer-scope
+    lessons (on the H200 rmsnorm recording the default beat other shapes' winners; see reports/warmstart/)."""
     exact = [s for s, u in zip(seeds, used) if u["distance"] == 0]
     return exact + ([default] if default and default not in exact else []) + [s for s in seeds if s not in exact and s != default]
 
@@ -284,17 +282,20 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
     return changed
 
 
-def derive(cache, op, target, run: str, winners: dict | None = None) -> list[dict]:
+def derive(cache, op, target, run: str, winners: dict | None = None, done: set | None = None) -> list[dict]:
     """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same
-    architecture; `winners`: see best_rows); lessons this run contradicts are weakened or retired."""
+    architecture; `winners`: see best_rows); lessons this run contradicts are weakened or retired. `done`: the
+    problems (key JSON) whose search finished; an interrupted one's few attempts would re-derive its best and
+    sensitivity over fuller ones (its failures and passes still count as evidence)."""
     name, canon = op.NAME, {n: v[0] for n, v in op.SPACE.items()}   # params stored before one existed: its first value
     full = lambda rows: [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
     mine = full(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
     if not mine:
         return []
     same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]]))
-    rows = best_rows(name, mine, f"run {run}", {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()}) + \
-        fail_rows(name, same_arch, f"run {run}") + sensitivity_rows(name, mine, f"run {run}")
+    fin = [r for r in mine if done is None or json.dumps(json.loads(r["problem"]), sort_keys=True) in done]
+    rows = best_rows(name, fin, f"run {run}", {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()}) + \
+        fail_rows(name, same_arch, f"run {run}") + sensitivity_rows(name, fin, f"run {run}")
     with cache.db.conn:
         for row in rows:
             cache.db["lessons"].upsert(row, pk="id")

@@ -131,12 +131,9 @@ def _version() -> str:
 def _evidence(cache, ev: list) -> list[dict]:
     out = []
     for e in ev[:200]:
-        if isinstance(e, dict):
-            out.append(e)
-            continue
-        rows = list(cache.db.query("select * from attempts where id = ?", [e]))
+        rows = [] if isinstance(e, dict) else list(cache.db.query("select * from attempts where id = ?", [e]))
         if not rows:
-            out.append({"attempt": e})
+            out.append(e if isinstance(e, dict) else {"attempt": e})
             continue
         a, p = rows[0], json.loads(rows[0]["problem"])
         out.append({"attempt": a["id"], "gpu": a["gpu"], "arch": a["arch"], "dtype": p["dtype"], "shape": p["shape"],
@@ -148,9 +145,10 @@ def _evidence(cache, ev: list) -> list[dict]:
 def _provenance(source: str, project: str, now: float) -> dict:
     if source.startswith("{"):      # imported earlier: keep its provenance, note the import
         stored = json.loads(source)
-        prov = stored["provenance"]
-        return {**prov, "history": (prov.get("history", []) + [f"imported from {stored['imported_from']} "
-                                                               f"at {stored['imported_at']:.0f}"])[-20:]}
+        prov, note = stored["provenance"], f"imported from {stored['imported_from']} "
+        hist = prov.get("history", [])   # a round trip through the same file (a GPU machine's) adds nothing
+        return {**prov, "history": (hist if hist and hist[-1].startswith(note) else
+                                    hist + [note + f"at {stored['imported_at']:.0f}"])[-20:]}
     return {"source": source, "project": project, "exported_by": _version(), "exported_at": now}
 
 
@@ -226,10 +224,8 @@ def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
 
 
 def import_lessons(cache, path: str | Path) -> dict:
-    """Validate every record of `path`, then merge them in one transaction: all or nothing.
-
-    Returns counts: {"read", "added", "already_present", "duplicates_in_file"}.
-    """
+    """Validate every record of `path`, then merge them in one transaction: all or nothing. Returns counts:
+    {"read", "added", "already_present", "duplicates_in_file"}."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -254,13 +250,12 @@ def import_lessons(cache, path: str | Path) -> dict:
             source = json.dumps({"provenance": rec.provenance.model_dump(), "imported_from": path.name,
                                  "imported_at": now}, sort_keys=True)
             # plain SQL: sqlite-utils' insert commits on its own, which would end the transaction early
-            cache.db.execute(
-                "insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, created) "
-                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [rec.id, rec.op, rec.kind, json.dumps(rec.scope_dict(), sort_keys=True),
-                 json.dumps(rec.rule_dict(), sort_keys=True),
-                 json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
-                 rec.confidence, source, int(rec.retired), rec.created])
+            cache.db.execute("insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, "
+                             "created) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             [rec.id, rec.op, rec.kind, json.dumps(rec.scope_dict(), sort_keys=True),
+                              json.dumps(rec.rule_dict(), sort_keys=True),
+                              json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                              rec.confidence, source, int(rec.retired), rec.created])
             counts["added"] += 1
     return counts
 

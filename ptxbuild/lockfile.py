@@ -1,16 +1,14 @@
 """kernelfile.lock: what a build chose, pinned, and `ptxbuild build --locked` that reproduces it.
 
-The lock sits beside kernelfile.toml as JSON with sorted keys (one stable text form). Per target it
-records the kernelfile digest, the op's files, the toolchain (versions and wheel versions), the GPU
-spec, the hardware fingerprint the numbers were measured on (or null), every chosen variant with its
-PTX and cubin sha256, and the dispatch table with the measured numbers (an entry whose config shares
-its variant's cubin, not its PTX, has its own ptx_sha256). Each target entry carries the sha256 of its
-own canonical form, so a hand edit is reported rather than used.
+The lock sits beside kernelfile.toml as JSON with sorted keys (one stable text form). Per target it records the
+kernelfile digest, the op's files, the toolchain (versions and wheel versions), the GPU spec, the hardware fingerprint
+the numbers were measured on (or null), every chosen variant with its PTX and cubin sha256, and the dispatch table with
+the measured numbers (an entry whose config shares its variant's cubin, not its PTX, has its own ptx_sha256). Each
+target entry carries the sha256 of its own canonical form, so a hand edit is reported rather than used.
 
-A locked build renders exactly the locked configs, compiles them, and compares both digests with the
-lock; any drift (kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of
-the target's model) is a LockError naming the target, the variant, expected and got, and nothing of
-that build is written.
+A locked build renders exactly the locked configs, compiles them, and compares both digests with the lock; any drift
+(kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of the target's model) is a LockError
+naming the target, the variant, expected and got, and nothing of that build is written.
 """
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from .compiler import installed_version
 from .graph import build_order
 from .oploader import load_op, source_files
 from .problem import Binary, Launch, Problem, canonical_json
+from .report import rejudge
 
 LOCK_VERSION = 1
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
@@ -37,9 +36,8 @@ class LockError(Exception):
 
 
 def lock_path(kf) -> Path:
-    """The lock beside its kernelfile, named after it: kernelfile.toml -> kernelfile.lock,
-    benchmarks/rmsnorm_bf16.toml -> benchmarks/rmsnorm_bf16.lock (kernelfiles sharing a folder
-    must not overwrite each other's lock)."""
+    """The lock beside its kernelfile, named after it (kernelfiles sharing a folder must not overwrite each other's
+    lock): kernelfile.toml -> kernelfile.lock, benchmarks/rmsnorm_bf16.toml -> benchmarks/rmsnorm_bf16.lock."""
     return kf.path.with_suffix(".lock")
 
 
@@ -255,7 +253,7 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
         manifest = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, {"measured": entry["measured_on_hardware"],
                                    "toolchain": entry["toolchain"], "hardware": entry.get("hardware")})
         results.append(TargetResult(t, "built", f"locked: {len(entry['variants'])} variant(s) reproduced",
-                                    entry["measured_on_hardware"], manifest))
+                                    entry["measured_on_hardware"], manifest, rejudge(ctx.kf, t, entry)))
     return results
 
 
@@ -269,8 +267,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
     locked config must compile to the locked PTX and cubin byte for byte with the same launch; then the op
     file digests are updated. With no source edit since the lock, a PTX that alone differs is recorded
     anew (see pin_ptx). No GPU. All targets are checked before the lock is written. Returns [(target, what)]."""
-    lock = read_lock(ctx.kf)
-    entries = dict(lock["targets"])
+    entries = dict(read_lock(ctx.kf)["targets"])
     done = []
     for t in build_order(ctx.kf, targets):
         entry = entries.get(str(t))

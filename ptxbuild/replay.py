@@ -44,10 +44,9 @@ class Recording:
 
 def export_recording(cache, out, op: str | None = None, gpu: str | None = None, spaces: dict | None = None,
                      defaults: dict | None = None) -> int:
-    """Write the attempts of `cache` (one op / one GPU) as a recording; returns the number of rows.
-
-    Repeated attempts of one config (forced rebuilds) merge: the median p50 of the successes and the
-    largest cost in seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
+    """Write the attempts of `cache` (one op / one GPU) as a recording; returns the number of rows. Repeated
+    attempts of one config (forced rebuilds) merge: the median p50 of the successes and the largest cost in
+    seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
     where = ["outcome not in ('invalid', 'pruned')"] + (["op = ?"] if op else []) + (["gpu = ?"] if gpu else [])
     merged: dict[tuple, dict] = {}
     for a in cache.db.query(f"select * from attempts where {' and '.join(where)} order by id", [v for v in (op, gpu) if v]):
@@ -164,13 +163,11 @@ class _Reached(Exception):
 
 
 def replay_search(rec: Recording, op: str, gpu: str, problem: dict, *, strategy: str = "random",
-                  seeds: list[dict] = (), rules: list[dict] = (), rng_seed: int = 0,
-                  budget: int | None = None) -> Run:
-    """Run `strategy` on the recorded candidates of one problem until a config within 2% of the best
-    recorded one: seeds first; configs that `rules` (failure lessons) cover are pruned, never evaluated.
-
-    The space is the recorded parameter values (so evolutionary moves mean something) restricted to
-    recorded configs and seeds; past MAX_PRODUCT combinations it is the list of candidates (index space)."""
+                  seeds: list[dict] = (), rules: list[dict] = (), rng_seed: int = 0, budget: int | None = None) -> Run:
+    """Run `strategy` on the recorded candidates of one problem until a config within 2% of the best recorded
+    one: seeds first; configs that `rules` (failure lessons) cover are pruned, never evaluated. The space is the
+    recorded parameter values (so evolutionary moves mean something) restricted to recorded configs and seeds;
+    past MAX_PRODUCT combinations it is the list of candidates (index space)."""
     rp = Replayer(rec, op, gpu, problem)
     cands = [r["params"] for r in rp.table.values()] + [s for s in seeds if _k(s) not in rp.table]
     names = sorted({k for c in cands for k in c})

@@ -12,7 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from .compiler import installed_version
-from .gates import closest_baseline, failures
+from .gates import closest_baseline, failures, judge
 from .problem import Problem
 
 PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
@@ -256,6 +256,8 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
     data = collect(kf, cache, target)
     if data is None:
         return None
+    if target.op in kf.ops:   # the kernelfile's metric and gates as they are now
+        data["summary"].update(judge(kf.ops[target.op], data["dispatch"], data["summary"]["measured"]))
     out = kf.reports_dir / str(target)
     with suppress(OSError, ValueError, KeyError):   # a compile-only build keeps a GPU-measured build's report
         old = json.loads((out / "report.json").read_text())
@@ -263,7 +265,30 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
             out = out / "compile-only"
         elif keep_newer and old["built_at"] > data["built_at"] and old["summary"]["run"] != data["summary"]["run"]:
             return None
+        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
+            return out / "report.md"   # a compile-only rebuild of the same kernels: the committed report stands
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     (out / "report.md").write_text(markdown(data))
     return out / "report.md"
+
+
+def _verdict(data: dict) -> tuple:
+    """What a report says of its kernels, its environment and times aside (a metric's value moves with its
+    name only: the same kernels summed in another order differ in the last bits)."""
+    s = data["summary"]
+    return data["status"], [d.get("binary") for d in data["dispatch"]], s.get("gates"), (s.get("metric") or {}).get("name")
+
+
+def rejudge(kf, target, built: dict) -> tuple[str, ...]:
+    """Judge a built target's kernels (`built`: its manifest or lock entry) by the kernelfile's metric and gates
+    as they are now; its report is rewritten if it shows the same kernels with another verdict. The misses."""
+    verdict = judge(kf.ops[target.op], built["dispatch"], built["measured_on_hardware"])
+    path = kf.reports_dir / str(target) / "report.json"
+    with suppress(OSError, ValueError, KeyError):
+        data = json.loads(path.read_text())
+        new = {**data, "summary": {**data["summary"], **verdict}}
+        if _verdict(data)[1] == [d.get("binary") for d in built["dispatch"]] and _verdict(data) != _verdict(new):
+            path.write_text(json.dumps(new, indent=1, sort_keys=True, default=str) + "\n")
+            (path.parent / "report.md").write_text(markdown(new))
+    return tuple(verdict["gates"]["failures"])

@@ -53,13 +53,8 @@ def load(target: str | Path, *, kernelfile: str | Path | None = None, allow_fall
     t = str(target)
     path = Path(t)
     if "@" in t and not (path / "manifest.json").is_file():
-        from .kernelfile import KernelfileError
-        from .kernelfile import load as load_kf
         kfp = Path(kernelfile) if kernelfile else (_find_kernelfile(Path.cwd()) or Path("kernelfile.toml"))
-        try:
-            kf = load_kf(kfp)
-        except KernelfileError as exc:
-            raise LoaderError(f"cannot load {t}: {exc}") from None
+        kf = _load_kernelfile(kfp, f"load {t}")
         op_name = t.split("@")[0]
         if op_name not in kf.ops or t.split("@")[1] not in kf.ops[op_name].gpus:
             raise LoaderError(f"{t} is not a target of {kfp}; declare it there and run: ptxbuild build {t}")
@@ -78,19 +73,22 @@ def load(target: str | Path, *, kernelfile: str | Path | None = None, allow_fall
                       f"build {manifest['target']} to finish it", stacklevel=2)
     if folder is None:
         kfp = Path(kernelfile) if kernelfile else _find_kernelfile(build.resolve().parent)
-        folder = _op_folder_from(kfp, manifest) if kfp else build.resolve().parent.parent / "ops" / manifest["template"]
+        if kfp:
+            kf = _load_kernelfile(kfp, f"find the op of {manifest['target']}")
+            spec = kf.ops.get(manifest["target"].split("@")[0])
+            folder = op_dir(spec.template, kf.root) if spec else kf.root / "ops" / manifest["template"]
+        else:
+            folder = build.resolve().parent.parent / "ops" / manifest["template"]
     return BuiltKernel(build, manifest, folder, allow_fallback)
 
 
-def _op_folder_from(kfp: Path, manifest: dict) -> Path:
+def _load_kernelfile(kfp: Path, what: str):
     from .kernelfile import KernelfileError
     from .kernelfile import load as load_kf
     try:
-        kf = load_kf(kfp)
+        return load_kf(kfp)
     except KernelfileError as exc:
-        raise LoaderError(f"cannot find the op of {manifest['target']}: {exc}") from None
-    spec = kf.ops.get(manifest["target"].split("@")[0])
-    return op_dir(spec.template, kf.root) if spec else kf.root / "ops" / manifest["template"]
+        raise LoaderError(f"cannot {what}: {exc}") from None
 
 
 # ------------------------------------------------------------------ arrays of torch / cupy
@@ -257,8 +255,7 @@ class _Current:
 
     def __enter__(self):
         cu = _cu()
-        cur = _ok(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(cur) != int(self.dev.context):
+        if int(_ok(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.dev.context):
             _ok(cu.cuCtxPushCurrent(self.dev.context), "cuCtxPushCurrent")
             self.pushed = True
         return self
@@ -364,9 +361,7 @@ class BuiltKernel:
         defaults = dict(getattr(self.op, "OPTIONS", {}))
         for mode in self.modes():
             full = {**defaults, **mode.options}
-            if any(full.get(k) != v for k, v in given_opts.items()):
-                continue
-            if len(args) > len(mode.names):
+            if len(args) > len(mode.names) or any(full.get(k) != v for k, v in given_opts.items()):
                 continue
             bound = dict(zip(mode.names, args))
             if set(bound) & set(arrays) or set(bound) | set(arrays) != set(mode.names):
@@ -377,11 +372,9 @@ class BuiltKernel:
                           + "; ".join(m.label() for m in self.modes()))
 
     def select(self, problem: Problem) -> dict | None:
-        """The dispatch entry whose binary is correct for `problem`, or None.
-
-        An entry of another shape qualifies only if the op accepts its config for this problem
-        (op.check) and renders the very same kernel for it (so shape constants baked into the
-        binary agree); among those the nearest built shape wins."""
+        """The dispatch entry whose binary is correct for `problem`, or None: an entry of another shape qualifies
+        only if the op accepts its config for this problem (op.check) and renders the very same kernel for it (so
+        shape constants baked into the binary agree); among those the nearest built shape wins."""
         key = (problem.dtype, problem.shape, json.dumps(problem.opts, sort_keys=True, default=str))
         if key in self._choice:
             return self._choice[key]

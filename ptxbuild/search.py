@@ -78,11 +78,9 @@ def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]
 def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[Score]], *, strategy: str,
                budget: int, seconds: float, valid: Callable[[Config], str | None] = lambda c: None,
                seeds: Iterable[Config] = (), rng_seed: int = 0, batch: int = 4) -> list[tuple[Config, Score]]:
-    """Evaluate up to `budget` valid configs within `seconds`; returns every (config, score) tried.
-
-    Seeds (lesson predictions, the op's default) are tried first by every strategy. "auto" is
-    exhaustive when the valid configs fit the budget, else evolutionary.
-    """
+    """Evaluate up to `budget` valid configs within `seconds`; returns every (config, score) tried. Seeds (lesson
+    predictions, the op's default) are tried first by every strategy. "auto" is exhaustive when the valid configs
+    fit the budget, else evolutionary."""
     rng = random.Random(rng_seed)
     start = time.monotonic()
     tried: dict[tuple, Score] = {}

@@ -42,7 +42,7 @@ def test_inputs_that_used_to_succeed_silently_are_errors_that_name_the_input(pro
     """Each of these once printed success (or did nothing) and left the user to find out later."""
     from .conftest import make_ctx
     monkeypatch.chdir(proj)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
     run = lambda *args: CliRunner().invoke(cli.main, list(args))   # noqa: E731
     res = run("plan", "scale@")
     assert res.exit_code == cli.EXIT_CONFIG and "scale@: nothing after '@'; write op@gpu" in res.output
@@ -77,3 +77,15 @@ def test_version_names_the_installed_package():
     from importlib.metadata import version
     res = CliRunner().invoke(cli.main, ["--version"])
     assert res.exit_code == 0 and res.output == f"ptxbuild, version {version('ptxbuild')}\n"
+
+
+def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
+    """`ptxbuild plan` only says what a build would do: it used to create the cache (and import the shared
+    lessons file into it), so a plan on a fresh clone left a new file behind."""
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])
+    assert res.exit_code == 0 and "build      scale@h100  (never built)" in res.output, res.output
+    assert not (proj / "cache").exists() and "lessons:" not in res.output
+    assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "scale@h100"]).exit_code == 0
+    res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])   # a cache there is read
+    assert "up-to-date scale@h100  (up to date)" in res.output, res.output

@@ -82,18 +82,19 @@ def test_unknown_target_did_you_mean(proj):
     assert res.output == "error: scale@h10: no GPU 'h10' (did you mean 'h100'?); known: h100, b200\n"
 
 
-def test_an_undeclared_min_speedup_gate_leaves_the_op_config_as_before(proj):
-    """Gates added after a lock was written must not change the config digest of kernelfiles that do
-    not declare them (or every existing lock would report drift)."""
+def test_gates_and_the_metric_leave_the_op_config_as_locks_recorded_it(proj):
+    """Gates and the metric judge a build, they do not change it: declaring or editing them keeps the config
+    (and so every lock's declaration digest, written with the defaults) as it was."""
     from ptxbuild.kernelfile import KernelfileError, load
     (proj / "kernelfile.toml").write_text(GOOD)
-    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"] == {
-        "min_bandwidth_fraction": None, "max_time_ms": None}
-    (proj / "kernelfile.toml").write_text(GOOD + "gates = { min_speedup = 1.0 }\n")
-    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"]["min_speedup"] == 1.0
-    assert "speedup_evidence" not in load(proj / "kernelfile.toml").ops["scale"].config()["gates"]
+    before = load(proj / "kernelfile.toml").ops["scale"].config()
+    assert before["gates"] == {"min_bandwidth_fraction": None, "max_time_ms": None}
+    (proj / "kernelfile.toml").write_text(GOOD + 'metric = "max_time"\ngates = { min_speedup = 1.0, max_time_ms = 2 }\n')
+    spec = load(proj / "kernelfile.toml").ops["scale"]
+    assert spec.config() == before
+    assert (spec.metric, spec.gates) == ("max_time", {"min_bandwidth_fraction": None, "max_time_ms": 2, "min_speedup": 1.0})
     (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "every_round" }\n')
-    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"]["speedup_evidence"] == "every_round"
+    assert load(proj / "kernelfile.toml").ops["scale"].gates["speedup_evidence"] == "every_round"
     (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "mean" }\n')
     with pytest.raises(KernelfileError, match="speedup_evidence"):
         load(proj / "kernelfile.toml")
@@ -101,5 +102,5 @@ def test_an_undeclared_min_speedup_gate_leaves_the_op_config_as_before(proj):
     with pytest.raises(KernelfileError, match="gates.speedup_evidence: judges min_speedup, which is not declared"):
         load(proj / "kernelfile.toml")
     (proj / "kernelfile.toml").write_text(GOOD + 'gates = { min_speedup = 1.0, speedup_evidence = "median" }\n')
-    assert load(proj / "kernelfile.toml").ops["scale"].config()["gates"] == {   # the default, written out
+    assert load(proj / "kernelfile.toml").ops["scale"].gates == {   # the default, written out
         "min_bandwidth_fraction": None, "max_time_ms": None, "min_speedup": 1.0}

@@ -95,6 +95,31 @@ def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
     assert lessons.prune_reason(rules, {"threads": 256, "vec": 2}) is None
 
 
+def test_an_unfinished_problems_few_attempts_do_not_rederive_its_lessons(tmp_path):
+    """An interrupted build's last problem had 4 of 9 attempts: its sensitivity lesson, re-derived from
+    them, replaced the 9-attempt one (confidence 0.47 -> 0.29, seen on the H200). Only finished problems
+    derive bests and sensitivities; a pass there still weakens a failure rule."""
+    cache = Cache(tmp_path / "c.sqlite")
+    for t, v, p50 in [(64, 4, 0.02), (128, 4, 0.015), (256, 4, 0.01), (512, 1, 0.05)]:
+        _attempt(cache, "r1", {"threads": t, "vec": v}, "ok", p50)
+    _attempt(cache, "r1", {"threads": 64, "vec": 2}, "spill")
+    _attempt(cache, "r1", {"threads": 128, "vec": 2}, "spill")
+    lessons.derive(cache, OP, "scale@h100", "r1")
+    before = {r["id"]: r for kind in ("best", "sensitivity", "fails") for r in _lessons(cache, kind)}
+    for t, v, p50 in [(64, 4, 0.02), (128, 4, 0.016), (512, 2, 0.04), (256, 1, 0.06)]:
+        _attempt(cache, "r2", {"threads": t, "vec": v}, "ok", p50)
+    lessons.derive(cache, OP, "scale@h100", "r2", done=set())
+    after = {r["id"]: r for kind in ("best", "sensitivity", "fails") for r in _lessons(cache, kind)}
+    assert {i: r for i, r in after.items() if r["kind"] != "fails"} == {
+        i: r for i, r in before.items() if r["kind"] != "fails"}
+    (rule,) = [r for r in after.values() if r["kind"] == "fails" and r["rule"]["params"] == {"vec": 2}]
+    assert rule["confidence"] < before[rule["id"]]["confidence"]         # vec=2 passed at 512 threads
+    done = {json.dumps(Problem.make("scale", "float32", (64, 1024)).key(), sort_keys=True)}
+    lessons.derive(cache, OP, "scale@h100", "r2", done=done)           # finished after all: it counts
+    (sens,) = _lessons(cache, "sensitivity")
+    assert sens["rule"] != before[sens["id"]]["rule"] and "run r2" in sens["source"]
+
+
 @pytest.mark.parametrize("stored", ["in full", "before vec existed"])
 def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path, stored):
     """A lesson stored before a parameter existed means the parameter's first value (vec = 1)."""

@@ -48,6 +48,11 @@ def test_round_trip_keeps_every_lesson_and_its_provenance(exported, tmp_path):
     assert rec["provenance"]["source"] == f"run {ctx.run}" and rec["provenance"]["history"][0].startswith(
         "imported from lessons.jsonl")
     assert [json.loads(x)["id"] for x in again] == [json.loads(x)["id"] for x in lines]
+    (tmp_path / "again").mkdir()                          # and again, as a GPU machine's fresh cache does:
+    (tmp_path / "again/lessons.jsonl").write_text("".join(x + "\n" for x in again))
+    third = Cache(tmp_path / "third.sqlite")             # the file comes back unchanged (it changed every
+    import_lessons(third, tmp_path / "again/lessons.jsonl")   # lesson's history, a 386-line diff per session)
+    assert export_lessons(third) == again
 
 
 def test_near_best_configs_travel_with_a_best_lesson(exported, tmp_path):

@@ -444,7 +444,7 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx, h100))
     assert read_lock(ctx.kf)["targets"]["scale@h100"]["measured_on_hardware"] is True
-    monkeypatch.setattr(cli, "_context", lambda kf, *a: make_ctx(proj))
+    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
     plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output   # noqa: E731
     assert plan() == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"

@@ -10,7 +10,6 @@ def gpu_available() -> bool:
     """cupy importable and at least one CUDA device present; never raises."""
     try:
         import cupy
-
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # noqa: BLE001 - any failure means no usable GPU
         return False

@@ -14,7 +14,6 @@ from .errors import CudaError
 def load(entry: str, cubin: bytes, ptx: str = ""):
     """A cupy RawKernel for `entry` from the cubin, falling back to the PTX (JIT by the driver)."""
     import cupy
-
     errors = []
     for data, suffix in ((cubin, ".cubin"), (ptx.encode() if ptx else b"", ".ptx")):
         if not data:
@@ -35,7 +34,6 @@ def load(entry: str, cubin: bytes, ptx: str = ""):
 
 def _check(result) -> None:
     from cuda.bindings import driver as cu
-
     err = result[0] if isinstance(result, tuple) else result
     if err != cu.CUresult.CUDA_SUCCESS:
         raise CudaError(f"{err.name}: {cu.cuGetErrorString(err)[1]}")
@@ -51,7 +49,6 @@ def launch(kernel, geom: Launch, args: list, stream) -> None:
             kernel(tuple(geom.grid), tuple(geom.block), tuple(args), shared_mem=smem)
         return
     from cuda.bindings import driver as cu
-
     fn = cu.CUfunction(kernel.kernel.ptr)
     if int(np.prod(geom.cluster)) > PORTABLE_CLUSTER:
         _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))

@@ -15,7 +15,6 @@ def doctor() -> list[tuple[str, str]]:
     """(check, status) lines: python, numpy, cupy, torch, GPU + fingerprint, nvidia-smi, compiler."""
     from ..compiler import INSTALL_HINT
     from .fingerprint import smi_line
-
     from ..report import code_digest
     lines = [("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
              ("python", f"{platform.python_version()} ({platform.machine()})"),
@@ -27,7 +26,6 @@ def doctor() -> list[tuple[str, str]]:
     if cupy_v:
         try:
             from .fingerprint import read
-
             lines.append(("gpu", str(read(0))))
         except Exception as exc:  # noqa: BLE001
             lines.append(("gpu", f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
@@ -36,7 +34,6 @@ def doctor() -> list[tuple[str, str]]:
         lines.append(("gpu", "unknown (cupy missing)"))
     try:
         from ..compiler import toolchain
-
         lines.append(("compiler", str(toolchain())))
     except Exception as exc:  # noqa: BLE001
         lines.append(("compiler", f"missing ({exc}); run: {INSTALL_HINT}"))

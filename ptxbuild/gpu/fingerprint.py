@@ -96,17 +96,15 @@ def smi_line(device: int = 0) -> str | None:
 def read(device: int = 0) -> Fingerprint:
     """The fingerprint of one GPU, read with cupy in this process (initializes CUDA)."""
     import cupy
-
     rt = cupy.cuda.runtime
     return from_props(rt.getDeviceProperties(device), rt.driverGetVersion(), rt.runtimeGetVersion(), smi_line(device))
 
 
 def match_gpu(fp: Fingerprint, gpu_name: str, catalog_entry: dict) -> str | None:
-    """How well this GPU satisfies a kernelfile GPU (`gpu_name`, e.g. "h200", with its catalog entry:
-    "arch" and optionally "models"/"names" (aliases) and "sm_count"/"memory_gb" (an exact SKU)).
-    "exact": the model and every pinned SKU field match; "model": the model matches ("NVIDIA H200" is
-    h200; H100 SXM and PCIe are h100; GH200 is not h200); "arch": another model with the same
-    compute capability; None: it cannot run this target's binaries."""
+    """How well this GPU satisfies a kernelfile GPU (`gpu_name`, e.g. "h200", with its catalog entry: "arch" and
+    optionally "models"/"names" (aliases) and "sm_count"/"memory_gb" (an exact SKU)). "exact": the model and every
+    pinned SKU field match; "model": the model matches ("NVIDIA H200" is h200; H100 SXM and PCIe are h100; GH200 is not
+    h200); "arch": another model with the same compute capability; None: it cannot run this target's binaries."""
     arch = catalog_entry.get("arch", "")
     if arch and cc_of(arch) != fp.cc:
         return None

@@ -1,13 +1,12 @@
 """Hold a stream until the host has enqueued a timed call (a "blocking kernel", as nvbench has).
 
-Without it, a call whose host side is slow (torch.compile's guards: tens of microseconds) reaches
-the GPU after its start event fired, and the idle gap counts as kernel time (H200, run 16d:
-torch.compile at bf16 32768 x 512 read 34.6 us in one build, 20.8 in another). Behind the gate the
-start event, the call and the end event reach the GPU together.
+Without it, a call whose host side is slow (torch.compile's guards: tens of microseconds) reaches the GPU after its
+start event fired, and the idle gap counts as kernel time (H200, run 16d: torch.compile at bf16 32768 x 512 read 34.6 us
+in one build, 20.8 in another). Behind the gate the start event, the call and the end event reach the GPU together.
 
-The gate is one thread spinning on a word in pinned host memory (mapped into the device's address
-space), released when the host writes the hold number there. It gives up after `max_wait_s`, so a call
-that synchronizes on the host cannot deadlock the stream (`timed_out()`: the timer retries or drops it).
+The gate is one thread spinning on a word in pinned host memory (mapped into the device's address space), released when
+the host writes the hold number there. It gives up after `max_wait_s`, so a call that synchronizes on the host cannot
+deadlock the stream (`timed_out()`: the timer retries or drops it).
 """
 from __future__ import annotations
 

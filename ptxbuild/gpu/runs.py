@@ -50,10 +50,9 @@ VERIFY_ROWS = 512   # extra seeds run on this many rows (same binary: rows are a
 
 
 def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
-    """The problems of `others` that render to the same source as `problem` with `params`: only those
-    can the candidate's binary run. Problem options are often compile-time flags (KDA's initial and
-    final state, rmsnorm's residual): a binary built without h0 reading an h0 it was not built
-    for reads past a one-element placeholder, a failure of the harness, not of the candidate."""
+    """The problems of `others` that render to the same source as `problem` with `params`: only those can the
+    candidate's binary run. Problem options are often compile-time flags (KDA's initial and final state, rmsnorm's
+    residual): a binary built without h0 reads past a one-element placeholder: the harness fails, not the candidate."""
     def source(p) -> str | None:
         try:
             return op.render(params, p, arch).source
@@ -64,8 +63,7 @@ def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
 
 
 def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
-    """The problem with at most VERIFY_ROWS rows, if the config accepts it and the binary runs it;
-    else the problem itself."""
+    """The problem with at most VERIFY_ROWS rows if the config accepts it and the binary runs it, else the problem."""
     if len(problem.shape) < 2 or problem.shape[0] <= VERIFY_ROWS:
         return problem
     small = problem.with_shape((VERIFY_ROWS, *problem.shape[1:]))
@@ -88,7 +86,6 @@ def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
     """The op's adversarial shapes for this config (ops may take the config), minus those it cannot
     run and those that need another binary (same_binary)."""
     import inspect
-
     takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
     shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
     return same_binary(op, params, problem, [p for p in shapes if op.check(params, p) is None], arch)
@@ -99,7 +96,6 @@ class Gpu:
 
     def __init__(self, index: int = 0):
         import cupy as cp
-
         self.cp, self.index = cp, index
         cp.cuda.Device(index).use()
         self.fingerprint = fingerprint_mod.read(index)
