@@ -298,14 +298,15 @@ def report(kernelfile, targets):
     cache = Cache(kf.cache_path)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
-        if data is None:   # e.g. a GPU machine's report, committed: judged by this kernelfile's gates all the same
-            kept = kf.reports_dir / str(t) / "report.json"
+        if data is None:   # e.g. a GPU machine's report, committed: rendered again, judged by this kernelfile
+            kept, again = kf.reports_dir / str(t) / "report.json", False
             with suppress(OSError, ValueError, KeyError):
                 old = json.loads(kept.read_text())
-                rejudge(kf, t, {"dispatch": old["dispatch"], "measured_on_hardware": old["summary"]["measured"]})
-            md = kept.with_suffix(".md")
-            click.echo(f"{t}: no build in this cache" + (f"; its report is {md.relative_to(kf.root)}" if md.is_file()
-                       else "") + f"; run: ptxbuild build {t}")
+                rejudge(kf, t, {"dispatch": old["dispatch"], "measured_on_hardware": old["summary"]["measured"]}, True)
+                again = True
+            md = kept.with_suffix(".md").relative_to(kf.root)
+            click.echo(f"{t}: no build in this cache" + (f"; its report {md} is rendered again from report.json" if again
+                       else f"; its report is {md}" if (kf.root / md).is_file() else "") + f"; run: ptxbuild build {t}")
             continue
         path = write_report(kf, cache, t, keep_newer=True)
         if path is None:

@@ -158,9 +158,9 @@ def markdown(data: dict) -> str:
     if m.get("value_ms") is not None:
         lines.append(f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)")
     if g.get("declared"):
-        verdict = "all met" if not g["failures"] else f"**{len(g['failures'])} missed**"
-        lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}"
-                     + ("" if s["measured"] else " (not judged: not measured on hardware)"))
+        verdict = ("not judged (not measured on hardware)" if not s["measured"] else
+                   f"**{len(g['failures'])} missed**" if g["failures"] else "all met")
+        lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}")
         lines += [f"  - {f}" for f in g["failures"]]
     timed = bool(when_all)
     head = HEAD + (["timed (UTC)"] if timed else [])
@@ -265,7 +265,7 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
             out = out / "compile-only"
         elif keep_newer and old["built_at"] > data["built_at"] and old["summary"]["run"] != data["summary"]["run"]:
             return None
-        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
+        elif not (keep_newer or data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
             return out / "report.md"   # a compile-only rebuild of the same kernels: the committed report stands
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
@@ -280,15 +280,16 @@ def _verdict(data: dict) -> tuple:
     return data["status"], [d.get("binary") for d in data["dispatch"]], s.get("gates"), (s.get("metric") or {}).get("name")
 
 
-def rejudge(kf, target, built: dict) -> tuple[str, ...]:
+def rejudge(kf, target, built: dict, rerender: bool = False) -> tuple[str, ...]:
     """Judge a built target's kernels (`built`: its manifest or lock entry) by the kernelfile's metric and gates
-    as they are now; its report is rewritten if it shows the same kernels with another verdict. The misses."""
+    as they are now; its report is rewritten if it shows the same kernels with another verdict (or `rerender`).
+    The misses."""
     verdict = judge(kf.ops[target.op], built["dispatch"], built["measured_on_hardware"])
     path = kf.reports_dir / str(target) / "report.json"
     with suppress(OSError, ValueError, KeyError):
         data = json.loads(path.read_text())
         new = {**data, "summary": {**data["summary"], **verdict}}
-        if _verdict(data)[1] == [d.get("binary") for d in built["dispatch"]] and _verdict(data) != _verdict(new):
+        if _verdict(data)[1] == [d.get("binary") for d in built["dispatch"]] and (rerender or _verdict(data) != _verdict(new)):
             path.write_text(json.dumps(new, indent=1, sort_keys=True, default=str) + "\n")
             (path.parent / "report.md").write_text(markdown(new))
     return tuple(verdict["gates"]["failures"])

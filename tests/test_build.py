@@ -237,7 +237,7 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     ctx.cache.db.execute("delete from builds")                # a committed report, another machine's cache:
     kf.write_text(kf.read_text().replace("max_time_ms = 0.005", "max_time_ms = 0.5"))
     out = CliRunner().invoke(cli.main, ["report", "scale@h100"])
-    assert "no build in this cache; its report is reports/scale@h100/report.md" in out.output, out.output
+    assert "no build in this cache; its report reports/scale@h100/report.md is rendered again from report.json" in out.output
     assert "- gates: max_time_ms = 0.5: all met" in report.read_text()   # judged by the kernelfile as it is now
 
 
@@ -483,6 +483,10 @@ def test_a_compile_only_rebuild_of_the_same_kernels_leaves_the_committed_report(
     ctx = make_ctx(proj)
     assert build(ctx, [Target("scale", "h100")])[0].status == "built"
     assert path.read_text() == first and json.loads(first)["summary"]["run"] != ctx.run
+    kf = proj / "kernelfile.toml"                        # a gate declared later: said, but not judged
+    kf.write_text(kf.read_text().replace("search = { budget = 6 }", "search = { budget = 6 }\ngates = { max_time_ms = 0.005 }"))
+    assert build(make_ctx(proj), [Target("scale", "h100")])[0].status == "up_to_date"
+    assert "- gates: max_time_ms = 0.005: not judged (not measured on hardware)\n" in path.with_suffix(".md").read_text()
 
 
 def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(proj):
