@@ -88,7 +88,8 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
 
 
 class Progress:
-    """Prints one line per problem with candidates tried / failed / best so far."""
+    """Prints one line per problem with candidates tried / failed / best so far; problems only compiled (no GPU
+    of the target here) make one line per target, on a terminal rewritten in place."""
 
     LINES = {"target_start": "{target}: building ({reason})", "note": "  {message}",   # events of one plain line
              "target_skip": "{target}: skipped, {reason}"}   # an up-to-date target: its result line says so
@@ -105,6 +106,9 @@ class Progress:
         elif kind == "problem_start":
             self.tried, self.failed, self.best, self.t0 = 0, 0, math.inf, time.monotonic()
             self.label = f"  [{ev['index'] + 1}/{ev['total']}] {ev['problem'].label()}"
+            if ev["index"] == 0:
+                self.compiled, self.t_target = 0, self.t0
+            self.total, self.last = ev["total"], ev["index"] + 1 == ev["total"]
         elif kind == "attempt":
             self.tried += 1
             self.failed += ev["outcome"].failed
@@ -120,6 +124,13 @@ class Progress:
                            err=True, nl=False)
             else:
                 click.echo(f"{self.label}: tried {self.tried}, best {self._best()}; {note} ...", err=True)
+        elif kind == "problem_done" and self.best == 0:   # compiled, not timed
+            self.compiled += 1
+            tty = sys.stderr.isatty()
+            if self.last or tty:   # a terminal: rewritten in place; a log: one line
+                click.echo(f"{chr(13) if tty else ''}  {self.compiled}/{self.total} problems compiled and resource-"
+                           f"checked, not timed ({time.monotonic() - self.t_target:.1f}s){'   ' if tty else ''}",
+                           err=True, nl=self.last)
         elif kind in ("problem_done", "problem_fail"):
             end = "\r" if sys.stderr.isatty() else ""
             status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"

@@ -1,5 +1,7 @@
 """CLI boundaries: exit codes for a tool that cannot run, kept apart from a failed build."""
 
+from types import SimpleNamespace
+
 from click.testing import CliRunner
 
 from ptxbuild import cli
@@ -89,3 +91,23 @@ def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "scale@h100"]).exit_code == 0
     res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])   # a cache there is read
     assert "up-to-date scale@h100  (up to date)" in res.output, res.output
+
+
+def test_a_compile_only_build_prints_one_progress_line_per_target(proj, monkeypatch):
+    """The README's first command printed 132 lines of 'tried 1, failed 0, best compiled' (one per problem
+    of two compile-only targets); a timed build still prints one line per problem."""
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100", "scale@b200"])
+    assert res.exit_code == 0, res.output
+    lines = [line for line in res.output.splitlines() if line.startswith("  ")]
+    assert len(lines) == 2 and all(line.startswith("  4/4 problems compiled and resource-checked, not timed (")
+                                   for line in lines), res.output
+    progress, seen = cli.Progress(), []
+    monkeypatch.setattr(cli.click, "echo", lambda msg="", **k: seen.append(msg))
+    from ptxbuild.problem import Problem
+    p = Problem.make("scale", "float32", (7, 100))
+    for i in range(2):                                     # timed: a line per problem, with its time
+        progress("problem_start", index=i, total=2, problem=p)
+        progress("attempt", outcome=SimpleNamespace(failed=False), score=0.0123)
+        progress("problem_done", entry={})
+    assert [m.split(" (")[0] for m in seen] == [f"  [{i}/2] float32[7x100]: tried 1, failed 0, best 12.3 us" for i in (1, 2)]
