@@ -124,9 +124,11 @@ def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool,
     for t in build_order(ctx.kf, targets):
         done[t] = key = target_key(ctx, t, done)
         fresh, why = explain(ctx, t, key)
-        if fresh and str(t) in pinned and pinned[str(t)] != [
-                d.get("binary") for d in json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())["dispatch"]]:
+        m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text()) if fresh else {}
+        if fresh and str(t) in pinned and pinned[str(t)] != [d.get("binary") for d in m["dispatch"]]:
             fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
+        elif fresh and (missed := gates.judge(ctx.kf.ops[t.op], m["dispatch"], m["measured_on_hardware"])["gates"]["failures"]):
+            why += f"; {len(missed)} gate(s) of ops.{t.op}.gates missed"
         stale_dep = [d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)]
         if fresh and stale_dep:
             fresh, why = False, f"dependency {stale_dep[0]} is stale"

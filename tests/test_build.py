@@ -217,6 +217,8 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     (res,) = build(ctx, [Target("scale", "h100")])
     assert (res.status, len(res.missed)) == ("up_to_date", 4)
     assert res.missed[0] == "float32[7x100]: p50 0.01 ms > max_time_ms 0.005"
+    assert plan(ctx, [Target("scale", "h100")]) == [
+        (Target("scale", "h100"), True, "up to date; 4 gate(s) of ops.scale.gates missed")]
     assert ctx.cache.last_build("scale@h100", ctx.kf.project)["status"] == "ok"
     report = proj / "reports/scale@h100/report.md"
     assert "- gates: max_time_ms = 0.005: **4 missed**" in report.read_text()
