@@ -5,7 +5,6 @@ import json
 import math
 import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 
 import click
@@ -309,12 +308,10 @@ def report(kernelfile, targets):
     cache = Cache(kf.cache_path)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
-        if data is None:   # e.g. a GPU machine's report, committed: rendered again, judged by this kernelfile
-            kept, again = kf.reports_dir / str(t) / "report.json", False
-            with suppress(OSError, ValueError, KeyError):
-                old = json.loads(kept.read_text())
-                rejudge(kf, t, {"dispatch": old["dispatch"], "measured_on_hardware": old["summary"]["measured"]}, True)
-                again = True
+        rejudge(kf, t, rerender=data is None)   # the report there by this kernelfile's gates, whatever comes next
+        if data is None:   # e.g. a GPU machine's report, committed: rendered again from its report.json
+            kept = kf.reports_dir / str(t) / "report.json"
+            again = kept.is_file()
             md = kept.with_suffix(".md").relative_to(kf.root)
             click.echo(f"{t}: no build in this cache" + (f"; its report {md} is rendered again from report.json" if again
                        else f"; its report is {md}" if (kf.root / md).is_file() else "") + f"; run: ptxbuild build {t}")

@@ -280,16 +280,14 @@ def _verdict(data: dict) -> tuple:
     return data["status"], [d.get("binary") for d in data["dispatch"]], s.get("gates"), (s.get("metric") or {}).get("name")
 
 
-def rejudge(kf, target, built: dict, rerender: bool = False) -> tuple[str, ...]:
-    """Judge a built target's kernels (`built`: its manifest or lock entry) by the kernelfile's metric and gates
-    as they are now; its report is rewritten if it shows the same kernels with another verdict (or `rerender`).
-    The misses."""
-    verdict = judge(kf.ops[target.op], built["dispatch"], built["measured_on_hardware"])
-    path = kf.reports_dir / str(target) / "report.json"
+def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tuple[str, ...]:
+    """Judge by the kernelfile's metric and gates as they are now: the report under reports/ by its own numbers
+    (rewritten if its verdict moved, or `rerender`), and `built` (a manifest or lock entry): its misses."""
+    spec, path = kf.ops[target.op], kf.reports_dir / str(target) / "report.json"
     with suppress(OSError, ValueError, KeyError):
         data = json.loads(path.read_text())
-        new = {**data, "summary": {**data["summary"], **verdict}}
-        if _verdict(data)[1] == [d.get("binary") for d in built["dispatch"]] and (rerender or _verdict(data) != _verdict(new)):
+        new = {**data, "summary": {**data["summary"], **judge(spec, data["dispatch"], data["summary"]["measured"])}}
+        if rerender or _verdict(data) != _verdict(new):
             path.write_text(json.dumps(new, indent=1, sort_keys=True, default=str) + "\n")
             (path.parent / "report.md").write_text(markdown(new))
-    return tuple(verdict["gates"]["failures"])
+    return tuple(judge(spec, built["dispatch"], built["measured_on_hardware"])["gates"]["failures"]) if built else ()

@@ -236,6 +236,18 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     assert ("scale@h100: 4 gate(s) missed (ops.scale.gates):\n  - float32[7x100]: p50 0.01 ms > max_time_ms 0.005\n"
             in out.output)
     assert "scale@h100" in read_lock(load(kf))["targets"]     # built all the same: locked
+    out = CliRunner().invoke(cli.main, ["build", "--locked", "scale@h100"])   # judged from the lock entry
+    assert out.exit_code == cli.EXIT_BUILD_FAILED and "scale@h100: 4 gate(s) missed" in out.output, out.output
+    # a compile-only build beside the measured report (another machine's, committed) must not re-judge that
+    # report by its own untimed kernels: it showed "all met" over 14 misses (found in review)
+    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "--force", "scale@h100"]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"]).exit_code == 0   # up to date, untimed
+    assert "- gates: max_time_ms = 0.005: **4 missed**" in report.read_text()
+    kf.write_text(kf.read_text().replace("max_time_ms = 0.005", "max_time_ms = 0.05"))
+    CliRunner().invoke(cli.main, ["report", "scale@h100"])   # the cache's build is compile-only: the report
+    assert "- gates: max_time_ms = 0.05: all met" in report.read_text()   # there is judged all the same
+    kf.write_text(kf.read_text().replace("max_time_ms = 0.05", "max_time_ms = 0.005"))
     ctx.cache.db.execute("delete from builds")                # a committed report, another machine's cache:
     kf.write_text(kf.read_text().replace("max_time_ms = 0.005", "max_time_ms = 0.5"))
     out = CliRunner().invoke(cli.main, ["report", "scale@h100"])

@@ -85,10 +85,15 @@ def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     """`ptxbuild plan` only says what a build would do: it used to create the cache (and import the shared
     lessons file into it), so a plan on a fresh clone left a new file behind."""
     monkeypatch.chdir(proj)
+    assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "scale@h100"]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["lessons", "export", "cache/lessons.jsonl"]).exit_code == 0
+    for f in (proj / "cache").glob("ptxbuild.sqlite*"):     # a fresh clone: the shared lessons file, no cache
+        f.unlink()
     res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])
     assert res.exit_code == 0 and "build      scale@h100  (never built)" in res.output, res.output
-    assert not (proj / "cache").exists() and "lessons:" not in res.output
-    assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "scale@h100"]).exit_code == 0
+    assert not list((proj / "cache").glob("ptxbuild.sqlite*")) and "lessons:" not in res.output
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"])    # a build does import them
+    assert "lessons: imported" in res.output, res.output
     res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])   # a cache there is read
     assert "up-to-date scale@h100  (up to date)" in res.output, res.output
 

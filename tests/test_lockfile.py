@@ -423,6 +423,11 @@ def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
     assert (proj / "kernelfile.lock").read_text() == before
+    kf = proj / "kernelfile.toml"                    # a comment: the whole file's digest moves, the op's does not
+    kf.write_text("# model kernels\n" + kf.read_text())
+    ctx = make_ctx(proj, force=True)
+    update_lock(ctx.kf, build(ctx))
+    assert (proj / "kernelfile.lock").read_text() == before
     (proj / "ops/scale/scale.cu").write_text((proj / "ops/scale/scale.cu").read_text() + "\n// v2\n")
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx))
