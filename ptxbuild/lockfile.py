@@ -140,11 +140,12 @@ def pinned_binaries(kf) -> dict[str, list[str]]:
 
 def _pins(entry: dict) -> str:
     """What an entry pins: everything but cuda-bindings (not the compiler), each problem's lesson provenance and
-    the whole kernelfile's digest (an edit of a comment or of another op changed every entry)."""
+    floor (the session's copy bandwidth), and the whole kernelfile's digest (a comment's edit changed every entry)."""
     skip = ("wheels", "entry_sha256", "dispatch", "kernelfile_digest")   # the op's section: declaration_sha256
     return canonical_json({**{k: v for k, v in entry.items() if k not in skip},
                            "wheels": {k: v for k, v in entry.get("wheels", {}).items() if k != "cuda-bindings"},
-                           "dispatch": [{k: v for k, v in d.items() if k != "lesson"} for d in entry.get("dispatch", [])]})
+                           "dispatch": [{k: v for k, v in d.items() if k not in ("lesson", "floor_ms")}
+                                        for d in entry.get("dispatch", [])]})
 
 
 def _write(path: Path, targets: dict) -> Path:
