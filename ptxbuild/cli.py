@@ -182,8 +182,12 @@ def plan(kernelfile, targets, no_gpu):
     from .build import plan as do_plan
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None, dry=True)
-    for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
-        click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
+    try:   # with a GPU present its fingerprint is part of each key: the worker that read it is stopped after
+        for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
+            click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
+    finally:
+        if ctx.gpu is not None:
+            ctx.gpu.close()
 
 
 @main.command()

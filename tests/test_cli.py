@@ -116,3 +116,14 @@ def test_a_compile_only_build_prints_one_progress_line_per_target(proj, monkeypa
         progress("attempt", outcome=SimpleNamespace(failed=False), score=0.0123)
         progress("problem_done", entry={})
     assert [m.split(" (")[0] for m in seen] == [f"  [{i}/2] float32[7x100]: tried 1, failed 0, best 12.3 us" for i in (1, 2)]
+
+
+def test_plan_stops_the_gpu_worker_it_started(proj, monkeypatch):
+    """With a GPU present, plan starts the worker to read its fingerprint (part of every key); it was
+    never stopped."""
+    from .conftest import make_ctx
+    closed = []
+    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj, gpu=SimpleNamespace(close=lambda: closed.append(1))))
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["plan", "scale@h100"])
+    assert res.exit_code == 0 and "scale@h100  (never built)" in res.output and closed == [1], res.output
