@@ -92,6 +92,7 @@ class Progress:
 
     LINES = {"target_start": "{target}: building ({reason})", "note": "  {message}",   # events of one plain line
              "target_skip": "{target}: skipped, {reason}"}   # an up-to-date target: its result line says so
+    CLEAR = "\r\x1b[K"   # a terminal: back to the line's start and clear it
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
@@ -127,9 +128,8 @@ class Progress:
             self.compiled += 1
             tty = sys.stderr.isatty()
             if self.last or tty:   # a terminal: rewritten in place; a log: one line
-                click.echo(f"{chr(13) if tty else ''}  {self.compiled}/{self.total} problems compiled and resource-"
-                           f"checked, not timed ({time.monotonic() - self.t_target:.1f}s){'   ' if tty else ''}",
-                           err=True, nl=self.last)
+                click.echo(f"{self.CLEAR if tty else ''}  {self.compiled}/{self.total} problems compiled and resource-"
+                           f"checked, not timed ({time.monotonic() - self.t_target:.1f}s)", err=True, nl=self.last)
         elif kind in ("problem_done", "problem_fail"):
             end = "\r" if sys.stderr.isatty() else ""
             status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"
@@ -307,18 +307,18 @@ def report(kernelfile, targets):
     Example: ptxbuild report rmsnorm@h200
     """
     from .graph import all_targets
+    from .lockfile import pinned_binaries
     from .report import HEAD, collect, rejudge, table_rows, write_report
     kf = _kernelfile(kernelfile, ops=False)
-    cache = Cache(kf.cache_path)
+    cache, locked = Cache(kf.cache_path), pinned_binaries(kf)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
         rejudge(kf, t, rerender=data is None)   # the report there by this kernelfile's gates, whatever comes next
         if data is None:   # e.g. a GPU machine's report, committed: rendered again from its report.json
-            kept = kf.reports_dir / str(t) / "report.json"
-            again = kept.is_file()
-            md = kept.with_suffix(".md").relative_to(kf.root)
-            click.echo(f"{t}: no build in this cache" + (f"; its report {md} is rendered again from report.json" if again
-                       else f"; its report is {md}" if (kf.root / md).is_file() else "") + f"; run: ptxbuild build {t}")
+            md, how = kf.reports_dir / str(t) / "report.md", "--locked " if str(t) in locked else ""
+            click.echo(f"{t}: no build in this cache" + (f"; its report {md.relative_to(kf.root)} is rendered again from "
+                       "report.json" if md.with_suffix(".json").is_file() else f"; its report is {md.relative_to(kf.root)}"
+                       if md.is_file() else "") + f"; run: ptxbuild build {how}{t}")
             continue
         path = write_report(kf, cache, t, keep_newer=True)
         if path is None:

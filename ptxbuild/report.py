@@ -265,7 +265,7 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
             out = out / "compile-only"
         elif keep_newer and old["built_at"] > data["built_at"] and old["summary"]["run"] != data["summary"]["run"]:
             return None
-        elif not (keep_newer or data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
+        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
             return out / "report.md"   # a compile-only rebuild of the same kernels: the committed report stands
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")

@@ -251,7 +251,8 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     ctx.cache.db.execute("delete from builds")                # a committed report, another machine's cache:
     kf.write_text(kf.read_text().replace("max_time_ms = 0.005", "max_time_ms = 0.5"))
     out = CliRunner().invoke(cli.main, ["report", "scale@h100"])
-    assert "no build in this cache; its report reports/scale@h100/report.md is rendered again from report.json" in out.output
+    assert ("no build in this cache; its report reports/scale@h100/report.md is rendered again from report.json; "
+            "run: ptxbuild build --locked scale@h100") in out.output, out.output   # locked: rebuild what the lock says
     assert "- gates: max_time_ms = 0.5: all met" in report.read_text()   # judged by the kernelfile as it is now
 
 
@@ -486,7 +487,7 @@ def test_untimed_baselines_are_announced_before_they_run_and_not_when_cached(pro
     assert events.count("problem_done") == done and "baselines_start" not in events
 
 
-def test_a_compile_only_rebuild_of_the_same_kernels_leaves_the_committed_report(proj):
+def test_a_compile_only_rebuild_of_the_same_kernels_leaves_the_committed_report(proj, monkeypatch):
     """The README's first command, on a fresh clone (no cache), rewrote the committed compile-only reports
     with its own environment and times around the same kernels: a dirty checkout. The report now stands."""
     build(make_ctx(proj), [Target("scale", "h100")])
@@ -497,6 +498,8 @@ def test_a_compile_only_rebuild_of_the_same_kernels_leaves_the_committed_report(
     ctx = make_ctx(proj)
     assert build(ctx, [Target("scale", "h100")])[0].status == "built"
     assert path.read_text() == first and json.loads(first)["summary"]["run"] != ctx.run
+    monkeypatch.chdir(proj)                              # nor does `ptxbuild report` from that cache
+    assert CliRunner().invoke(cli.main, ["report", "scale@h100"]).exit_code == 0 and path.read_text() == first
     kf = proj / "kernelfile.toml"                        # a gate declared later: said, but not judged
     kf.write_text(kf.read_text().replace("search = { budget = 6 }", "search = { budget = 6 }\ngates = { max_time_ms = 0.005 }"))
     assert build(make_ctx(proj), [Target("scale", "h100")])[0].status == "up_to_date"
