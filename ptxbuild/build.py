@@ -92,7 +92,7 @@ def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     last = ctx.cache.last_build(str(t), ctx.kf.project)
     if last is None:
         return False, "never built"
-    if last["status"] not in ("ok", "gates_failed"):   # gates_failed: a build that gates once failed (now judged)
+    if last["status"] not in ("ok", "gates_failed"):   # gates_failed: recorded before gates stopped being build inputs
         return False, f"last build {last['status']}"
     if last["key"] != key:
         old = json.loads(last["summary"]).get("inputs", {})
