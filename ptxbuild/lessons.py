@@ -283,10 +283,9 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
 
 
 def derive(cache, op, target, run: str, winners: dict | None = None, done: set | None = None) -> list[dict]:
-    """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same
-    architecture; `winners`: see best_rows); lessons this run contradicts are weakened or retired. `done`: the
-    problems (key JSON) whose search finished; an interrupted one's few attempts would re-derive its best and
-    sensitivity over fuller ones (its failures and passes still count as evidence)."""
+    """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same architecture;
+    `winners`: see best_rows); lessons this run contradicts are weakened or retired. `done`: the problems (key JSON)
+    whose search finished: an unfinished one's few attempts derive no best or sensitivity (its failures count)."""
     name, canon = op.NAME, {n: v[0] for n, v in op.SPACE.items()}   # params stored before one existed: its first value
     full = lambda rows: [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
     mine = full(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))

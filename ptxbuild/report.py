@@ -267,6 +267,10 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
             return None
         elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
             return out / "report.md"   # a compile-only rebuild of the same kernels: the committed report stands
+    return _save(out, data)
+
+
+def _save(out: Path, data: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
     (out / "report.md").write_text(markdown(data))
@@ -274,8 +278,7 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
 
 
 def _verdict(data: dict) -> tuple:
-    """What a report says of its kernels, its environment and times aside (a metric's value moves with its
-    name only: the same kernels summed in another order differ in the last bits)."""
+    """What a report says of its kernels: environment, times and the last float bits of the metric aside."""
     s = data["summary"]
     return data["status"], [d.get("binary") for d in data["dispatch"]], s.get("gates"), (s.get("metric") or {}).get("name")
 
@@ -288,6 +291,5 @@ def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tu
         data = json.loads(path.read_text())
         new = {**data, "summary": {**data["summary"], **judge(spec, data["dispatch"], data["summary"]["measured"])}}
         if rerender or _verdict(data) != _verdict(new):
-            path.write_text(json.dumps(new, indent=1, sort_keys=True, default=str) + "\n")
-            (path.parent / "report.md").write_text(markdown(new))
+            _save(path.parent, new)
     return tuple(judge(spec, built["dispatch"], built["measured_on_hardware"])["gates"]["failures"]) if built else ()
