@@ -204,3 +204,48 @@ def test_judge_uses_an_ops_compare_hook():
     # None: the elementwise band judges
     assert check.judge("float32", {"x": x}, {"x": x.copy()}, out, ref, lambda _: (1.0, 0.0), np,
                        custom=lambda n, g, w: None)[0] is Outcome.OK
+
+
+BATCHED_CASES = [((37, 2), {}), ((115, 2), {"lengths": (17, 33, 65)}), ((64, 2), {"lengths": (15, 0, 49)}),
+                 ((287, 2), {"lengths": (0, 31, 96, 160), "op_dtype": "bf16"}), ((50, 2), {"hv": 4})]
+
+
+@pytest.mark.parametrize("shape,opts", BATCHED_CASES)
+def test_batched_workspace_is_the_per_chunk_workspace_byte_for_byte(shape, opts):
+    """kda_recurrence's inputs come from workspace_batched (many chunks per step, numpy or cupy); on the
+    CPU it must encode exactly what the per-chunk float64 path (ref.chunked) encodes, short chunks,
+    empty segments and GVA included, whatever the batch size."""
+    op = load_op("kda_recurrence", ROOT)
+    pr = small(op, *shape, **opts)
+    pre = op.ref.preprocess(op.host.case_for(pr, 5))
+    want = op.host.workspace_all(pre, op.op_dtype(pr))
+    for batch in (1, 7, None):
+        got = op.batched.workspace_all(pre, op.op_dtype(pr), op.ref, op.workspace, np, batch)
+        assert got.shape == want.shape and np.array_equal(got, want), f"batch {batch}: {(got != want).sum()} bytes differ"
+    ws = op.make_inputs(pr, 5, np)["ws"]
+    assert np.array_equal(ws.view(np.uint8).reshape(want.shape), want)
+    ids = np.array([0, len(want) - 1, len(want) // 2])       # kda_prepare's reference: a subset of chunks
+    got = op.batched.workspace_chunks(pre, ids, op.op_dtype(pr), op.ref, op.workspace, np, 2)
+    assert np.array_equal(got, op.host.workspace_chunks(pre, ids, op.op_dtype(pr)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,opts", [((1024, 4), {"lengths": (300, 7, 717)}), ((2048, 16), {})])
+def test_batched_workspace_on_the_gpu_matches_the_cpu(shape, opts):
+    """The same workspace computed by cupy (how the worker's make_inputs runs): float64 rounding may differ
+    in the last bits, so the decoded fields agree to half an op_dtype ulp and nearly every byte is equal."""
+    cp = pytest.importorskip("cupy", reason="needs cupy and an NVIDIA GPU")
+    from ptxbuild.gpu import gpu_available
+    if not gpu_available():
+        pytest.skip("needs an NVIDIA GPU")
+    op = load_op("kda_recurrence", ROOT)
+    pr = small(op, *shape, **opts)
+    pre = op.ref.preprocess(op.host.case_for(pr, 3))
+    d = op.host.dims(pr)
+    cpu = op.batched.workspace_all(pre, "f16", op.ref, op.workspace, np)
+    gpu = op.batched.workspace_all(pre, "f16", op.ref, op.workspace, cp)
+    assert gpu.shape == cpu.shape and (gpu == cpu).mean() > 0.99
+    a, b = (op.workspace.decode(w, d["NC"], d["HV"], d["K"], d["V"], "f16") for w in (cpu, gpu))
+    for name in a:
+        scale = np.abs(a[name]).max() or 1.0
+        assert np.abs(a[name] - b[name]).max() <= scale * 2.0 ** -10, name

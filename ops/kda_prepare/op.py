@@ -13,13 +13,14 @@ A_log [HV], dt_bias [HV, K]; int32 chunk_start, chunk_len [NC]. Output: ws, uint
 (ops/kda/workspace.py; uint32 words so that the poison check cannot mistake a written byte 0xFF for
 an unwritten one: no correct word is all ones, as that would be two f16/bf16 NaNs or an f32 NaN).
 
-Verified against workspace.encode() of the float64 chunked reference (ops/kda/reference.py),
+Verified against workspace.encode() of the float64 chunk algebra (ops/kda/workspace_batched.py, on
+the GPU under cupy; on the CPU it encodes byte for byte what ops/kda/reference.py's chunked form does),
 field by field after decoding (compare): relative RMS of W, Qg, Kd, A_qk, U, gamma_last each
 <= 2e-3 (op_dtype f16) / 8e-3 (bf16): bench_gpu.py's STAGE_RMS, which the H200 run passed with
 ~2e-4 / ~1.8e-3 (reports/h200-logs/run5-kda_quick.log). Above MAX_REF_CHUNKS chunks the reference
 covers a sample of chunks (first and last of every segment + random ones); the others are marked
 all ones in the reference and not compared (the full workspace of T = 8192, H = 96 costs ~90 s of
-CPU; the worker's verify deadline is 60 s).
+one CPU core by the per-chunk path).
 """
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ from ptxbuild.problem import Kernel, Launch, Problem
 _KDA = Path(__file__).resolve().parent.parent / "kda"
 host = load_module(_KDA / "kda_host.py", "kda_kda_host")   # shared with ops/kda and the other stage
 ref, workspace = host.ref, host.workspace
+batched = load_module(_KDA / "workspace_batched.py", "kda_workspace_batched")   # shared with ops/kda_recurrence
 
 NAME = "kda_prepare"
 VERSION = "0.1"
 SOURCES = ["../kda/kda_common.cuh", "../kda/kda_prepare.cu", "../kda/kda_prepare_fast.cu", "../kda/kda_host.py",
-           "../kda/reference.py", "../kda/workspace.py"]
+           "../kda/reference.py", "../kda/workspace.py", "../kda/workspace_batched.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = {**host.OPTIONS, "op_dtype": "f16"}
 # prep_variant 0: kda_prepare.cu (per-pair exponentials, any gate); 1: kda_prepare_fast.cu (factored
@@ -133,12 +135,12 @@ def reference_chunks(problem: Problem, inputs: dict) -> np.ndarray:
 
 
 def reference(problem: Problem, inputs: dict, xp) -> dict:
-    """workspace.encode() of the float64 chunked reference, as uint32 words; chunks outside
-    reference_chunks() are all ones (not compared)."""
+    """workspace.encode() of the float64 chunk algebra (ops/kda/workspace_batched.py: on the GPU under
+    cupy), as uint32 words; chunks outside reference_chunks() are all ones (not compared)."""
     pre = ref.preprocess(host.case_from_inputs(problem, inputs))
     ids = reference_chunks(problem, inputs)
     want = np.full(_words(problem), _UNCHECKED, np.uint32)
-    want[ids] = host.workspace_chunks(pre, ids, op_dtype(problem)).view(np.uint32)
+    want[ids] = batched.workspace_chunks(pre, ids, op_dtype(problem), ref, workspace, xp).view(np.uint32)
     return {"ws": xp.asarray(want)}
 
 

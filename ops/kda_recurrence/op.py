@@ -5,8 +5,8 @@ reading the workspace that ops/kda_prepare writes (DEPENDS: its targets are buil
 Problem and options as ops/kda_prepare (op_dtype: the workspace's operand type, which this
 kernel also rounds the state to for its MMAs; a problem option so both targets agree on it).
 
-Inputs: ws uint32 [NC, HV, BLOB/4] (built on the CPU: workspace.encode of the float64 chunked
-reference, as bench_gpu.py's "recurrence alone on a CPU-built workspace"), fp32 h0 [N, HV, V, K]
+Inputs: ws uint32 [NC, HV, BLOB/4] (workspace.encode of the float64 chunk algebra, computed by
+../kda/workspace_batched.py: on the GPU under cupy, as the worker calls make_inputs), fp32 h0 [N, HV, V, K]
 (or [1]), int64 cu_seqlens, int32 chunk_offsets, seq_order; plus the raw bf16/fp32 inputs the
 workspace was made from (q, k, v, a, b, g, A_log, dt_bias: read by the reference only, not by the
 kernel; the verifier checks them unmodified like every input), and hT_unused (fp32 [1], passed as
@@ -30,11 +30,12 @@ from ptxbuild.problem import Kernel, Launch, Problem
 _KDA = Path(__file__).resolve().parent.parent / "kda"
 host = load_module(_KDA / "kda_host.py", "kda_kda_host")   # shared with ops/kda and the other stage
 ref, workspace = host.ref, host.workspace
+batched = load_module(_KDA / "workspace_batched.py", "kda_workspace_batched")   # shared with ops/kda_prepare
 
 NAME = "kda_recurrence"
 VERSION = "0.1"
 SOURCES = ["../kda/kda_common.cuh", "../kda/kda_recurrence.cu", "../kda/kda_host.py", "../kda/reference.py",
-           "../kda/workspace.py"]
+           "../kda/workspace.py", "../kda/workspace_batched.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = {**host.OPTIONS, "op_dtype": "f16"}
 SPACE = {"split": [1, 2, 4], "stages": [2, 3, 4]}
@@ -100,7 +101,7 @@ def make_inputs(problem: Problem, seed: int, xp) -> dict:
     case = host.case_for(problem, seed)
     ins = host.inputs_from_case(case, np)
     d = host.dims(problem)
-    ws = host.workspace_all(ref.preprocess(case), op_dtype(problem))
+    ws = batched.workspace_all(ref.preprocess(case), op_dtype(problem), ref, workspace, xp)   # GPU under cupy
     out = {k: ins[k] for k in KERNEL_INPUTS + REFERENCE_INPUTS}
     out["ws"] = ws.view(np.uint32).reshape(d["NC"], d["HV"], -1)
     out["hT_unused"] = np.zeros(1, np.float32)
