@@ -224,6 +224,8 @@ def test_batched_workspace_is_the_per_chunk_workspace_byte_for_byte(shape, opts)
         assert got.shape == want.shape and np.array_equal(got, want), f"batch {batch}: {(got != want).sum()} bytes differ"
     ws = op.make_inputs(pr, 5, np)["ws"]
     assert np.array_equal(ws.view(np.uint8).reshape(want.shape), want)
+    for pieces in (1, 3):   # the recurrence's inputs: encoded in pieces on threads
+        assert np.array_equal(op.workspace_of(op.host.case_for(pr, 5), op.op_dtype(pr), np, pieces), want)
     ids = np.array([0, len(want) - 1, len(want) // 2])       # kda_prepare's reference: a subset of chunks
     got = op.batched.workspace_chunks(pre, ids, op.op_dtype(pr), op.ref, op.workspace, np, 2)
     assert np.array_equal(got, op.host.workspace_chunks(pre, ids, op.op_dtype(pr)))
