@@ -255,7 +255,7 @@ class _Evaluator:
         cache, op, problem, gpu = self.ctx.cache, self.op, self.problem, self.ctx.gpu
         vkey = keys.verify_key(binary.digest, op.VERSION, problem, cfg)
         verdict = cache.get("verdicts", vkey)
-        if verdict is None:
+        if verdict is None or verdict["outcome"] == Outcome.TIMEOUT.value:   # a deadline may be the harness's
             v = gpu.verify(str(op.FOLDER), cfg, problem, binary)
             verdict = {"key": vkey, "binary": binary.digest, "suite": op.VERSION, "problem": json.dumps(problem.key()),
                        "outcome": v.outcome.value, "detail": v.detail, "max_abs_err": v.max_abs_err,
@@ -548,7 +548,7 @@ def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bo
     """Time `key` now: never timed, or --remeasure and not yet timed in this run. A resumed
     --remeasure run counts the interrupted run's successful timings as its own; a failed one (which
     the interrupt itself may have caused: the worker gets the same SIGINT) is timed again."""
-    if row is None:
+    if row is None or row.get("outcome") == Outcome.TIMEOUT.value:   # a deadline may be the harness's (run 24a)
         return True
     if not remeasuring(ctx, problem) or key in ctx.timed:
         return False

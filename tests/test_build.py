@@ -1109,3 +1109,38 @@ def test_report_on_a_cache_without_the_build_points_at_the_committed_report(proj
             "scale@h100") in res.output
     assert "scale@b200: no build in this cache; run: ptxbuild build scale@b200" in res.output
     assert (proj / "reports/scale@h100/report.md").read_text() == "# scale@h100\n"
+
+
+@pytest.mark.parametrize("slow", ["verify", "measure"])
+def test_a_verify_or_measure_timeout_is_asked_again_next_build(proj, slow):
+    """A deadline missed says as much about the harness (a slow reference or input generation: run 24a
+    built kda_recurrence's inputs for ~60 s per seed) as about the kernel: a cached timeout verdict or
+    timing is not served to the next build, which verifies or times that candidate again."""
+    from ptxbuild.outcome import Outcome
+
+    from .fakes import _M, _V
+
+    class SlowOnce(FakeGpu):
+        def __init__(self, slow):
+            super().__init__()
+            self.slow = slow
+
+        def verify(self, op_folder, params, problem, binary):
+            self.verified += 1
+            return _V(Outcome.TIMEOUT) if self.slow == "verify" else _V(Outcome.OK)
+
+        def measure(self, op_folder, params, problem, binary, incumbent=None):
+            if self.slow == "measure":
+                self.measured += 1
+                return _M(Outcome.TIMEOUT, float("nan"), float("nan"), float("nan"))
+            return super().measure(op_folder, params, problem, binary, incumbent)
+
+    count = lambda g: g.verified if slow == "verify" else g.measured
+    first = SlowOnce(slow)
+    assert build(make_ctx(proj, gpu=first, gpu_match=fake_match), [Target("scale", "h100")])[0].status == "failed"
+    assert count(first) > 0
+    again = SlowOnce(None)
+    assert build(make_ctx(proj, gpu=again, gpu_match=fake_match), [Target("scale", "h100")])[0].status == "built"
+    assert count(again) == count(first)       # each timed-out candidate asked again, not served from the cache
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert all(d["p50_ms"] > 0 for d in manifest["dispatch"])
