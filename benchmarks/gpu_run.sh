@@ -185,7 +185,8 @@ step kda-compact 300 python3 ops/kda/bench_gpu.py --quick --no-fla --prep-varian
 step kda-compact-profile 180 python3 benchmarks/kda_profile.py --H 96 --params prep_compact=1                 # then time (NOTES.md)
 step kda-ksplit 300 python3 ops/kda/bench_gpu.py --quick --no-fla --prep-variant 1 --params ksplit=2   # 2 warps per 16 rows:
 step kda-ksplit-profile 180 python3 benchmarks/kda_profile.py --H 96 --params ksplit=2                     # verify, then time
-step kda-stages 900 $PB build kda_prepare@h200 kda_recurrence@h200   # run 23a: prepare 6/6 and locked; recurrence needs ~23 min
+step kda-stages 900 $PB build kda_prepare@h200 kda_recurrence@h200   # runs 24a-c: both 6/6 and locked, ~13 min cold
+step kda-stages-inputs 120 python3 -m pytest -q -m gpu tests/test_kda_stages.py -rA -p no:cacheprovider   # run 24a: batched workspace, cupy = numpy
 # the whole forward (prepare + recurrence as one op) verified, timed, beside FLA's chunk_kda: issue #5's
 # report (6 problems; FLA's Triton autotuning costs ~80-110 s per new problem on a cold machine, a
 # candidate ~5-10 s; resumes from the cache if cut short), then H32 / H16 at T = 8192
