@@ -232,7 +232,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     ctx.remeasure_only = tuple(remeasure_only)
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
-            click.echo(f"{t}: {'up to date' if fresh else 'stale'} ({why})")
+            click.echo(f"{t}: {why}" if fresh else f"{t}: stale ({why})")   # a fresh why starts "up to date"
     from .gpu.session import GpuError
     from .lockfile import LockError, build_locked, update_lock
     try:

@@ -58,9 +58,9 @@ class SearchModel(_Strict):
 
 
 class GatesModel(_Strict):
-    min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5)
-    max_time_ms: float | None = Field(default=None, gt=0)
-    min_speedup: float | None = Field(default=None, gt=0)   # over the fastest baseline timed beside it
+    min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5, strict=True)
+    max_time_ms: float | None = Field(default=None, gt=0, strict=True)
+    min_speedup: float | None = Field(default=None, gt=0, strict=True)   # over the fastest baseline timed beside it
     # "every_round": a row misses min_speedup only if it does in every round of the baseline's window
     speedup_evidence: Literal["median", "every_round"] | None = None
 

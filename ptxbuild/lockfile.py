@@ -105,7 +105,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
 def update_lock(kf, results, note=lambda message: None) -> Path | None:
     """Record every target built or up to date in `results` (failed ones keep their old entry; so
     does one measured on a GPU that this build only compiled, said through `note`); drop entries of
-    targets the kernelfile no longer declares. Returns the lock path, or None."""
+    targets the kernelfile no longer declares. Returns the lock path if its text changed, else None."""
     from .graph import all_targets
     ok = [r for r in results if r.status in ("built", "up_to_date")]
     if not ok:
@@ -148,13 +148,13 @@ def _pins(entry: dict) -> str:
                                         for d in entry.get("dispatch", [])]})
 
 
-def _write(path: Path, targets: dict) -> Path:
+def _write(path: Path, targets: dict) -> Path | None:
     text = dumps({"lock_version": LOCK_VERSION, "note": "written by ptxbuild build; reproduce with ptxbuild build "
                   "--locked; do not edit by hand", "targets": targets})
-    if not path.is_file() or path.read_text() != text:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    if path.is_file() and path.read_text() == text:
+        return None   # unchanged: not written, nothing to say
+    (tmp := path.with_name(path.name + ".tmp")).write_text(text)
+    tmp.replace(path)
     return path
 
 

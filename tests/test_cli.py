@@ -98,6 +98,29 @@ def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     assert "up-to-date scale@h100  (up to date)" in res.output, res.output
 
 
+def test_explain_says_up_to_date_once(proj, monkeypatch):
+    """`build --explain` printed 'scale@h100: up to date (up to date)': the reason repeated the status."""
+    monkeypatch.chdir(proj)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "--explain", "scale@h100"])
+    assert res.exit_code == 0 and res.stdout.startswith("scale@h100: stale (never built)\n"), res.output
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "--explain", "scale@h100"])
+    assert res.exit_code == 0 and "(up to date)" not in res.output, res.output
+    assert res.stdout == "scale@h100: up to date\n" * 2, res.output   # the explain line, then the result line
+
+
+def test_the_lock_line_is_printed_only_when_the_lock_changed(proj, monkeypatch):
+    """After a build the CLI printed 'lock: .../kernelfile.lock' even when the build left the lock as it was."""
+    monkeypatch.chdir(proj)
+    said = lambda res: [line for line in res.stderr.splitlines() if line.startswith("lock: ")]
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"])
+    assert res.exit_code == 0 and len(said(res)) == 1 and said(res)[0].endswith("kernelfile.lock"), res.output
+    text = (proj / "kernelfile.lock").read_text()
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"])   # up to date: the same lock
+    assert res.exit_code == 0 and not said(res) and (proj / "kernelfile.lock").read_text() == text, res.output
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@b200"])   # a new entry: said again
+    assert res.exit_code == 0 and len(said(res)) == 1 and (proj / "kernelfile.lock").read_text() != text, res.output
+
+
 def test_a_compile_only_build_prints_one_progress_line_per_target(proj, monkeypatch):
     """The README's first command printed 132 lines of 'tried 1, failed 0, best compiled' (one per problem
     of two compile-only targets); a timed build still prints one line per problem."""

@@ -41,6 +41,8 @@ CASES = [
      "dependencies"),
     ("unknown dependency", GOOD + 'depends = ["norm"]\n',
      "error: kernelfile.toml: ops.scale.depends[0]: unknown op 'norm'; declare [ops.norm]"),
+    ("gate as a string", GOOD + 'gates = { min_speedup = "1" }\n',   # lax pydantic read it as 1.0
+     "error: kernelfile.toml: ops.scale.gates.min_speedup: Input should be a valid number (got '1')"),
     ("missing project", GOOD.replace('[project]\nname = "t"', ""),
      "error: kernelfile.toml: project: required key is missing; add it"),
     ("bad toml", GOOD + "[[[", None),
