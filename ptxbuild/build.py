@@ -545,10 +545,9 @@ def remeasuring(ctx: Context, problem: Problem) -> bool:
 
 
 def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bool:
-    """Time `key` now: never timed, or --remeasure and not yet timed in this run. A resumed
-    --remeasure run counts the interrupted run's successful timings as its own; a failed one (which
-    the interrupt itself may have caused: the worker gets the same SIGINT) is timed again."""
-    if row is None or row.get("outcome") == Outcome.TIMEOUT.value:   # a deadline may be the harness's (run 24a)
+    """Time `key` now: never timed, timed out (the deadline may be the harness's: run 24a), or --remeasure and not
+    timed in this run; a resumed --remeasure keeps its successful timings, not failed ones (maybe the SIGINT's)."""
+    if row is None or row.get("outcome") == Outcome.TIMEOUT.value:
         return True
     if not remeasuring(ctx, problem) or key in ctx.timed:
         return False

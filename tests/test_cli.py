@@ -150,3 +150,24 @@ def test_plan_stops_the_gpu_worker_it_started(proj, monkeypatch):
     monkeypatch.chdir(proj)
     res = CliRunner().invoke(cli.main, ["plan", "scale@h100"])
     assert res.exit_code == 0 and "scale@h100  (never built)" in res.output and closed == [1], res.output
+
+
+def test_a_stopped_build_still_prints_the_gate_misses_of_the_targets_it_finished(proj, monkeypatch):
+    """Ctrl-C after a target finished: it is locked, and the gate misses it was judged with are printed
+    as after a whole build (they were not: the user saw only "interrupted")."""
+    from ptxbuild import build as build_mod
+    from ptxbuild.graph import Target
+
+    from .conftest import make_ctx
+    monkeypatch.chdir(proj)
+    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+
+    def stopped(ctx, targets):
+        (stop := KeyboardInterrupt()).finished = [
+            build_mod.TargetResult(Target("scale", "h100"), "built", "", missed=("float32[7x100]: p50 0.01 ms > max_time_ms 0.005",))]
+        raise stop
+    monkeypatch.setattr(build_mod, "build", stopped)
+    res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"])
+    assert res.exit_code == 130, res.output
+    assert ("scale@h100: 1 gate(s) missed (ops.scale.gates):\n  - float32[7x100]: p50 0.01 ms > max_time_ms 0.005\n"
+            in res.output), res.output
