@@ -88,21 +88,40 @@ def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
 
 
 def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
-    """(up to date?, why) for a target whose current build key is `key`."""
+    """(up to date?, why) for a target whose current build key is `key`: by the cache's last build, else by the lock
+    (`build --locked` records no cache build; what it wrote is up to date while the lock entry holds)."""
+    fresh, why = _by_cache(ctx, t, key)
+    return (True, "up to date (built from the lock)") if not fresh and _as_locked(ctx, t) else (fresh, why)
+
+
+def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     last = ctx.cache.last_build(str(t), ctx.kf.project)
     if last is None:
         return False, "never built"
     if last["status"] not in ("ok", "gates_failed"):   # gates_failed: recorded before gates stopped being build inputs
         return False, f"last build {last['status']}"
     if last["key"] != key:
-        old = json.loads(last["summary"]).get("inputs", {})
-        new = _inputs(ctx, t)
+        old, new = json.loads(last["summary"]).get("inputs", {}), _inputs(ctx, t)
         changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         return False, "changed: " + (", ".join(changed) if changed else "build inputs")
     manifest = Path(last["manifest"])
     if not manifest.is_file():   # named from the kernelfile's folder: reports travel, absolute paths do not
         return False, f"artifact missing: {os.path.relpath(manifest, ctx.kf.root)}"
     return True, "up to date"
+
+
+def _as_locked(ctx: Context, t: Target) -> bool:
+    """build/ holds the kernels kernelfile.lock pins for `t`, its entry holds for today's inputs, and it was measured
+    on hardware unless none of the target's GPU is here (a compile-only entry on that GPU is searched there)."""
+    from .lockfile import LockError, _check_entry, read_lock   # lockfile imports this module
+    try:
+        entry = read_lock(ctx.kf)["targets"].get(str(t))
+        _check_entry(ctx, t, entry, load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
+        m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
+    except (LockError, OSError, ValueError, KeyError):
+        return False
+    return ((entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu]))
+            and [d.get("binary") for d in m["dispatch"]] == [d["binary"] for d in entry["dispatch"]])
 
 
 def _inputs(ctx: Context, t: Target) -> dict[str, str]:

@@ -2,8 +2,7 @@
 
 Seen on the H200 machine: a second compile of identical PTX came back with no resource report in nvJitLink's info log (a
 cache hit, it seems), so registers and spills parsed as 0, and a spilling candidate would have passed the spill filter.
-The cubin always carries its register count (EIATTR_REGCOUNT) and stack sizes (EIATTR_FRAME_SIZE, and
-EIATTR_MIN_STACK_SIZE with callees) per kernel symbol.
+The cubin always carries each kernel's register count and stack sizes (the EIATTR_* records below).
 """
 from __future__ import annotations
 

@@ -48,9 +48,8 @@ class SearchModel(_Strict):
     budget: int = Field(default=64, gt=0, le=100_000)
     seconds: float = Field(default=600.0, gt=0)
     seed: int = 0
-    # configs to try first, before lessons and the op's default: each entry names some of the op's
-    # parameters and is merged over the op's default config for each problem (entries that the op
-    # rejects for a problem are skipped there). They count against the budget.
+    # configs to try first, before lessons and the op's default: each names some of the op's parameters and is merged
+    # over the op's default config per problem (skipped where the op rejects it). They count against the budget.
     candidates: list[dict[str, Any]] = []
     # after the search: the winner's neighbours along these parameters (each other value of each, one
     # at a time) are timed too, beyond the budget; a cheap fix for a coordinate the search left untried
@@ -221,8 +220,7 @@ def parse(text: str, path: Path) -> Kernelfile:
                            modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
                            gates=op.gates.model_dump(exclude={k for k in ("min_speedup", "speedup_evidence") if getattr(op.gates, k) is None}), search=op.search.model_dump(exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}), depends=tuple(op.depends))
     from .graph import find_cycle
-    cycle = find_cycle({n: list(o.depends) for n, o in ops.items()})
-    if cycle:
+    if cycle := find_cycle({n: list(o.depends) for n, o in ops.items()}):
         raise KernelfileError(f"{path.name}: ops.{cycle[0]}.depends: dependency cycle {' -> '.join(cycle)}; "
                               f"remove one of these dependencies")
     return Kernelfile(path=path, root=root, digest=hashlib.sha256(text.encode()).hexdigest(), project=model.project.name,

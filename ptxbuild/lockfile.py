@@ -21,7 +21,7 @@ from pathlib import Path
 from .artifacts import pin_ptx, target_dir, write_artifacts
 from .build import TargetResult, hardware_for
 from .compiler import installed_version
-from .graph import build_order
+from .graph import all_targets, build_order
 from .oploader import load_op, source_files
 from .problem import Binary, Launch, Problem, canonical_json
 from .report import rejudge
@@ -106,7 +106,6 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     """Record every target built or up to date in `results` (failed ones keep their old entry; so
     does one measured on a GPU that this build only compiled, said through `note`); drop entries of
     targets the kernelfile no longer declares. Returns the lock path if its text changed, else None."""
-    from .graph import all_targets
     ok = [r for r in results if r.status in ("built", "up_to_date")]
     if not ok:
         return None
@@ -239,8 +238,7 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
 
 
 def build_locked(ctx, targets=None) -> list[TargetResult]:
-    """Rebuild exactly the locked artifacts (compile + compare + verify, no search); all targets are
-    checked before any is written, so a drift leaves build/ as it was."""
+    """Rebuild exactly the locked artifacts (compile, compare, verify; no search); any drift leaves build/ as it was."""
     lock = read_lock(ctx.kf)
     order = [(t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
              for t in build_order(ctx.kf, targets)]
@@ -277,8 +275,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         _check_entry(ctx, t, entry, op, op_files=False)
         files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
         changed = sorted(n for n in set(files) | set(entry["op_files"]) if files.get(n) != entry["op_files"].get(n))
-        host = [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]
-        if host:
+        if host := [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]:
             raise LockError(f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
                             f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}")
         gpu = ctx.kf.gpus[t.gpu]

@@ -47,8 +47,7 @@ def load_op(template: str, root: Path) -> ModuleType:
         raise OpError(f"no op at {path}: create {path} or fix the template name")
     mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
     if getattr(mod, "FOLDER", None) is None:
-        missing = [a for a in REQUIRED if not hasattr(mod, a)]
-        if missing:
+        if missing := [a for a in REQUIRED if not hasattr(mod, a)]:
             raise OpError(f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)")
         mod.FOLDER = folder
         _attach_baselines(mod, folder)

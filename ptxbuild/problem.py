@@ -74,8 +74,7 @@ class Kernel:
 
     def with_defines(self, *defines: str) -> "Kernel":
         """Also compiled with -DNAME=VALUE per "NAME=VALUE": a source path render() does not pick yet."""
-        bad = [d for d in defines if not d.split("=", 1)[0].isidentifier()]
-        if bad:
+        if bad := [d for d in defines if not d.split("=", 1)[0].isidentifier()]:
             raise ValueError(f"not a macro definition: {bad[0]!r} (write NAME or NAME=VALUE)")
         return replace(self, flags=self.flags + tuple(f"-D{d}" for d in defines))
 

@@ -50,8 +50,7 @@ def _hm(ts: float | None) -> str:
 
 
 def _timed_at(data: dict) -> list[float]:
-    """When the report's timings were taken: each winner's and each baseline's (builds that
-    recorded it; a cached timing keeps the time it was taken)."""
+    """When the winners' and baselines' timings were taken (where recorded; a cached timing keeps its original time)."""
     return [t for d in data["dispatch"]
             for t in [d.get("timed_at")] + [b.get("timed_at") for b in (d.get("baselines") or {}).values()] if t]
 

@@ -5,9 +5,8 @@ dtype, options and shape to a built variant, and launch it on the caller's curre
     rmsnorm = ptxbuild.load("rmsnorm@h200")            # or ptxbuild.load("build/rmsnorm@h200")
     y = rmsnorm(x, weight)                             # torch tensors (or cupy arrays) in, same kind out
 
-Importing this module needs neither the compiler, nor torch, nor cupy: torch / cupy are imported
-when a call sees their arrays, and the CUDA driver (cuda.bindings.driver) when a kernel is launched.
-Every refusal is a LoaderError with a one-line message saying what to do.
+Importing this module needs no compiler, torch or cupy: torch / cupy are imported when a call sees their arrays, the
+CUDA driver (cuda.bindings.driver) when a kernel launches. Every refusal is a one-line LoaderError saying what to do.
 """
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ def load(target: str | Path, *, kernelfile: str | Path | None = None, allow_fall
 
 
 def _load_kernelfile(kfp: Path, what: str):
-    from .kernelfile import KernelfileError
-    from .kernelfile import load as load_kf
+    from .kernelfile import KernelfileError, load as load_kf
     try:
         return load_kf(kfp)
     except KernelfileError as exc:
@@ -512,8 +510,7 @@ class BuiltKernel:
             for kind in ("cubin", "ptx"):
                 data = (self.build_dir / v[kind]).read_bytes()
                 if kind == "ptx":
-                    too_new = load_choice(v.get("ptx_isa", ""), dev.driver_version)
-                    if too_new:
+                    if too_new := load_choice(v.get("ptx_isa", ""), dev.driver_version):
                         why.append(f"ptx: {too_new}")
                         continue
                     data += b"\0"
@@ -535,8 +532,7 @@ class BuiltKernel:
             warnings.warn(f"{why}; running {self.op.NAME}'s reference instead (allow_fallback=True; slow)",
                           RuntimeWarning, stacklevel=4)
         from .dtypes import from_float
-        host = {n: _to_numpy(a) for n, a in arrays.items()}
-        ref = self.op.reference(problem, host, np)
+        ref = self.op.reference(problem, {n: _to_numpy(a) for n, a in arrays.items()}, np)
         like = next(iter(arrays.values()))
         out = {}
         for name, empty in self.op.make_outputs(problem, np).items():

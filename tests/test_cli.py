@@ -1,5 +1,6 @@
 """CLI boundaries: exit codes for a tool that cannot run, kept apart from a failed build."""
 
+import shutil
 from types import SimpleNamespace
 
 from click.testing import CliRunner
@@ -88,7 +89,8 @@ def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     assert CliRunner().invoke(cli.main, ["build", "--no-gpu", "-q", "scale@h100"]).exit_code == 0
     assert CliRunner().invoke(cli.main, ["lessons", "export", "cache/lessons.jsonl"]).exit_code == 0
     for f in (proj / "cache").glob("ptxbuild.sqlite*"):     # a fresh clone: the shared lessons file, no cache
-        f.unlink()
+        f.unlink()                                          # and no build/ (up to date by the lock otherwise)
+    shutil.rmtree(proj / "build")
     res = CliRunner().invoke(cli.main, ["plan", "--no-gpu", "scale@h100"])
     assert res.exit_code == 0 and "build      scale@h100  (never built)" in res.output, res.output
     assert not list((proj / "cache").glob("ptxbuild.sqlite*")) and "lessons:" not in res.output

@@ -447,6 +447,7 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     update_lock(ctx.kf, build(ctx, h100))
     for f in (proj / "cache").glob("*.sqlite*"):
         f.unlink()
+    shutil.rmtree(proj / "build")              # a fresh clone: no cache and no build/ either
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx, h100))
     assert read_lock(ctx.kf)["targets"]["scale@h100"]["measured_on_hardware"] is True
@@ -478,3 +479,27 @@ def test_a_new_compiler_wheel_or_a_hand_edited_entry_is_rewritten_even_with_the_
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
     build_locked(make_ctx(proj))                       # the rebuild replaced the edited entries
+
+
+def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
+    """`build --locked` records no cache build, so on a fresh clone `plan` said "never built" after it and a
+    plain `build` searched again. build/ holding what a valid lock entry pins is up to date; an input the
+    lock pins changing, or the target's GPU appearing for a compile-only entry, makes it stale again."""
+    from ptxbuild.build import plan
+
+    from .fakes import FakeGpu, fake_match
+    h100 = [Target("scale", "h100")]
+    _built(proj)
+    for f in (proj / "cache").glob("*.sqlite*"):
+        f.unlink()
+    shutil.rmtree(proj / "build")
+    build_locked(make_ctx(proj), h100)
+    compiler = FakeCompiler()
+    ctx = make_ctx(proj, compiler)
+    assert plan(ctx, h100) == [(h100[0], True, "up to date (built from the lock)")]
+    (res,) = build(ctx, h100)
+    assert res.status == "up_to_date" and compiler.calls == []
+    assert plan(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), h100)[0][1] is False   # an H100 is here now
+    tpl = proj / "ops/scale/scale.cu"
+    tpl.write_text(tpl.read_text() + "\n// edited\n")
+    assert plan(make_ctx(proj), h100)[0][1] is False

@@ -70,8 +70,7 @@ def _compare_chunked(out, ref, dtype, atol, rtol, xp) -> dict:
         total["max_abs"], total["max_rel"] = max(total["max_abs"], c["max_abs"]), max(total["max_rel"], c["max_rel"])
         if c["bad"] and (total["worst"] is None or c["score"] > worst_score):
             worst_score = c["score"]
-            flat = start + c["worst"][0]
-            total["worst"] = tuple(int(i) for i in np.unravel_index(flat, out.shape))
+            total["worst"] = tuple(int(i) for i in np.unravel_index(start + c["worst"][0], out.shape))
             total["got"], total["want"] = c["got"], c["want"]
     return total
 

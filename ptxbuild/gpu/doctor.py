@@ -13,8 +13,8 @@ def _version(module: str) -> str | None:
 
 def doctor() -> list[tuple[str, str]]:
     """(check, status) lines: python, numpy, cupy, torch, GPU + fingerprint, nvidia-smi, compiler."""
-    from ..compiler import INSTALL_HINT
-    from .fingerprint import smi_line
+    from ..compiler import INSTALL_HINT, toolchain
+    from .fingerprint import read, smi_line
     from ..report import code_digest
     lines = [("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
              ("python", f"{platform.python_version()} ({platform.machine()})"),
@@ -25,7 +25,6 @@ def doctor() -> list[tuple[str, str]]:
               ("nvidia-smi", smi_line() or "not found (clocks and driver version come from the CUDA runtime instead)")]
     if cupy_v:
         try:
-            from .fingerprint import read
             lines.append(("gpu", str(read(0))))
         except Exception as exc:  # noqa: BLE001
             lines.append(("gpu", f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
@@ -33,7 +32,6 @@ def doctor() -> list[tuple[str, str]]:
     else:
         lines.append(("gpu", "unknown (cupy missing)"))
     try:
-        from ..compiler import toolchain
         lines.append(("compiler", str(toolchain())))
     except Exception as exc:  # noqa: BLE001
         lines.append(("compiler", f"missing ({exc}); run: {INSTALL_HINT}"))

@@ -64,8 +64,7 @@ def _mhz(text: str) -> int:
 
 
 def from_props(props: dict, driver_version: int = 0, runtime_version: int = 0, smi: str | None = None) -> Fingerprint:
-    """Build a fingerprint from cudaGetDeviceProperties, cudaDriverGetVersion, cudaRuntimeGetVersion and a
-    `nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version --format=csv,noheader` line."""
+    """A fingerprint from cudaGetDeviceProperties, cudaDriverGetVersion, cudaRuntimeGetVersion and smi_line()'s line."""
     name = props.get("name", b"")
     name = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
     sm_mhz, mem_mhz = props.get("clockRate", 0) // 1000, props.get("memoryClockRate", 0) // 1000

@@ -32,8 +32,7 @@ class Gate:
         get_dev = getattr(cp.cuda.runtime, "hostGetDevicePointer", None)   # under UVA: the same address
         self._dev = get_dev(self._mem.ptr, 0) if get_dev else self._mem.ptr
         self._timed_out = cp.zeros(1, dtype=cp.uint32)
-        clock_khz = cp.cuda.Device().attributes["ClockRate"]
-        self._max_cycles = np.int64(max_wait_s * clock_khz * 1e3)
+        self._max_cycles = np.int64(max_wait_s * cp.cuda.Device().attributes["ClockRate"] * 1e3)   # ClockRate: kHz
         self._kernel = cp.RawKernel(SRC, "ptxbuild_gate")
         self._batch = 0
 

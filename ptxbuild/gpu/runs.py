@@ -10,8 +10,7 @@ from pathlib import Path
 from ..dtypes import storage_dtype
 from ..oploader import load_op
 from ..outcome import Outcome
-from . import check, device, stats
-from . import fingerprint as fingerprint_mod
+from . import check, device, fingerprint as fingerprint_mod, stats
 from .gate import Gate
 
 ONE_SEED_ABOVE_BYTES = 512 << 20   # above this many input bytes, one full-size seed (the others run on fewer rows)
@@ -103,10 +102,8 @@ class Gpu:
         self.l2_bytes = self.fingerprint.l2_bytes or (50 << 20)
         self.flush_buf = cp.empty(max(FLUSH_MIN_BYTES, 4 * self.l2_bytes), dtype=cp.uint8)
         self.kernels: dict = {}
-        self.flushes = 0
-        self.rotation = 0
-        self._pool_key = None
-        self._pool: list = []
+        self.flushes, self.rotation = 0, 0
+        self._pool, self._pool_key = [], None
         self.gate = Gate(cp)
         self._warm_cupy()
         self.gate.hold(self.stream)      # compile the gate kernel now, not inside the first measurement
@@ -302,8 +299,7 @@ class Gpu:
                 k = min(GATE_BATCH, n - len(out))
                 times = batch(name, k, name not in ungated)
                 if name not in ungated and self.gate.timed_out():
-                    # once: a one-off host stall (a first call that compiles, a GC pause); twice in a
-                    # row: the call itself waits on the GPU, so it is timed without gates from now on
+                    # once: a host stall (a compiling first call, a GC pause); twice: the call itself waits on the GPU
                     times = batch(name, k, True)
                     if self.gate.timed_out():
                         ungated.add(name)
@@ -334,16 +330,14 @@ class Gpu:
         out = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"])
         if res["remeasured"]:
             add_detail(out, "beat the incumbent by >10%: re-timed alone, slower kept")
-        ungated = getattr(timer, "ungated", ())
-        if ungated:
+        if ungated := getattr(timer, "ungated", ()):
             add_detail(out, UNGATED_NOTE + ", ".join(sorted(ungated)))
         return out
 
     def baselines(self, op_folder: str, root: str, problem, copy_tbps: float = 0.0,
                   warmup_ms: float = 30.0, budget_ms: float = 200.0, winner=None) -> dict:
-        """Each baseline checked against the reference, then timed; with `winner` (params, binary), timed
-        in the same window as the winner, alternating (verification.md timing rule 4): the winner's
-        p50 of that window comes back as incumbent_p50_ms."""
+        """Each baseline checked against the reference, then timed; with `winner` (params, binary), in the winner's
+        window, alternating (verification.md timing rule 4): the winner's p50 there comes back as incumbent_p50_ms."""
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}

@@ -52,9 +52,8 @@ def _worker_env() -> dict:
     return env
 
 
-# Baselines are third-party code that compiles itself on first use (torch.compile, Triton autotuning
-# in flash-linear-attention: tens of seconds per new shape on a cold machine), so their call may take
-# longer than a candidate's; a hang is still cut off.
+# Baselines are third-party code that compiles on first use (torch.compile, Triton autotuning in flash-linear-attention:
+# tens of seconds per new shape on a cold machine), so their call may outlast a candidate's; a hang is still cut off.
 BASELINES_TIMEOUT_S = 600.0
 
 
