@@ -235,8 +235,11 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
             click.echo(f"{t}: {why}" if fresh else f"{t}: stale ({why})")   # a fresh why starts "up to date"
     from .gpu.session import GpuError
     from .lockfile import LockError, build_locked, update_lock
-    missed = lambda r: r.missed and click.echo(f"{r.target}: {len(r.missed)} gate(s) missed (ops.{r.target.op}.gates):\n"
-                                               + "\n".join(f"  - {m}" for m in r.missed))   # built and locked all the same
+
+    def say_missed(r):   # built and locked all the same: the gates judge the kernels, they do not build them
+        if r.missed:
+            click.echo(f"{r.target}: {len(r.missed)} gate(s) missed (ops.{r.target.op}.gates):\n"
+                       + "\n".join(f"  - {m}" for m in r.missed))
     try:
         results = build_locked(ctx, chosen) if locked else do_build(ctx, chosen)
         lock = None if locked else update_lock(kf, results, note=lambda m: click.echo(f"lock: {m}", err=True))
@@ -246,7 +249,8 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
     except (GpuError, KeyboardInterrupt) as exc:   # targets that finished before it keep their lock entries
         if not locked and (lock := update_lock(kf, getattr(exc, "finished", []), note=lambda m: click.echo(f"lock: {m}", err=True))):
             click.echo(f"lock: {lock} (the targets finished before the stop)", err=True)
-        [missed(r) for r in getattr(exc, "finished", [])]
+        for r in getattr(exc, "finished", []):
+            say_missed(r)
         if isinstance(exc, GpuError):
             raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None
         click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
@@ -263,7 +267,7 @@ def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, reme
         elif r.manifest:
             line += f" -> {r.manifest.parent.relative_to(kf.root)}"
         click.echo(line)
-        missed(r)      # the gates judge the kernels, they do not build them
+        say_missed(r)
     if lock is not None and not quiet:
         click.echo(f"lock: {lock}", err=True)
     if any(r.status == "failed" or r.missed for r in results):
