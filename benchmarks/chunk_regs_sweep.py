@@ -8,6 +8,7 @@ dtypes, N in {8192, 32768}, with and without a residual, threads 128-1024, unrol
 1-4, whatever the estimate says, and counts: refused but compiles without spills (a config the
 search never tries), accepted but spills (the compile step rejects it, at a compile's cost).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,22 @@ MIN_BLOCKS = [1, 2, 3, 4]
 
 def configs(op):
     """(problem, params, estimate, cap) of every chunk config whose only refusal, if any, is registers."""
-    for dtype, n, res, t, u, mb in itertools.product(DTYPES, NS, (False, True), THREADS, UNROLLS, MIN_BLOCKS):
+    for dtype, n, res, t, u, mb in itertools.product(
+        DTYPES, NS, (False, True), THREADS, UNROLLS, MIN_BLOCKS
+    ):
         if t * mb > 2048:
             continue
         problem = Problem.make("rmsnorm", dtype, (1, n), {"residual": True} if res else {})
-        params = op._full({"regime": "block", "threads": t, "stage": "chunk", "unroll": u, "min_blocks": mb,
-                           "load_hint": "l2"})
+        params = op._full(
+            {
+                "regime": "block",
+                "threads": t,
+                "stage": "chunk",
+                "unroll": u,
+                "min_blocks": mb,
+                "load_hint": "l2",
+            }
+        )
         why = op.check(params, problem)
         if why is not None and "registers" not in why:
             continue
@@ -46,6 +57,7 @@ def configs(op):
 def compile_one(job):
     problem, params, arch = job
     from ptxbuild.compiler import compile_kernel
+
     op = load_op("rmsnorm", ROOT)
     b = compile_kernel(op.render(params, problem, arch), arch)
     return b.registers, b.spill_bytes
@@ -64,21 +76,30 @@ def main(argv=None) -> int:
     false_refusals, false_accepts, right = [], [], 0
     for (problem, params, est, cap), (regs, spill) in zip(rows, built):
         refused, clean = est > cap, spill == 0
-        label = (f"{problem.dtype} N={problem.shape[1]}{' +res' if problem.opts else ''} "
-                 f"t={params['threads']} u={params['unroll']} mb={params['min_blocks']}: "
-                 f"estimate {est}, cap {cap}, ptxas {regs} regs, {spill} B spilled")
+        label = (
+            f"{problem.dtype} N={problem.shape[1]}{' +res' if problem.opts else ''} "
+            f"t={params['threads']} u={params['unroll']} mb={params['min_blocks']}: "
+            f"estimate {est}, cap {cap}, ptxas {regs} regs, {spill} B spilled"
+        )
         if refused and clean:
             false_refusals.append(label)
         elif not refused and not clean:
             false_accepts.append(label)
         else:
             right += 1
-    lines = [f"# stage=chunk: the register estimate against ptxas ({a.arch})", "",
-             f"- reproduce: `python3 benchmarks/chunk_regs_sweep.py --arch {a.arch}`",
-             f"- {len(rows)} configs compiled; the estimate decided {right} right",
-             f"- refused, but compile without spills: **{len(false_refusals)}** (the search never tries them)",
-             f"- accepted, but spill: **{len(false_accepts)}** (the compile step rejects them)", ""]
-    for title, items in (("Refused but clean", false_refusals), ("Accepted but spilling", false_accepts)):
+    lines = [
+        f"# stage=chunk: the register estimate against ptxas ({a.arch})",
+        "",
+        f"- reproduce: `python3 benchmarks/chunk_regs_sweep.py --arch {a.arch}`",
+        f"- {len(rows)} configs compiled; the estimate decided {right} right",
+        f"- refused, but compile without spills: **{len(false_refusals)}** (the search never tries them)",
+        f"- accepted, but spill: **{len(false_accepts)}** (the compile step rejects them)",
+        "",
+    ]
+    for title, items in (
+        ("Refused but clean", false_refusals),
+        ("Accepted but spilling", false_accepts),
+    ):
         lines += [f"## {title}", ""] + [f"- {x}" for x in items] + [""]
     text = "\n".join(lines)
     if a.out:

@@ -12,6 +12,7 @@ a 256 MiB memset (the L2 flush the build does) and timed with CUDA events, media
   copy4       grid-stride, four 16-byte loads in flight per thread, SMs x 8 blocks of 256 threads
 With --report, each row also shows the report's RMSNorm p50 and its ratio to the fastest copy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,7 +56,9 @@ def report_p50(path: Path | None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--report", type=Path, help="a rmsnorm report.json whose bf16 rows to set beside the copies")
+    ap.add_argument(
+        "--report", type=Path, help="a rmsnorm report.json whose bf16 rows to set beside the copies"
+    )
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--out", type=Path, help="also write the table here (markdown)")
     a = ap.parse_args(argv)
@@ -67,29 +70,36 @@ def main(argv=None) -> int:
     sms = dev.attributes["MultiProcessorCount"]
     flush = cp.empty(256 << 20, dtype=cp.uint8)
     ours = report_p50(a.report)
-    lines = [f"# Copies of the same bytes as bf16 RMSNorm rows ({cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()})",
-             "",
-             f"- reproduce: `python3 benchmarks/copy_floor.py{' --report ' + str(a.report) if a.report else ''}`",
-             f"- each: read M x N x 2 bytes, write as many; 256 MiB memset before each call; CUDA events; median of {a.reps}",
-             "",
-             "| M x N | MB moved | memcpy (us) | copy1 (us) | copy4 (us) | fastest copy, TB/s |"
-             + (" rmsnorm p50 (us) | rmsnorm / fastest copy |" if ours else ""),
-             "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ours else "")]
+    lines = [
+        f"# Copies of the same bytes as bf16 RMSNorm rows ({cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()})",
+        "",
+        f"- reproduce: `python3 benchmarks/copy_floor.py{' --report ' + str(a.report) if a.report else ''}`",
+        f"- each: read M x N x 2 bytes, write as many; 256 MiB memset before each call; CUDA events; median of {a.reps}",
+        "",
+        "| M x N | MB moved | memcpy (us) | copy1 (us) | copy4 (us) | fastest copy, TB/s |"
+        + (" rmsnorm p50 (us) | rmsnorm / fastest copy |" if ours else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if ours else ""),
+    ]
     for m, n in SHAPES:
         nbytes = m * n * 2
         src = cp.ones(nbytes // 16 * 4, dtype=cp.uint32)
         dst = cp.empty_like(src)
         n16 = nbytes // 16
         calls = {
-            "memcpy": lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, 3,
-                                                          cp.cuda.get_current_stream().ptr),
+            "memcpy": lambda: cp.cuda.runtime.memcpyAsync(
+                dst.data.ptr, src.data.ptr, nbytes, 3, cp.cuda.get_current_stream().ptr
+            ),
             "copy1": lambda: k1(((n16 + 255) // 256,), (256,), (src, dst, cp.int64(n16))),
             "copy4": lambda: k4((sms * 8,), (256,), (src, dst, cp.int64(n16))),
         }
-        t = {name: quantile(event_times_us(cp, fn, flush, a.reps), 0.5) for name, fn in calls.items()}
+        t = {
+            name: quantile(event_times_us(cp, fn, flush, a.reps), 0.5) for name, fn in calls.items()
+        }
         best = min(t.values())
-        row = (f"| {m} x {n} | {2 * nbytes / 1e6:.1f} | {t['memcpy']:.1f} | {t['copy1']:.1f} | {t['copy4']:.1f} | "
-               f"{2 * nbytes / best / 1e6:.2f} |")
+        row = (
+            f"| {m} x {n} | {2 * nbytes / 1e6:.1f} | {t['memcpy']:.1f} | {t['copy1']:.1f} | {t['copy4']:.1f} | "
+            f"{2 * nbytes / best / 1e6:.2f} |"
+        )
         if ours:
             o = ours.get((m, n))
             row += f" {o:.1f} | {o / best:.3f} |" if o else " - | - |"

@@ -1,4 +1,5 @@
 """Timing one GPU call the way the build does, for the benchmark scripts (cupy on the current stream)."""
+
 from __future__ import annotations
 
 SPIN_SRC = r"""
@@ -19,8 +20,9 @@ def spinner(cp, us: float):
     return lambda: kern((1,), (1,), (cp.uint64(int(us * 1000)),))
 
 
-def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=None,
-                   cold: bool = False, gate=None) -> list[float]:
+def event_times_us(
+    cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=None, cold: bool = False, gate=None
+) -> list[float]:
     """`reps` timings of fn() in microseconds, sorted: two warm-up calls, then each call after
     flush.fill(0) (an L2 flush; or flush() when flush is a function) between two CUDA events.
     batch: calls enqueued before the host waits (1: synchronized after every call; the build
@@ -57,8 +59,10 @@ def event_times_us(cp, fn, flush, reps: int, batch: int = 1, settle=None, idle=N
             evs.append((start, end))
         evs[-1][1].synchronize()
         times += [cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in evs]
-    if gate and gate.timed_out():      # a call waited on the GPU from the host: its host time counted
-        raise RuntimeError("a gate timed out: this call waits on the GPU from the host; time it without --gate")
+    if gate and gate.timed_out():  # a call waited on the GPU from the host: its host time counted
+        raise RuntimeError(
+            "a gate timed out: this call waits on the GPU from the host; time it without --gate"
+        )
     return sorted(times)
 
 

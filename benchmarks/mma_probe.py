@@ -11,6 +11,7 @@ one warp, one wave). Prints cycles per mma per warp and per SM.
     python3 benchmarks/mma_probe.py            # needs a CUDA GPU, cupy and ptxbuild's compiler wheels
     python3 benchmarks/mma_probe.py --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,14 +80,24 @@ def run(args) -> list[dict]:
             blocks = sms * wps
             out = cp.zeros(blocks * 32, cp.float32)
             cyc = cp.zeros(blocks, cp.int64)
-            for _ in range(2):                               # the first launch loads the module
+            for _ in range(2):  # the first launch loads the module
                 fn((blocks,), (32,), (out, cyc, cp.uint32(12345)))
             cp.cuda.runtime.deviceSynchronize()
             per_warp = float(cp.median(cyc.astype(cp.float64)).get()) / (ITERS * chains)
-            rows.append({"chains": chains, "warps_per_sm": wps, "cycles_per_mma_per_warp": round(per_warp, 2),
-                         "cycles_per_mma_per_sm": round(per_warp / wps, 2), "registers": b.registers})
-            print(f"chains {chains:2d}  warps/SM {wps}  cycles per mma: {per_warp:7.2f} per warp, "
-                  f"{per_warp / wps:7.2f} per SM  ({b.registers} registers)", flush=True)
+            rows.append(
+                {
+                    "chains": chains,
+                    "warps_per_sm": wps,
+                    "cycles_per_mma_per_warp": round(per_warp, 2),
+                    "cycles_per_mma_per_sm": round(per_warp / wps, 2),
+                    "registers": b.registers,
+                }
+            )
+            print(
+                f"chains {chains:2d}  warps/SM {wps}  cycles per mma: {per_warp:7.2f} per warp, "
+                f"{per_warp / wps:7.2f} per SM  ({b.registers} registers)",
+                flush=True,
+            )
     return rows
 
 

@@ -14,6 +14,7 @@ The torch.compile line includes each call's Python overhead (guards, output allo
 falls between the two events while the GPU idles after the flush: it reads 10-20% slower than the
 build's baseline timing and ncu's kernel time. Compare kernels with ncu, or with the build.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "ops" / "rmsnorm"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from event_timing import event_times_us, quantile  # noqa: E402
+
 from ptxbuild.problem import Problem  # noqa: E402
 
 
@@ -38,7 +40,9 @@ def winner(report: Path, problem: Problem) -> dict:
     for d in data["dispatch"]:
         if d.get("label") == problem.label():
             if not d.get("params"):
-                raise SystemExit(f"{problem.label()} has no winner in {report} (no valid candidate): pass --params")
+                raise SystemExit(
+                    f"{problem.label()} has no winner in {report} (no valid candidate): pass --params"
+                )
             return d["params"]
     raise SystemExit(f"{problem.label()} is not in {report}: pass --params")
 
@@ -57,13 +61,17 @@ def main(argv=None) -> int:
     ap.add_argument("M", type=int)
     ap.add_argument("N", type=int)
     ap.add_argument("--residual", action="store_true")
-    ap.add_argument("--params", default="", help="config overrides, e.g. threads=256,load_hint=nc_na")
+    ap.add_argument(
+        "--params", default="", help="config overrides, e.g. threads=256,load_hint=nc_na"
+    )
     ap.add_argument("--report", default=str(ROOT / "reports/rmsnorm@h200/report.json"))
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-baseline", action="store_true", help="time only the built kernel")
-    ap.add_argument("--triton-ptx", metavar="DIR", help="copy the PTX of torch.compile's Triton kernels here")
+    ap.add_argument(
+        "--triton-ptx", metavar="DIR", help="copy the PTX of torch.compile's Triton kernels here"
+    )
     a = ap.parse_args(argv)
-    if a.triton_ptx:           # before torch imports Triton: a fresh cache holds only this run's kernels
+    if a.triton_ptx:  # before torch imports Triton: a fresh cache holds only this run's kernels
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
 
     import cupy as cp
@@ -73,6 +81,7 @@ def main(argv=None) -> int:
     from ptxbuild.compiler import compile_kernel
     from ptxbuild.gpu import device
     from ptxbuild.oploader import load_op
+
     op = load_op("rmsnorm", ROOT)
     problem = Problem.make("rmsnorm", a.dtype, (a.M, a.N), {"residual": True} if a.residual else {})
     params = dict(winner(Path(a.report), problem)) if Path(a.report).is_file() else {}
@@ -81,23 +90,34 @@ def main(argv=None) -> int:
     binary = compile_kernel(op.render(params, problem, arch), arch)
     kern = device.load(binary.entry, binary.cubin, binary.ptx)
     inputs, outputs = op.make_inputs(problem, 0, cp), op.make_outputs(problem, cp)
-    geom, args = op.launch(params, problem, cp.cuda.Device().attributes["MultiProcessorCount"]), op.kernel_args(params, problem, inputs, outputs)
+    geom, args = (
+        op.launch(params, problem, cp.cuda.Device().attributes["MultiProcessorCount"]),
+        op.kernel_args(params, problem, inputs, outputs),
+    )
     stream = cp.cuda.get_current_stream()
     ours = lambda: device.launch(kern, geom, args, stream)  # noqa: E731
     base = op.baselines(problem)["torch_compile"]
     theirs = lambda: base(inputs)  # noqa: E731
     flush = cp.empty(256 << 20, dtype=cp.uint8)
-    print(f"{problem.label()} ours: {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} "
-          f"({binary.registers} regs, {binary.spill_bytes} B spill)")
+    print(
+        f"{problem.label()} ours: {' '.join(f'{k}={v}' for k, v in sorted(params.items()))} "
+        f"({binary.registers} regs, {binary.spill_bytes} B spill)"
+    )
     floor_us = op.bytes_moved(problem) / 4.25e12 * 1e6
     for name, fn in (("ours", ours),) + (() if a.no_baseline else (("torch_compile", theirs),)):
-        times = event_times_us(cp, fn, flush, a.reps)       # two warm-up calls first (torch.compile compiles)
+        times = event_times_us(
+            cp, fn, flush, a.reps
+        )  # two warm-up calls first (torch.compile compiles)
         q = lambda f: quantile(times, f)  # noqa: E731
-        print(f"{name:>14}: {q(0.5):8.1f} us [p20 {q(0.2):.1f}, p80 {q(0.8):.1f}, n={len(times)}] "
-              f"({floor_us / q(0.5):.0%} of bytes / 4.25 TB/s)")
+        print(
+            f"{name:>14}: {q(0.5):8.1f} us [p20 {q(0.2):.1f}, p80 {q(0.8):.1f}, n={len(times)}] "
+            f"({floor_us / q(0.5):.0%} of bytes / 4.25 TB/s)"
+        )
     torch.cuda.synchronize()
     if a.triton_ptx:
-        print(f"triton: {copy_triton_ptx(Path(os.environ['TRITON_CACHE_DIR']), Path(a.triton_ptx))} file(s) -> {a.triton_ptx}")
+        print(
+            f"triton: {copy_triton_ptx(Path(os.environ['TRITON_CACHE_DIR']), Path(a.triton_ptx))} file(s) -> {a.triton_ptx}"
+        )
     return 0
 
 

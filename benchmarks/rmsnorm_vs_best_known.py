@@ -7,6 +7,7 @@ fastest of PyTorch eager, torch.compile, a Triton library kernel and a hand-writ
 each measured with the L2 flushed). The bar: every row within 1% of it or faster, and the geometric
 mean of ours / best known at most 0.97.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,9 +17,17 @@ import sys
 from pathlib import Path
 
 BEST_KNOWN_US = {
-    (32768, 256): 13.1, (32768, 512): 20.5, (32768, 1024): 37.9, (32768, 2048): 70.6, (32768, 4096): 133.7,
-    (32768, 8192): 252.9, (32768, 16384): 511.4, (32768, 32768): 1021.5, (32768, 65536): 2162.1,
-    (16384, 131072): 2218.0, (8192, 262144): 2502.8,
+    (32768, 256): 13.1,
+    (32768, 512): 20.5,
+    (32768, 1024): 37.9,
+    (32768, 2048): 70.6,
+    (32768, 4096): 133.7,
+    (32768, 8192): 252.9,
+    (32768, 16384): 511.4,
+    (32768, 32768): 1021.5,
+    (32768, 65536): 2162.1,
+    (16384, 131072): 2218.0,
+    (8192, 262144): 2502.8,
 }
 ROW_SLACK, GEOMEAN_BAR = 1.01, 0.97
 
@@ -28,7 +37,7 @@ def compare(report: dict) -> tuple[list[tuple], float | None, bool]:
     ours = {}
     for d in report["dispatch"]:
         p = d["problem"]
-        if p["dtype"] == "bfloat16" and not p.get("options") and d.get("p50_ms"):   # plain rows only
+        if p["dtype"] == "bfloat16" and not p.get("options") and d.get("p50_ms"):  # plain rows only
             ours[tuple(p["shape"])] = d["p50_ms"] * 1e3
     rows = []
     for shape, best in BEST_KNOWN_US.items():
@@ -38,20 +47,37 @@ def compare(report: dict) -> tuple[list[tuple], float | None, bool]:
     if not rows:
         return rows, None, False
     geo = math.exp(sum(math.log(r[4]) for r in rows) / len(rows))
-    return rows, geo, len(rows) == len(BEST_KNOWN_US) and all(r[5] for r in rows) and geo <= GEOMEAN_BAR
+    return (
+        rows,
+        geo,
+        len(rows) == len(BEST_KNOWN_US) and all(r[5] for r in rows) and geo <= GEOMEAN_BAR,
+    )
 
 
 def render(path: str, report: dict) -> str:
     rows, geo, ok = compare(report)
     s = report.get("summary", {})
-    lines = ["# bf16 RMSNorm on the H200 against the best known kernels", "",
-             f"- report: `{path}` (run `{s.get('run', '?')}`)",
-             f"- bar: every row <= {ROW_SLACK:.2f}x the best known, geometric mean <= {GEOMEAN_BAR:.2f}x",
-             f"- reproduce: `python3 benchmarks/rmsnorm_vs_best_known.py {path}`", "",
-             "| M x N | ours (us) | best known (us) | ours / best | row |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {m} x {n} | {o:.1f} | {b:.1f} | {r:.3f} | {'ok' if k else 'slower'} |" for m, n, o, b, r, k in rows]
-    lines += ["", f"geometric mean of ours / best known: **{geo:.3f}** over {len(rows)} rows: "
-              f"bar {'met' if ok else 'not met'}" if geo else "no bf16 rows in the report"]
+    lines = [
+        "# bf16 RMSNorm on the H200 against the best known kernels",
+        "",
+        f"- report: `{path}` (run `{s.get('run', '?')}`)",
+        f"- bar: every row <= {ROW_SLACK:.2f}x the best known, geometric mean <= {GEOMEAN_BAR:.2f}x",
+        f"- reproduce: `python3 benchmarks/rmsnorm_vs_best_known.py {path}`",
+        "",
+        "| M x N | ours (us) | best known (us) | ours / best | row |",
+        "|---|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {m} x {n} | {o:.1f} | {b:.1f} | {r:.3f} | {'ok' if k else 'slower'} |"
+        for m, n, o, b, r, k in rows
+    ]
+    lines += [
+        "",
+        f"geometric mean of ours / best known: **{geo:.3f}** over {len(rows)} rows: "
+        f"bar {'met' if ok else 'not met'}"
+        if geo
+        else "no bf16 rows in the report",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ times), calls it on the op's inputs, and prints each CUDA kernel of one call as 
 it: name, grid, block, registers per thread, shared memory. With TORCH_LOGS=output_code torch also
 prints the generated Triton source (on stderr), so its block sizes and load/store hints can be read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,12 @@ def main(argv=None) -> int:
         for e in events:
             if e.get("cat") == "kernel":
                 g = e.get("args", {})
-                print(f"{a.dtype} {a.m}x{n}: {e['name']} grid={g.get('grid')} block={g.get('block')} "
-                      f"registers={g.get('registers per thread')} smem={g.get('shared memory')} "
-                      f"dur={e.get('dur')} us", flush=True)
+                print(
+                    f"{a.dtype} {a.m}x{n}: {e['name']} grid={g.get('grid')} block={g.get('block')} "
+                    f"registers={g.get('registers per thread')} smem={g.get('shared memory')} "
+                    f"dur={e.get('dur')} us",
+                    flush=True,
+                )
     return 0
 
 

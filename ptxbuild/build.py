@@ -1,4 +1,5 @@
 """The pipeline of one target: plan, search (compile -> verify -> measure), artifacts, build record."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,10 +10,11 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import gates, keys, lessons
 from .artifacts import target_dir, write_artifacts
@@ -34,9 +36,9 @@ class Context:
 
     kf: Any
     cache: Any
-    toolchain: Any                    # compiler.Toolchain (or a fake in tests)
+    toolchain: Any  # compiler.Toolchain (or a fake in tests)
     compile_fn: Callable[[Kernel, str], Binary] = compile_kernel
-    gpu: Any = None                   # gpu.GpuSession or a fake with the same methods
+    gpu: Any = None  # gpu.GpuSession or a fake with the same methods
     gpu_match: Callable[[Any, Any], str | None] | None = None
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
     report: Callable[..., None] = lambda *a, **k: None
@@ -45,27 +47,33 @@ class Context:
     command: str = ""
     # time every candidate and baseline again (compiles, verdicts cached): a report's numbers from one run
     remeasure: bool = False
-    remeasure_only: tuple = ()   # only problems whose label holds one of these; the others keep their timings
-    timed: set = field(default_factory=set)                  # keys timed in this run
-    timed_since: float | None = None   # resuming an interrupted --remeasure build: timings since then are this run's
-    resume: bool = True        # False: a --remeasure build starts over even after an interrupted one
+    remeasure_only: tuple = ()  # only problems whose label holds one of these; the others keep their timings
+    timed: set = field(default_factory=set)  # keys timed in this run
+    timed_since: float | None = (
+        None  # resuming an interrupted --remeasure build: timings since then are this run's
+    )
+    resume: bool = True  # False: a --remeasure build starts over even after an interrupted one
 
 
 @dataclass(frozen=True)
 class TargetResult:
     target: Target
-    status: str                       # built | up_to_date | failed
+    status: str  # built | up_to_date | failed
     reason: str
     measured: bool = False
     manifest: Path | None = None
-    missed: tuple = ()                # gates.judge's failures: built (and locked), but the declared bar is not met
+    missed: tuple = ()  # gates.judge's failures: built (and locked), but the declared bar is not met
 
 
 def problems_of(spec) -> list[Problem]:
     """Every (dtype, mode, shape) the op declares, ordered so neighbours follow each other."""
     shapes = sorted(spec.shapes, key=lambda s: (s[-1], s))
-    return [Problem.make(spec.name, dtype, shape, {**dict(spec.options), **dict(mode)})
-            for dtype in spec.dtypes for mode in spec.modes for shape in shapes]
+    return [
+        Problem.make(spec.name, dtype, shape, {**dict(spec.options), **dict(mode)})
+        for dtype in spec.dtypes
+        for mode in spec.modes
+        for shape in shapes
+    ]
 
 
 def _file_digests(op) -> dict[str, str]:
@@ -76,36 +84,55 @@ def hardware_for(ctx: Context, gpu) -> dict | None:
     """The fingerprint of the GPU present if it is this target's GPU (or its model), else None."""
     if ctx.gpu is None or ctx.gpu_match is None:
         return None
-    return ctx.gpu.fingerprint.key() if ctx.gpu_match(ctx.gpu.fingerprint, gpu) in ("exact", "model") else None
+    return (
+        ctx.gpu.fingerprint.key()
+        if ctx.gpu_match(ctx.gpu.fingerprint, gpu) in ("exact", "model")
+        else None
+    )
 
 
 def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
     deps = [done.get(d) or target_key(ctx, d, done) for d in dependencies(ctx.kf, t)]
-    return keys.build_key(_file_digests(op), spec.config(), gpu.as_dict(), ctx.toolchain.key(), deps,
-                          hardware_for(ctx, gpu))
+    return keys.build_key(
+        _file_digests(op),
+        spec.config(),
+        gpu.as_dict(),
+        ctx.toolchain.key(),
+        deps,
+        hardware_for(ctx, gpu),
+    )
 
 
 def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     """(up to date?, why) for a target whose current build key is `key`: by the cache's last build, else by the lock
     (`build --locked` records no cache build; what it wrote is up to date while the lock entry holds)."""
     fresh, why = _by_cache(ctx, t, key)
-    return (True, "up to date (built from the lock)") if not fresh and _as_locked(ctx, t) else (fresh, why)
+    return (
+        (True, "up to date (built from the lock)")
+        if not fresh and _as_locked(ctx, t)
+        else (fresh, why)
+    )
 
 
 def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     last = ctx.cache.last_build(str(t), ctx.kf.project)
     if last is None:
         return False, "never built"
-    if last["status"] not in ("ok", "gates_failed"):   # gates_failed: recorded before gates stopped being build inputs
+    if last["status"] not in (
+        "ok",
+        "gates_failed",
+    ):  # gates_failed: recorded before gates stopped being build inputs
         return False, f"last build {last['status']}"
     if last["key"] != key:
         old, new = json.loads(last["summary"]).get("inputs", {}), _inputs(ctx, t)
         changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         return False, "changed: " + (", ".join(changed) if changed else "build inputs")
     manifest = Path(last["manifest"])
-    if not manifest.is_file():   # named from the kernelfile's folder: reports travel, absolute paths do not
+    if (
+        not manifest.is_file()
+    ):  # named from the kernelfile's folder: reports travel, absolute paths do not
         return False, f"artifact missing: {os.path.relpath(manifest, ctx.kf.root)}"
     return True, "up to date"
 
@@ -113,42 +140,67 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
 def _as_locked(ctx: Context, t: Target) -> bool:
     """build/ holds the kernels kernelfile.lock pins for `t`, its entry holds for today's inputs, and it was measured
     on hardware unless none of the target's GPU is here (a compile-only entry on that GPU is searched there)."""
-    from .lockfile import LockError, _check_entry, read_lock   # lockfile imports this module
+    from .lockfile import LockError, _check_entry, read_lock  # lockfile imports this module
+
     try:
         entry = read_lock(ctx.kf)["targets"].get(str(t))
         _check_entry(ctx, t, entry, load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
         m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
     except (LockError, OSError, ValueError, KeyError):
         return False
-    return ((entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu]))
-            and [d.get("binary") for d in m["dispatch"]] == [d["binary"] for d in entry["dispatch"]])
+    return (entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu])) and [
+        d.get("binary") for d in m["dispatch"]
+    ] == [d["binary"] for d in entry["dispatch"]]
 
 
 def _inputs(ctx: Context, t: Target) -> dict[str, str]:
     """Named digests of each input of a target's build key (for --explain)."""
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
-    d = lambda v: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def d(v):
+        return hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
     out = {f"op file {name}": h[:12] for name, h in _file_digests(op).items()}
-    out.update({"ops." + t.op: d(spec.config()), "gpus." + t.gpu: d(gpu.as_dict()),
-                "toolchain": d(ctx.toolchain.key()), "hardware": d(hardware_for(ctx, gpu))})
+    out.update(
+        {
+            "ops." + t.op: d(spec.config()),
+            "gpus." + t.gpu: d(gpu.as_dict()),
+            "toolchain": d(ctx.toolchain.key()),
+            "hardware": d(hardware_for(ctx, gpu)),
+        }
+    )
     return out
 
 
 def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool, str]]:
     """(target, up to date?, why) for plan / --explain; up to date also needs build/ to hold what the lock pins."""
-    from .lockfile import pinned_binaries   # lockfile imports this module
+    from .lockfile import pinned_binaries  # lockfile imports this module
+
     done: dict[Target, str] = {}
     out, pinned = [], pinned_binaries(ctx.kf)
     for t in build_order(ctx.kf, targets):
         done[t] = key = target_key(ctx, t, done)
         fresh, why = explain(ctx, t, key)
         m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text()) if fresh else {}
-        if fresh and str(t) in pinned and pinned[str(t)] != [d.get("binary") for d in m["dispatch"]]:
-            fresh, why = False, "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
-        elif fresh and (missed := gates.judge(ctx.kf.ops[t.op], m["dispatch"], m["measured_on_hardware"])["gates"]["failures"]):
+        if (
+            fresh
+            and str(t) in pinned
+            and pinned[str(t)] != [d.get("binary") for d in m["dispatch"]]
+        ):
+            fresh, why = (
+                False,
+                "build/ holds other kernels than the lock pins; run: ptxbuild build --locked",
+            )
+        elif fresh and (
+            missed := gates.judge(ctx.kf.ops[t.op], m["dispatch"], m["measured_on_hardware"])[
+                "gates"
+            ]["failures"]
+        ):
             why += f"; {len(missed)} gate(s) of ops.{t.op}.gates missed"
-        stale_dep = [d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)]
+        stale_dep = [
+            d for d in dependencies(ctx.kf, t) if not next(f for tt, f, _ in out if tt == d)
+        ]
         if fresh and stale_dep:
             fresh, why = False, f"dependency {stale_dep[0]} is stale"
         out.append((t, fresh, why))
@@ -180,7 +232,10 @@ def build(ctx: Context, targets: list[Target] | None = None) -> list[TargetResul
             if res.status == "failed":
                 failed.add(t)
             results.append(res)
-    except (KeyboardInterrupt, GpuError) as exc:   # the caller still locks the targets finished before it
+    except (
+        KeyboardInterrupt,
+        GpuError,
+    ) as exc:  # the caller still locks the targets finished before it
         exc.finished = results + getattr(exc, "finished", [])
         raise
     return results
@@ -190,13 +245,24 @@ class _Evaluator:
     """Turns configs into scores for one problem, recording every outcome as an attempt row."""
 
     def __init__(self, ctx: Context, t: Target, op, problem: Problem, hardware: dict | None, pool):
-        self.ctx, self.t, self.op, self.problem, self.hw, self.pool = ctx, t, op, problem, hardware, pool
+        self.ctx, self.t, self.op, self.problem, self.hw, self.pool = (
+            ctx,
+            t,
+            op,
+            problem,
+            hardware,
+            pool,
+        )
         self.gpu = ctx.kf.gpus[t.gpu]
-        self.binaries: dict[tuple, Binary] = {}   # per config: configs may share a cubin, not their PTX
+        self.binaries: dict[
+            tuple, Binary
+        ] = {}  # per config: configs may share a cubin, not their PTX
         self.results: dict[tuple, dict] = {}
-        self.timed_at: dict[tuple, float] = {}     # when each config's timing was taken (cached: then)
+        self.timed_at: dict[tuple, float] = {}  # when each config's timing was taken (cached: then)
         self.incumbent: tuple[dict, Binary, float] | None = None
-        self.rules = lessons.failure_rules(ctx.cache, op.NAME, problem, self.gpu.arch)   # failure lessons
+        self.rules = lessons.failure_rules(
+            ctx.cache, op.NAME, problem, self.gpu.arch
+        )  # failure lessons
         self.pruned: set[tuple] = set()
 
     def __call__(self, group: list[dict]) -> list[float]:
@@ -209,14 +275,21 @@ class _Evaluator:
                 rendered[id(cfg)] = (None, reason)
                 continue
             kernel = self.op.render(cfg, self.problem, self.gpu.arch)
-            rendered[id(cfg)] = (kernel, keys.compile_key(kernel, self.gpu.arch, self.ctx.toolchain.key()))
+            rendered[id(cfg)] = (
+                kernel,
+                keys.compile_key(kernel, self.gpu.arch, self.ctx.toolchain.key()),
+            )
         # each compile row is read (and decompressed) once per group; a damaged row reads as absent
-        rows = {k: self.ctx.cache.get_compile(k) for kern, k in rendered.values() if kern is not None}
+        rows = {
+            k: self.ctx.cache.get_compile(k) for kern, k in rendered.values() if kern is not None
+        }
         todo = {k: kern for kern, k in rendered.values() if kern is not None and rows[k] is None}
         futures = {k: self._submit(kern) for k, kern in todo.items()}
         for k, fut in futures.items():
             binary, error, secs = fut() if callable(fut) else fut.result()
-            self.ctx.cache.put_compile(k, self.gpu.arch, todo[k].entry, binary, error, str(self.ctx.toolchain), secs)
+            self.ctx.cache.put_compile(
+                k, self.gpu.arch, todo[k].entry, binary, error, str(self.ctx.toolchain), secs
+            )
             compiled[k] = secs
             rows[k] = self.ctx.cache.get_compile(k)
         return [self._finish(cfg, *rendered[id(cfg)], compiled, rows) for cfg in group]
@@ -228,15 +301,26 @@ class _Evaluator:
         return self.pool.submit(_compile_one, self.ctx.compile_fn, kernel, self.gpu.arch)
 
     def _record(self, cfg: dict, outcome: Outcome, detail: str = "", **extra) -> float:
-        row = {"run": self.ctx.run, "target": str(self.t), "op": self.t.op, "gpu": self.t.gpu,
-               "arch": self.gpu.arch, "problem": self.problem.key(), "params": cfg, "outcome": outcome.value,
-               "detail": detail[:2000], **extra}
+        row = {
+            "run": self.ctx.run,
+            "target": str(self.t),
+            "op": self.t.op,
+            "gpu": self.t.gpu,
+            "arch": self.gpu.arch,
+            "problem": self.problem.key(),
+            "params": cfg,
+            "outcome": outcome.value,
+            "detail": detail[:2000],
+            **extra,
+        }
         self.ctx.cache.add_attempt(**row)
         score = extra.get("p50_ms") if outcome is Outcome.OK else math.inf
         if outcome is Outcome.OK and score is None:
             score = 0.0  # compile-only: every config that passes scores the same; seeds come first
         self.results[tuple(sorted(cfg.items()))] = {**row, "score": score}
-        self.ctx.report("attempt", target=self.t, problem=self.problem, params=cfg, outcome=outcome, score=score)
+        self.ctx.report(
+            "attempt", target=self.t, problem=self.problem, params=cfg, outcome=outcome, score=score
+        )
         return score
 
     def _finish(self, cfg, kernel, key_or_reason, compiled, rows) -> float:
@@ -247,25 +331,53 @@ class _Evaluator:
         compile_s = compiled.get(key_or_reason, 0.0)
         if row["outcome"] != "ok":
             return self._record(cfg, Outcome.COMPILE_ERROR, row["error"] or "", compile_s=compile_s)
-        binary = Binary(arch=row["arch"], entry=row["entry"], ptx=row["ptx"], cubin=row["cubin"],
-                        registers=row["registers"], spill_bytes=row["spill_bytes"],
-                        smem_static_bytes=row["smem_static_bytes"], local_bytes=row["local_bytes"], log=row["log"],
-                        compiler=row["toolchain"])
+        binary = Binary(
+            arch=row["arch"],
+            entry=row["entry"],
+            ptx=row["ptx"],
+            cubin=row["cubin"],
+            registers=row["registers"],
+            spill_bytes=row["spill_bytes"],
+            smem_static_bytes=row["smem_static_bytes"],
+            local_bytes=row["local_bytes"],
+            log=row["log"],
+            compiler=row["toolchain"],
+        )
         try:
-            binary = with_resources(binary)   # rows cached before the cubin fallback may lack the figures
+            binary = with_resources(
+                binary
+            )  # rows cached before the cubin fallback may lack the figures
         except CompileError as exc:
             return self._record(cfg, Outcome.COMPILE_ERROR, str(exc), compile_s=compile_s)
         self.binaries[tuple(sorted(cfg.items()))] = binary
-        res = dict(binary=binary.digest, registers=binary.registers, spill_bytes=binary.spill_bytes, compile_s=compile_s)
+        res = dict(
+            binary=binary.digest,
+            registers=binary.registers,
+            spill_bytes=binary.spill_bytes,
+            compile_s=compile_s,
+        )
         if binary.spill_bytes > self.op.SPILL_BUDGET_BYTES:
-            return self._record(cfg, Outcome.SPILL, f"{binary.spill_bytes} bytes spilled "
-                                f"(budget {self.op.SPILL_BUDGET_BYTES})", **res)
+            return self._record(
+                cfg,
+                Outcome.SPILL,
+                f"{binary.spill_bytes} bytes spilled (budget {self.op.SPILL_BUDGET_BYTES})",
+                **res,
+            )
         launch = self.op.launch(cfg, self.problem, self.gpu.sm_count)
         threads = launch.block[0] * launch.block[1] * launch.block[2]
         smem = launch.smem_bytes + binary.smem_static_bytes
-        if threads > 1024 or binary.registers * threads > REGISTERS_PER_SM or smem > self.gpu.smem_per_block_bytes:
-            return self._record(cfg, Outcome.RESOURCE, f"{threads} threads x {binary.registers} registers, "
-                                f"{smem} bytes shared memory exceed {self.gpu.name}'s limits", **res)
+        if (
+            threads > 1024
+            or binary.registers * threads > REGISTERS_PER_SM
+            or smem > self.gpu.smem_per_block_bytes
+        ):
+            return self._record(
+                cfg,
+                Outcome.RESOURCE,
+                f"{threads} threads x {binary.registers} registers, "
+                f"{smem} bytes shared memory exceed {self.gpu.name}'s limits",
+                **res,
+            )
         if self.hw is None:
             return self._record(cfg, Outcome.OK, "compiled; not measured on hardware", **res)
         return self._on_gpu(cfg, binary, res)
@@ -274,11 +386,22 @@ class _Evaluator:
         cache, op, problem, gpu = self.ctx.cache, self.op, self.problem, self.ctx.gpu
         vkey = keys.verify_key(binary.digest, op.VERSION, problem, cfg)
         verdict = cache.get("verdicts", vkey)
-        if verdict is None or verdict["outcome"] == Outcome.TIMEOUT.value:   # a deadline may be the harness's
+        if (
+            verdict is None or verdict["outcome"] == Outcome.TIMEOUT.value
+        ):  # a deadline may be the harness's
             v = gpu.verify(str(op.FOLDER), cfg, problem, binary)
-            verdict = {"key": vkey, "binary": binary.digest, "suite": op.VERSION, "problem": json.dumps(problem.key()),
-                       "outcome": v.outcome.value, "detail": v.detail, "max_abs_err": v.max_abs_err,
-                       "max_rel_err": v.max_rel_err, "cases": v.cases, "seconds": v.seconds}
+            verdict = {
+                "key": vkey,
+                "binary": binary.digest,
+                "suite": op.VERSION,
+                "problem": json.dumps(problem.key()),
+                "outcome": v.outcome.value,
+                "detail": v.detail,
+                "max_abs_err": v.max_abs_err,
+                "max_rel_err": v.max_rel_err,
+                "cases": v.cases,
+                "seconds": v.seconds,
+            }
             cache.put("verdicts", verdict)
         res["verify_s"] = verdict["seconds"]
         if verdict["outcome"] != "ok":
@@ -291,10 +414,21 @@ class _Evaluator:
             t0 = time.perf_counter()
             r = gpu.measure(str(op.FOLDER), cfg, problem, binary, incumbent=inc)
             measure_s = time.perf_counter() - t0
-            m = {"key": mkey, "binary": binary.digest, "fingerprint": json.dumps(self.hw, sort_keys=True),
-                 "problem": json.dumps(problem.key()), "outcome": r.outcome.value, "p50_ms": r.p50_ms,
-                 "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "samples": r.samples, "floor_ms": r.floor_ms,
-                 "copy_tbps": gpu.copy_tbps, "detail": r.detail, "seconds": round(measure_s, 4)}
+            m = {
+                "key": mkey,
+                "binary": binary.digest,
+                "fingerprint": json.dumps(self.hw, sort_keys=True),
+                "problem": json.dumps(problem.key()),
+                "outcome": r.outcome.value,
+                "p50_ms": r.p50_ms,
+                "p20_ms": r.p20_ms,
+                "p80_ms": r.p80_ms,
+                "samples": r.samples,
+                "floor_ms": r.floor_ms,
+                "copy_tbps": gpu.copy_tbps,
+                "detail": r.detail,
+                "seconds": round(measure_s, 4),
+            }
             m["created"] = cache.put("measurements", m)
         self.timed_at[tuple(sorted(cfg.items()))] = m["created"]
         res.update(measure_s=m["seconds"], p50_ms=m["p50_ms"], measured_on=self.hw.get("name", ""))
@@ -310,10 +444,25 @@ class _Evaluator:
         it, each challenger timed in one window with the leader, alternating (verification.md timing
         rule 4): timed apart, near-ties are ordered by noise, and the fastest of many noisy timings is
         biased low. A challenger lower in the window leads, its p50 there its score. Bouts: self.bouts."""
-        ranked, self.bouts = sorted((h for h in hist if math.isfinite(h[1])), key=lambda h: h[1]), []
-        binary = lambda c: self.binaries[tuple(sorted(c.items()))]
-        geoms = lambda c: (self.op.launches if hasattr(self.op, "KERNELS") else self.op.launch)(c, self.problem, self.gpu.sm_count)
-        kernel = lambda c: (binary(c).digest, repr(geoms(c)))      # what a bout runs: every launch of the op
+        ranked, self.bouts = (
+            sorted((h for h in hist if math.isfinite(h[1])), key=lambda h: h[1]),
+            [],
+        )
+
+        def binary(c):
+            return self.binaries[tuple(sorted(c.items()))]
+
+        def geoms(c):
+            return (self.op.launches if hasattr(self.op, "KERNELS") else self.op.launch)(
+                c, self.problem, self.gpu.sm_count
+            )
+
+        def kernel(c):
+            return (
+                binary(c).digest,
+                repr(geoms(c)),
+            )  # what a bout runs: every launch of the op
+
         if not ranked:
             return None
         lead, met = ranked[0], {kernel(ranked[0][0])}
@@ -321,23 +470,43 @@ class _Evaluator:
             if len(self.bouts) >= size - 1 or score > ranked[0][1] * (1 + within):
                 break
             if kernel(cfg) in met:
-                continue        # the same kernel and launch as one already met: nothing to learn
+                continue  # the same kernel and launch as one already met: nothing to learn
             met.add(kernel(cfg))
             b, lb = binary(cfg), binary(lead[0])
-            key = digest("playoff", b.digest, lb.digest, self.hw, self.problem.key(), cfg, lead[0], keys.PROTOCOL_VERSION)
+            key = digest(
+                "playoff",
+                b.digest,
+                lb.digest,
+                self.hw,
+                self.problem.key(),
+                cfg,
+                lead[0],
+                keys.PROTOCOL_VERSION,
+            )
             row = self.ctx.cache.get("measurements", key)
             if _must_time(self.ctx, key, row, self.problem) or row["outcome"] in RETRY_BASELINE:
                 self.ctx.timed.add(key)
-                r = self.ctx.gpu.measure(str(self.op.FOLDER), cfg, self.problem, b, incumbent=(lead[0], lb))
-                row = {"key": key, "binary": "playoff", "fingerprint": json.dumps(self.hw, sort_keys=True),
-                       "problem": json.dumps(self.problem.key()), "outcome": r.outcome.value,
-                       "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
-                       "detail": json.dumps({"leader_p50_ms": r.incumbent_p50_ms})}
-                if row["outcome"] not in RETRY_BASELINE:     # the harness failed: timed again next build
+                r = self.ctx.gpu.measure(
+                    str(self.op.FOLDER), cfg, self.problem, b, incumbent=(lead[0], lb)
+                )
+                row = {
+                    "key": key,
+                    "binary": "playoff",
+                    "fingerprint": json.dumps(self.hw, sort_keys=True),
+                    "problem": json.dumps(self.problem.key()),
+                    "outcome": r.outcome.value,
+                    "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
+                    "detail": json.dumps({"leader_p50_ms": r.incumbent_p50_ms}),
+                }
+                if (
+                    row["outcome"] not in RETRY_BASELINE
+                ):  # the harness failed: timed again next build
                     self.ctx.cache.put("measurements", row)
             lead_p50 = json.loads(row["detail"])["leader_p50_ms"]
             won = row["outcome"] == "ok" and lead_p50 is not None and row["p50_ms"] < lead_p50
-            self.bouts.append({"params": cfg, "p50_ms": row["p50_ms"], "leader_p50_ms": lead_p50, "won": won})
+            self.bouts.append(
+                {"params": cfg, "p50_ms": row["p50_ms"], "leader_p50_ms": lead_p50, "won": won}
+            )
             lead = (cfg, row["p50_ms"]) if won else lead
         return lead
 
@@ -359,7 +528,7 @@ class _Interrupts:
     the partial results are written, is ignored; a third stops at once. A first one that arrives
     while a finished build is saved (`saving`) is held like a second until the build is recorded."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)   # SIGTERM: plain `timeout`, job schedulers
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)  # SIGTERM: plain `timeout`, job schedulers
 
     def __init__(self):
         self.count, self.prev, self.saving = 0, {}, False
@@ -394,32 +563,49 @@ def check_declaration(spec, op) -> None:
     when the op has no config at all for a declared problem (a shape of the wrong rank)."""
     from .catalog import did_you_mean
     from .kernelfile import KernelfileError
-    for where, opts in [("options", spec.options)] + [(f"modes[{i}]", m) for i, m in enumerate(spec.modes)]:
+
+    for where, opts in [("options", spec.options)] + [
+        (f"modes[{i}]", m) for i, m in enumerate(spec.modes)
+    ]:
         for k, v in dict(opts).items():
             d = op.OPTIONS.get(k, ...)
             if d is ...:
-                raise KernelfileError(f"ops.{spec.name}.{where}: unknown option {k!r}{did_you_mean(k, op.OPTIONS)}; "
-                                      f"the op's options are {', '.join(sorted(op.OPTIONS))}")
-            if None not in (d, v) and type(v) is not type(d) and not (type(d) is float and type(v) is int):
-                raise KernelfileError(f"ops.{spec.name}.{where}: {k} = {v!r} is not a {type(d).__name__} "
-                                      f"(the op's default is {d!r})")
+                raise KernelfileError(
+                    f"ops.{spec.name}.{where}: unknown option {k!r}{did_you_mean(k, op.OPTIONS)}; "
+                    f"the op's options are {', '.join(sorted(op.OPTIONS))}"
+                )
+            if (
+                None not in (d, v)
+                and type(v) is not type(d)
+                and not (type(d) is float and type(v) is int)
+            ):
+                raise KernelfileError(
+                    f"ops.{spec.name}.{where}: {k} = {v!r} is not a {type(d).__name__} "
+                    f"(the op's default is {d!r})"
+                )
     for p in problems_of(spec):
         try:
             op.default_params(p)
-        except Exception as exc:   # noqa: BLE001 - the op's own code, on a problem the kernelfile declares
+        except Exception as exc:  # noqa: BLE001 - the op's own code, on a problem the kernelfile declares
             i = [tuple(s) for s in spec.shapes].index(tuple(p.shape))
-            raise KernelfileError(f"ops.{spec.name}.shapes[{i}] = {list(p.shape)}: the op cannot build "
-                                  f"{p.label()} ({exc})") from None
+            raise KernelfileError(
+                f"ops.{spec.name}.shapes[{i}] = {list(p.shape)}: the op cannot build "
+                f"{p.label()} ({exc})"
+            ) from None
     for i, name in enumerate(spec.search.get("polish") or ()):
         if name not in op.SPACE:
-            raise KernelfileError(f"ops.{spec.name}.search.polish[{i}]: unknown parameter {name!r}"
-                                  f"{did_you_mean(name, op.SPACE)}; the op's parameters are {', '.join(sorted(op.SPACE))}")
+            raise KernelfileError(
+                f"ops.{spec.name}.search.polish[{i}]: unknown parameter {name!r}"
+                f"{did_you_mean(name, op.SPACE)}; the op's parameters are {', '.join(sorted(op.SPACE))}"
+            )
     for i, entry in enumerate(spec.search.get("candidates") or ()):
         where = f"ops.{spec.name}.search.candidates[{i}]"
         unknown = sorted(k for k in entry if k not in op.SPACE)
         if unknown:
-            raise KernelfileError(f"{where}: unknown parameter(s) {', '.join(unknown)}; "
-                                  f"the op's parameters are {', '.join(sorted(op.SPACE))}")
+            raise KernelfileError(
+                f"{where}: unknown parameter(s) {', '.join(unknown)}; "
+                f"the op's parameters are {', '.join(sorted(op.SPACE))}"
+            )
         for k, v in entry.items():
             # typed: True == 1 and 2.0 == 2 in Python, but they render and key differently
             if not any(type(v) is type(s) and v == s for s in op.SPACE[k]):
@@ -442,7 +628,9 @@ def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dic
     return out
 
 
-def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq: _Interrupts) -> TargetResult:
+def _build_target_signals_held(
+    ctx: Context, t: Target, key: str, why: str, irq: _Interrupts
+) -> TargetResult:
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = load_op(spec.template, ctx.kf.root)
     hw = hardware_for(ctx, gpu)
@@ -454,13 +642,22 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
     check_declaration(spec, op)
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure and ctx.resume else None
     if ctx.timed_since:
-        ctx.report("note", message=f"{t}: resuming an interrupted --remeasure build: timings made since "
-                   f"{utc_time(ctx.timed_since)} are kept")
+        ctx.report(
+            "note",
+            message=f"{t}: resuming an interrupted --remeasure build: timings made since "
+            f"{utc_time(ctx.timed_since)} are kept",
+        )
     if ctx.remeasure_only and hw and not any(remeasuring(ctx, p) for p in probs):
-        ctx.report("note", message=f"{t}: --remeasure-only {' / '.join(ctx.remeasure_only)} matches none of its "
-                   f"problems (labels look like {probs[0].label()}): every timing comes from the cache")
-    pool = (ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
-            if ctx.jobs > 1 and ctx.compile_fn is compile_kernel else None)
+        ctx.report(
+            "note",
+            message=f"{t}: --remeasure-only {' / '.join(ctx.remeasure_only)} matches none of its "
+            f"problems (labels look like {probs[0].label()}): every timing comes from the cache",
+        )
+    pool = (
+        ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
+        if ctx.jobs > 1 and ctx.compile_fn is compile_kernel
+        else None
+    )
     interrupted, gpu_failure = False, None
     try:
         for i, problem in enumerate(probs):
@@ -470,12 +667,20 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
             default = op.default_params(problem)
             # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
             seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
-            mine = declared_candidates(spec, op, problem, default, note=lambda m: ctx.report("note", message=m))
+            mine = declared_candidates(
+                spec, op, problem, default, note=lambda m: ctx.report("note", message=m)
+            )
             seeds = mine + seeds
             ev = _Evaluator(ctx, t, op, problem, hw, pool)
+
             # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
-            valid = lambda c, p=problem, e=ev: op.check(c, p) or lessons.prune_reason(e.rules, c)
-            used_lessons += [{k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")} for r in ev.rules]
+            def valid(c, p=problem, e=ev):
+                return op.check(c, p) or lessons.prune_reason(e.rules, c)
+
+            used_lessons += [
+                {k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")}
+                for r in ev.rules
+            ]
             if hw is None:
                 # compile-only: the first config that compiles within the limits, lessons and default first
                 hist = []
@@ -484,75 +689,173 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
                     if math.isfinite(hist[-1][1]):
                         break
                 if not any(math.isfinite(s) for _, s in hist):
-                    hist += run_search(op.SPACE, ev, strategy="exhaustive", budget=min(search["budget"], 16),
-                                       seconds=search["seconds"], valid=valid, seeds=(), rng_seed=search["seed"], batch=ctx.jobs)
+                    hist += run_search(
+                        op.SPACE,
+                        ev,
+                        strategy="exhaustive",
+                        budget=min(search["budget"], 16),
+                        seconds=search["seconds"],
+                        valid=valid,
+                        seeds=(),
+                        rng_seed=search["seed"],
+                        batch=ctx.jobs,
+                    )
             else:
-                ev([s for s in _dedupe(seeds) if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)])
-                hist = run_search(op.SPACE, ev, strategy=search["strategy"], budget=search["budget"],
-                                  seconds=search["seconds"], valid=valid, seeds=seeds, rng_seed=search["seed"],
-                                  batch=search_batch(ctx.jobs, search["budget"]))
+                ev(
+                    [
+                        s
+                        for s in _dedupe(seeds)
+                        if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)
+                    ]
+                )
+                hist = run_search(
+                    op.SPACE,
+                    ev,
+                    strategy=search["strategy"],
+                    budget=search["budget"],
+                    seconds=search["seconds"],
+                    valid=valid,
+                    seeds=seeds,
+                    rng_seed=search["seed"],
+                    batch=search_batch(ctx.jobs, search["budget"]),
+                )
                 top = best(hist)
-                extra = neighbours(top[0], op.SPACE, search.get("polish", ()), valid, [c for c, _ in hist]) if top else []
+                extra = (
+                    neighbours(
+                        top[0], op.SPACE, search.get("polish", ()), valid, [c for c, _ in hist]
+                    )
+                    if top
+                    else []
+                )
                 hist += list(zip(extra, ev(extra))) if extra else []
-            winner = ev.playoff(hist) if hw else best(hist)   # else: the first with the lowest finite score
+            winner = (
+                ev.playoff(hist) if hw else best(hist)
+            )  # else: the first with the lowest finite score
             if winner is None:
                 ctx.report("problem_fail", target=t, problem=problem)
                 chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
                 continue
-            cfg, ck = winner[0], tuple(sorted(winner[0].items()))     # ck: the config's key in ev's tables
+            cfg, ck = (
+                winner[0],
+                tuple(sorted(winner[0].items())),
+            )  # ck: the config's key in ev's tables
             row, binary = ev.results[ck], ev.binaries[ck]
-            entry = {"problem": problem.key(), "label": problem.label(), "params": cfg, "binary": binary.digest,
-                     "launch": op.launch(cfg, problem, gpu.sm_count).__dict__, "registers": binary.registers,
-                     "spill_bytes": binary.spill_bytes, "p50_ms": winner[1] if hw else row.get("p50_ms"),
-                     "floor_ms": op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-                     "source": "measured" if hw else ("declared" if cfg in mine else
-                                                      "lesson" if cfg in [u["params"] for u in used] else "default"),
-                     "lesson": None if hw else next((u for u in used if u["params"] == cfg), None), "_binary": binary}
+            entry = {
+                "problem": problem.key(),
+                "label": problem.label(),
+                "params": cfg,
+                "binary": binary.digest,
+                "launch": op.launch(cfg, problem, gpu.sm_count).__dict__,
+                "registers": binary.registers,
+                "spill_bytes": binary.spill_bytes,
+                "p50_ms": winner[1] if hw else row.get("p50_ms"),
+                "floor_ms": op.bytes_moved(problem)
+                / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
+                "source": "measured"
+                if hw
+                else (
+                    "declared"
+                    if cfg in mine
+                    else "lesson"
+                    if cfg in [u["params"] for u in used]
+                    else "default"
+                ),
+                "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
+                "_binary": binary,
+            }
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(ck)
                 entry["baselines"] = _baselines(ctx, op, problem, hw, (cfg, binary))
                 entry["playoff"] = ev.bouts
             chosen.append(entry)
-            ctx.report("problem_done", target=t, problem=problem, entry=entry,
-                       baseline_s=time.perf_counter() - t_base if hw else None)
+            ctx.report(
+                "problem_done",
+                target=t,
+                problem=problem,
+                entry=entry,
+                baseline_s=time.perf_counter() - t_base if hw else None,
+            )
     except KeyboardInterrupt:
-        interrupted = True   # keep what finished: partial artifacts and report, marked interrupted
-    except GpuError as exc:  # the worker is gone for good: keep what finished the same way, then say so
+        interrupted = True  # keep what finished: partial artifacts and report, marked interrupted
+    except (
+        GpuError
+    ) as exc:  # the worker is gone for good: keep what finished the same way, then say so
         interrupted, gpu_failure = True, exc
     finally:
         irq.saving = True
         if pool:
             pool.shutdown(wait=not interrupted, cancel_futures=True)
     ok = all(c["params"] is not None for c in chosen) and not interrupted
-    summary = {"target": str(t), "arch": gpu.arch, "why": why, "measured": bool(hw), "hardware": hw,
-               "kernelfile": ctx.kf.digest, "toolchain": ctx.toolchain.key(), "run": ctx.run,
-               "inputs": _inputs(ctx, t), "command": ctx.command or f"ptxbuild build {t}",
-               "incomplete": f"{len(chosen)}/{len(probs)}" if interrupted else None,   # the manifest says so too
-               "copy_tbps": ctx.gpu.copy_tbps if hw else None, "lessons_used": used_lessons,
-               "remeasured": bool(hw) and ctx.remeasure, "problems_done": f"{len(chosen)}/{len(probs)}",
-               "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],
-               # timed_since is only set by a resumed --remeasure build (hardware present)
-               "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
-               "remeasure_resumed": ctx.timed_since is not None,
-               "protocol": keys.PROTOCOL_VERSION if hw else None,   # the timing protocol every timing here used
-               "environment": environment(ctx.kf.root)}   # where it ran: a report may be rewritten elsewhere
+    summary = {
+        "target": str(t),
+        "arch": gpu.arch,
+        "why": why,
+        "measured": bool(hw),
+        "hardware": hw,
+        "kernelfile": ctx.kf.digest,
+        "toolchain": ctx.toolchain.key(),
+        "run": ctx.run,
+        "inputs": _inputs(ctx, t),
+        "command": ctx.command or f"ptxbuild build {t}",
+        "incomplete": f"{len(chosen)}/{len(probs)}"
+        if interrupted
+        else None,  # the manifest says so too
+        "copy_tbps": ctx.gpu.copy_tbps if hw else None,
+        "lessons_used": used_lessons,
+        "remeasured": bool(hw) and ctx.remeasure,
+        "problems_done": f"{len(chosen)}/{len(probs)}",
+        "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],
+        # timed_since is only set by a resumed --remeasure build (hardware present)
+        "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
+        "remeasure_resumed": ctx.timed_since is not None,
+        "protocol": keys.PROTOCOL_VERSION
+        if hw
+        else None,  # the timing protocol every timing here used
+        "environment": environment(ctx.kf.root),
+    }  # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
-    m = json.loads(Path(manifest).read_text())   # what the report needs travels with the cache (report.collect)
-    summary["report_manifest"] = {"dispatch": m.get("dispatch", []), "variants": m.get("variants", {})}
-    summary["lessons_produced"] = lessons.derive(ctx.cache, op, t, ctx.run, {
-        json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"]) for c in chosen if hw and c["params"] is not None},
-        done={json.dumps(c["problem"], sort_keys=True) for c in chosen})
+    m = json.loads(
+        Path(manifest).read_text()
+    )  # what the report needs travels with the cache (report.collect)
+    summary["report_manifest"] = {
+        "dispatch": m.get("dispatch", []),
+        "variants": m.get("variants", {}),
+    }
+    summary["lessons_produced"] = lessons.derive(
+        ctx.cache,
+        op,
+        t,
+        ctx.run,
+        {
+            json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"])
+            for c in chosen
+            if hw and c["params"] is not None
+        },
+        done={json.dumps(c["problem"], sort_keys=True) for c in chosen},
+    )
     summary.update(gates.judge(spec, chosen, bool(hw)))
     status = "interrupted" if interrupted else ("failed" if not ok else "ok")
-    ctx.cache.add_build(str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project)
+    ctx.cache.add_build(
+        str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project
+    )
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:
         raise gpu_failure or KeyboardInterrupt()
-    reason = f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)" if not ok else None
-    res = TargetResult(t, "failed" if reason else "built", reason or why, bool(hw), manifest,
-                       tuple(summary["gates"]["failures"]))
-    if irq.count:   # a stop held while this finished target was saved: the caller still locks it
+    reason = (
+        f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
+        if not ok
+        else None
+    )
+    res = TargetResult(
+        t,
+        "failed" if reason else "built",
+        reason or why,
+        bool(hw),
+        manifest,
+        tuple(summary["gates"]["failures"]),
+    )
+    if irq.count:  # a stop held while this finished target was saved: the caller still locks it
         (stop := KeyboardInterrupt()).finished = [res]
         raise stop
     return res
@@ -560,7 +863,9 @@ def _build_target_signals_held(ctx: Context, t: Target, key: str, why: str, irq:
 
 def remeasuring(ctx: Context, problem: Problem) -> bool:
     """Does this run time `problem` again (--remeasure, or --remeasure-only and its label matches)?"""
-    return ctx.remeasure and (not ctx.remeasure_only or any(p in problem.label() for p in ctx.remeasure_only))
+    return ctx.remeasure and (
+        not ctx.remeasure_only or any(p in problem.label() for p in ctx.remeasure_only)
+    )
 
 
 def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bool:
@@ -570,8 +875,11 @@ def _must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bo
         return True
     if not remeasuring(ctx, problem) or key in ctx.timed:
         return False
-    return not (ctx.timed_since is not None and (row.get("created") or 0) >= ctx.timed_since
-                and row.get("outcome", "ok") == "ok")
+    return not (
+        ctx.timed_since is not None
+        and (row.get("created") or 0) >= ctx.timed_since
+        and row.get("outcome", "ok") == "ok"
+    )
 
 
 def resume_point(ctx: Context, t: Target) -> float | None:
@@ -587,30 +895,68 @@ def resume_point(ctx: Context, t: Target) -> float | None:
 def _baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict, Binary]) -> dict:
     """Reference implementations timed on this GPU, each in one window with the winner (its p50 there:
     winner_p50_ms); cached like a measurement (same GPU, problem, protocol, winner)."""
-    key = digest("baselines", hw, problem.key(), op.VERSION, getattr(op, "BASELINES_VERSION", ""),
-                 keys.PROTOCOL_VERSION, "beside", "rounds", winner[0], winner[1].digest)
+    key = digest(
+        "baselines",
+        hw,
+        problem.key(),
+        op.VERSION,
+        getattr(op, "BASELINES_VERSION", ""),
+        keys.PROTOCOL_VERSION,
+        "beside",
+        "rounds",
+        winner[0],
+        winner[1].digest,
+    )
     row = ctx.cache.get("measurements", key)
     cached = None if _must_time(ctx, key, row, problem) else json.loads(row["detail"])
     ctx.timed.add(key)
     # caches written before the harness's failures stopped being cached hold them: measure again
     if cached is not None and not any(v["outcome"] in RETRY_BASELINE for v in cached.values()):
         return {n: {**v, "timed_at": row.get("created")} for n, v in cached.items()}
-    ctx.report("baselines_start", problem=problem)   # third-party code may compile or autotune for minutes
+    ctx.report(
+        "baselines_start", problem=problem
+    )  # third-party code may compile or autotune for minutes
     out = {}
-    for name, r in ctx.gpu.baselines(str(op.FOLDER), problem, winner=winner, budget_ms=200.0).items():
-        out[name] = {"outcome": r.outcome.value, "p50_ms": r.p50_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms,
-                     "samples": r.samples, "detail": r.detail, "winner_p50_ms": r.incumbent_p50_ms,
-                     "round_ratios": list(r.round_ratios)}
+    for name, r in ctx.gpu.baselines(
+        str(op.FOLDER), problem, winner=winner, budget_ms=200.0
+    ).items():
+        out[name] = {
+            "outcome": r.outcome.value,
+            "p50_ms": r.p50_ms,
+            "p20_ms": r.p20_ms,
+            "p80_ms": r.p80_ms,
+            "samples": r.samples,
+            "detail": r.detail,
+            "winner_p50_ms": r.incumbent_p50_ms,
+            "round_ratios": list(r.round_ratios),
+        }
     if any(v["outcome"] in RETRY_BASELINE for v in out.values()):
-        return out      # the harness failed (out of memory, a crash, a hang): measure again next build
-    created = ctx.cache.put("measurements", {"key": key, "binary": "baselines", "fingerprint": json.dumps(hw, sort_keys=True),
-                                             "problem": json.dumps(problem.key()), "outcome": "ok", "detail": json.dumps(out)})
+        return out  # the harness failed (out of memory, a crash, a hang): measure again next build
+    created = ctx.cache.put(
+        "measurements",
+        {
+            "key": key,
+            "binary": "baselines",
+            "fingerprint": json.dumps(hw, sort_keys=True),
+            "problem": json.dumps(problem.key()),
+            "outcome": "ok",
+            "detail": json.dumps(out),
+        },
+    )
     return {n: {**v, "timed_at": created} for n, v in out.items()}
 
 
 # baseline outcomes that say the run failed, not the baseline: not cached
-RETRY_BASELINE = {o.value for o in (Outcome.LAUNCH_ERROR, Outcome.TIMEOUT, Outcome.WORKER_CRASH,
-                                    Outcome.ILLEGAL_ADDRESS, Outcome.RESOURCE)}
+RETRY_BASELINE = {
+    o.value
+    for o in (
+        Outcome.LAUNCH_ERROR,
+        Outcome.TIMEOUT,
+        Outcome.WORKER_CRASH,
+        Outcome.ILLEGAL_ADDRESS,
+        Outcome.RESOURCE,
+    )
+}
 
 
 def _dedupe(cfgs: list[dict]) -> list[dict]:

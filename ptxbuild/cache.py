@@ -1,4 +1,5 @@
 """The SQLite cache: per-step content-keyed results, append-only attempts, builds, lessons."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ _ELF = b"\x7fELF"
 def pack_binary(ptx: str | None, cubin: bytes | None) -> tuple[bytes | None, bytes | None]:
     """PTX and cubin as stored: zlib-compressed (PTX text shrinks ~10x, a cubin ~3x; a cache that
     travels with a model repo or to a GPU machine stays small)."""
-    return (zlib.compress(ptx.encode(), 6) if ptx is not None else None,
-            zlib.compress(cubin, 6) if cubin is not None else None)
+    return (
+        zlib.compress(ptx.encode(), 6) if ptx is not None else None,
+        zlib.compress(cubin, 6) if cubin is not None else None,
+    )
 
 
 def unpack_binary(ptx: str | bytes | None, cubin: bytes | None) -> tuple[str | None, bytes | None]:
@@ -35,26 +38,121 @@ def unpack_binary(ptx: str | bytes | None, cubin: bytes | None) -> tuple[str | N
 
 def _v1(db: sqlite_utils.Database) -> None:
     db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-    db["compiles"].create({"key": str, "arch": str, "entry": str, "outcome": str, "error": str, "ptx": str,
-                           "cubin": bytes, "digest": str, "registers": int, "spill_bytes": int,
-                           "smem_static_bytes": int, "local_bytes": int, "log": str, "toolchain": str,
-                           "seconds": float, "created": float}, pk="key", if_not_exists=True)
-    db["verdicts"].create({"key": str, "binary": str, "suite": str, "problem": str, "outcome": str, "detail": str,
-                           "max_abs_err": float, "max_rel_err": float, "cases": int, "seconds": float,
-                           "created": float}, pk="key", if_not_exists=True)
-    db["measurements"].create({"key": str, "binary": str, "fingerprint": str, "problem": str, "outcome": str,
-                               "p50_ms": float, "p20_ms": float, "p80_ms": float, "samples": int,
-                               "floor_ms": float, "copy_tbps": float, "detail": str, "seconds": float,
-                               "created": float}, pk="key", if_not_exists=True)
-    db["attempts"].create({"id": int, "run": str, "target": str, "op": str, "gpu": str, "arch": str, "problem": str,
-                           "params": str, "outcome": str, "detail": str, "binary": str, "registers": int,
-                           "spill_bytes": int, "compile_s": float, "verify_s": float, "measure_s": float,
-                           "p50_ms": float, "measured_on": str, "created": float}, pk="id", if_not_exists=True)
-    db["builds"].create({"id": int, "target": str, "key": str, "kernelfile": str, "status": str, "measured": int,
-                         "manifest": str, "summary": str, "created": float}, pk="id", if_not_exists=True)
-    db["lessons"].create({"id": str, "op": str, "kind": str, "scope": str, "rule": str, "evidence": str,
-                          "confidence": float, "source": str, "retired": int, "created": float},
-                         pk="id", if_not_exists=True)
+    db["compiles"].create(
+        {
+            "key": str,
+            "arch": str,
+            "entry": str,
+            "outcome": str,
+            "error": str,
+            "ptx": str,
+            "cubin": bytes,
+            "digest": str,
+            "registers": int,
+            "spill_bytes": int,
+            "smem_static_bytes": int,
+            "local_bytes": int,
+            "log": str,
+            "toolchain": str,
+            "seconds": float,
+            "created": float,
+        },
+        pk="key",
+        if_not_exists=True,
+    )
+    db["verdicts"].create(
+        {
+            "key": str,
+            "binary": str,
+            "suite": str,
+            "problem": str,
+            "outcome": str,
+            "detail": str,
+            "max_abs_err": float,
+            "max_rel_err": float,
+            "cases": int,
+            "seconds": float,
+            "created": float,
+        },
+        pk="key",
+        if_not_exists=True,
+    )
+    db["measurements"].create(
+        {
+            "key": str,
+            "binary": str,
+            "fingerprint": str,
+            "problem": str,
+            "outcome": str,
+            "p50_ms": float,
+            "p20_ms": float,
+            "p80_ms": float,
+            "samples": int,
+            "floor_ms": float,
+            "copy_tbps": float,
+            "detail": str,
+            "seconds": float,
+            "created": float,
+        },
+        pk="key",
+        if_not_exists=True,
+    )
+    db["attempts"].create(
+        {
+            "id": int,
+            "run": str,
+            "target": str,
+            "op": str,
+            "gpu": str,
+            "arch": str,
+            "problem": str,
+            "params": str,
+            "outcome": str,
+            "detail": str,
+            "binary": str,
+            "registers": int,
+            "spill_bytes": int,
+            "compile_s": float,
+            "verify_s": float,
+            "measure_s": float,
+            "p50_ms": float,
+            "measured_on": str,
+            "created": float,
+        },
+        pk="id",
+        if_not_exists=True,
+    )
+    db["builds"].create(
+        {
+            "id": int,
+            "target": str,
+            "key": str,
+            "kernelfile": str,
+            "status": str,
+            "measured": int,
+            "manifest": str,
+            "summary": str,
+            "created": float,
+        },
+        pk="id",
+        if_not_exists=True,
+    )
+    db["lessons"].create(
+        {
+            "id": str,
+            "op": str,
+            "kind": str,
+            "scope": str,
+            "rule": str,
+            "evidence": str,
+            "confidence": float,
+            "source": str,
+            "retired": int,
+            "created": float,
+        },
+        pk="id",
+        if_not_exists=True,
+    )
 
 
 def _v2(db: sqlite_utils.Database) -> None:
@@ -70,7 +168,9 @@ def _v3(db: sqlite_utils.Database) -> None:
 
 def _v4(db: sqlite_utils.Database) -> None:
     """Compiled PTX and cubins stored compressed (pack_binary); the space is returned by a VACUUM after."""
-    for key, ptx, cubin in db.execute("select key, ptx, cubin from compiles where outcome = 'ok'").fetchall():
+    for key, ptx, cubin in db.execute(
+        "select key, ptx, cubin from compiles where outcome = 'ok'"
+    ).fetchall():
         ptx, cubin = pack_binary(*unpack_binary(ptx, cubin))
         db.execute("update compiles set ptx = ?, cubin = ? where key = ?", [ptx, cubin, key])
 
@@ -85,7 +185,9 @@ class Cache:
         path = Path(path)
         if str(path) != ":memory:":
             path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(sqlite3.connect(str(path), timeout=30, isolation_level=None))
+        self.db = sqlite_utils.Database(
+            sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        )
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.migrate()
@@ -110,13 +212,15 @@ class Cache:
     def migrate(self) -> None:
         current = self.version()
         if current > SCHEMA_VERSION:
-            raise RuntimeError(f"cache schema v{current} is newer than this ptxbuild (v{SCHEMA_VERSION}); upgrade ptxbuild")
+            raise RuntimeError(
+                f"cache schema v{current} is newer than this ptxbuild (v{SCHEMA_VERSION}); upgrade ptxbuild"
+            )
         for v in range(current + 1, SCHEMA_VERSION + 1):
             with self.transaction():
                 MIGRATIONS[v](self.db)
                 self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
         if 0 < current < 4 <= SCHEMA_VERSION:
-            self.give_pages_back()   # v4 shrank the compiles table in place
+            self.give_pages_back()  # v4 shrank the compiles table in place
 
     # -- compile step ---------------------------------------------------------------------------
     def get_compile(self, key: str) -> dict | None:
@@ -126,18 +230,41 @@ class Cache:
         try:
             row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
         except (zlib.error, UnicodeDecodeError):
-            return None   # a damaged row: compile again (put_compile overwrites it)
+            return None  # a damaged row: compile again (put_compile overwrites it)
         return row
 
-    def put_compile(self, key: str, arch: str, entry: str, binary: Binary | None, error: str, toolchain: str,
-                    seconds: float) -> None:
-        row = {"key": key, "arch": arch, "entry": entry, "outcome": "ok" if binary else "compile_error",
-               "error": error, "toolchain": toolchain, "seconds": seconds, "created": time.time()}
+    def put_compile(
+        self,
+        key: str,
+        arch: str,
+        entry: str,
+        binary: Binary | None,
+        error: str,
+        toolchain: str,
+        seconds: float,
+    ) -> None:
+        row = {
+            "key": key,
+            "arch": arch,
+            "entry": entry,
+            "outcome": "ok" if binary else "compile_error",
+            "error": error,
+            "toolchain": toolchain,
+            "seconds": seconds,
+            "created": time.time(),
+        }
         if binary:
             ptx, cubin = pack_binary(binary.ptx, binary.cubin)
-            row.update(ptx=ptx, cubin=cubin, digest=binary.digest, registers=binary.registers,
-                       spill_bytes=binary.spill_bytes, smem_static_bytes=binary.smem_static_bytes,
-                       local_bytes=binary.local_bytes, log=binary.log)
+            row.update(
+                ptx=ptx,
+                cubin=cubin,
+                digest=binary.digest,
+                registers=binary.registers,
+                spill_bytes=binary.spill_bytes,
+                smem_static_bytes=binary.smem_static_bytes,
+                local_bytes=binary.local_bytes,
+                log=binary.log,
+            )
         self.db["compiles"].upsert(row, pk="key")
 
     # -- verify / measure steps -----------------------------------------------------------------
@@ -153,26 +280,58 @@ class Cache:
 
     # -- attempts and builds --------------------------------------------------------------------
     def add_attempt(self, **row: Any) -> int:
-        row = {k: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v) for k, v in row.items()}
+        row = {
+            k: (json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+            for k, v in row.items()
+        }
         return self.db["attempts"].insert({**row, "created": time.time()}).last_pk
 
     def attempts(self, target: str | None = None, run: str | None = None) -> list[dict]:
-        where = " and ".join(["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else []))
-        return list(self.db.query(f"select * from attempts where {where} order by id", [v for v in (target, run) if v]))
+        where = " and ".join(
+            ["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else [])
+        )
+        return list(
+            self.db.query(
+                f"select * from attempts where {where} order by id", [v for v in (target, run) if v]
+            )
+        )
 
-    def add_build(self, target: str, key: str, kernelfile: str, status: str, measured: bool, manifest: str,
-                  summary: dict, project: str = "") -> None:
-        self.db["builds"].insert({"target": target, "key": key, "kernelfile": kernelfile, "status": status,
-                                  "measured": int(measured), "manifest": manifest, "project": project,
-                                  "summary": json.dumps(summary, sort_keys=True), "created": time.time()})
+    def add_build(
+        self,
+        target: str,
+        key: str,
+        kernelfile: str,
+        status: str,
+        measured: bool,
+        manifest: str,
+        summary: dict,
+        project: str = "",
+    ) -> None:
+        self.db["builds"].insert(
+            {
+                "target": target,
+                "key": key,
+                "kernelfile": kernelfile,
+                "status": status,
+                "measured": int(measured),
+                "manifest": manifest,
+                "project": project,
+                "summary": json.dumps(summary, sort_keys=True),
+                "created": time.time(),
+            }
+        )
 
     def last_build(self, target: str, project: str = "") -> dict | None:
         """The latest build of `target` by the kernelfile whose [project] name is `project`. A project with no build of
         its own sees the builds made before schema v3 (project ""), whose kernelfile is unknown: upgrading ptxbuild must
         not make every target "never built". Their build keys still decide whether a target is up to date."""
         for p in dict.fromkeys([project, ""]):
-            rows = list(self.db.query("select * from builds where target = ? and project = ? order by id desc limit 1",
-                                      [target, p]))
+            rows = list(
+                self.db.query(
+                    "select * from builds where target = ? and project = ? order by id desc limit 1",
+                    [target, p],
+                )
+            )
             if rows:
                 return rows[0]
         return None
@@ -189,7 +348,9 @@ class Cache:
     def prune_compiles(self, older_than_s: float) -> int:
         """Drop stored compiles (PTX and cubin: a pure function of source, arch and toolchain, redone on demand) older
         than `older_than_s` seconds and VACUUM; returns how many. Attempts, verdicts, timings, builds, lessons stay."""
-        n = self.db.execute("DELETE FROM compiles WHERE created < ?", [time.time() - older_than_s]).rowcount
+        n = self.db.execute(
+            "DELETE FROM compiles WHERE created < ?", [time.time() - older_than_s]
+        ).rowcount
         self.give_pages_back()
         return n
 

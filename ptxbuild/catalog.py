@@ -1,4 +1,5 @@
 """The GPU catalog: names users write in a kernelfile and what each chip is."""
+
 from __future__ import annotations
 
 import difflib
@@ -8,26 +9,29 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class Gpu:
     name: str
-    model: str            # what the driver reports, e.g. "NVIDIA H200"
-    arch: str             # compile target, e.g. sm_90a
-    family: str           # hopper, blackwell, ...
+    model: str  # what the driver reports, e.g. "NVIDIA H200"
+    arch: str  # compile target, e.g. sm_90a
+    family: str  # hopper, blackwell, ...
     sm_count: int
-    dram_tbps: float      # datasheet memory bandwidth (measured copy bandwidth replaces it on hardware)
+    dram_tbps: float  # datasheet memory bandwidth (measured copy bandwidth replaces it on hardware)
     smem_per_block_bytes: int
-    max_cluster: int      # 1 = no thread block clusters
+    max_cluster: int  # 1 = no thread block clusters
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-CATALOG: dict[str, Gpu] = {g.name: g for g in [
-    Gpu("a100", "NVIDIA A100", "sm_80", "ampere", 108, 2.04, 227 * 1024 - 1024, 1),
-    Gpu("l40s", "NVIDIA L40S", "sm_89", "ada", 142, 0.864, 99 * 1024, 1),
-    Gpu("h100", "NVIDIA H100", "sm_90a", "hopper", 132, 3.35, 227 * 1024, 16),
-    Gpu("h200", "NVIDIA H200", "sm_90a", "hopper", 132, 4.8, 227 * 1024, 16),
-    Gpu("gh200", "NVIDIA GH200", "sm_90a", "hopper", 132, 4.0, 227 * 1024, 16),
-    Gpu("b200", "NVIDIA B200", "sm_100a", "blackwell", 148, 8.0, 227 * 1024, 16),
-]}
+CATALOG: dict[str, Gpu] = {
+    g.name: g
+    for g in [
+        Gpu("a100", "NVIDIA A100", "sm_80", "ampere", 108, 2.04, 227 * 1024 - 1024, 1),
+        Gpu("l40s", "NVIDIA L40S", "sm_89", "ada", 142, 0.864, 99 * 1024, 1),
+        Gpu("h100", "NVIDIA H100", "sm_90a", "hopper", 132, 3.35, 227 * 1024, 16),
+        Gpu("h200", "NVIDIA H200", "sm_90a", "hopper", 132, 4.8, 227 * 1024, 16),
+        Gpu("gh200", "NVIDIA GH200", "sm_90a", "hopper", 132, 4.0, 227 * 1024, 16),
+        Gpu("b200", "NVIDIA B200", "sm_100a", "blackwell", 148, 8.0, 227 * 1024, 16),
+    ]
+}
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120")
 

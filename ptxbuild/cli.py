@@ -1,4 +1,5 @@
 """The ptxbuild command line: parse arguments, call the library, print. Nothing else lives here."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ EXIT_TOOL = 3
 
 class ToolError(click.ClickException):
     """ptxbuild itself could not run (no compiler, GPU worker down): not a failed build."""
+
     exit_code = EXIT_TOOL
 
 
@@ -29,13 +31,16 @@ class ConfigError(click.ClickException):
 
 
 def _kernelfile(path: str, ops: bool = True):
+    from .build import check_declaration
     from .graph import TargetError
     from .kernelfile import KernelfileError, load
-    from .build import check_declaration
     from .oploader import OpError, load_op
+
     try:
         kf = load(path)
-        for spec in kf.ops.values() if ops else ():   # options, modes, shapes, candidates, polish against the op
+        for spec in (
+            kf.ops.values() if ops else ()
+        ):  # options, modes, shapes, candidates, polish against the op
             check_declaration(spec, load_op(spec.template, kf.root))
         return kf
     except (KernelfileError, TargetError, OpError) as exc:
@@ -44,6 +49,7 @@ def _kernelfile(path: str, ops: bool = True):
 
 def _targets(kf, names):
     from .graph import TargetError, parse_target
+
     try:
         return [t for n in names for t in parse_target(n, kf)] if names else None
     except TargetError as exc:
@@ -53,20 +59,33 @@ def _targets(kf, names):
 def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
     from .build import Context
     from .compiler import ToolchainMissing, toolchain
+
     try:
         tc = toolchain()
     except ToolchainMissing as exc:
         raise ToolError(str(exc)) from None
-    cache = Cache(":memory:" if dry and not kf.cache_path.exists() else kf.cache_path)   # dry: plan creates none
-    ctx = Context(kf=kf, cache=cache, toolchain=tc, report=progress, command="ptxbuild " + " ".join(sys.argv[1:]))
+    cache = Cache(
+        ":memory:" if dry and not kf.cache_path.exists() else kf.cache_path
+    )  # dry: plan creates none
+    ctx = Context(
+        kf=kf,
+        cache=cache,
+        toolchain=tc,
+        report=progress,
+        command="ptxbuild " + " ".join(sys.argv[1:]),
+    )
     from .lessons_io import LessonsFileError, import_shared
+
     shared = kf.cache_path.parent / "lessons.jsonl"
     try:
         counts = None if dry else import_shared(ctx.cache, shared)
     except LessonsFileError as exc:
         raise ConfigError(f"{exc}; fix or remove {shared.name}") from None
     if counts:
-        click.echo(f"lessons: imported {counts['added']} from {shared.relative_to(kf.root)} into a new cache", err=True)
+        click.echo(
+            f"lessons: imported {counts['added']} from {shared.relative_to(kf.root)} into a new cache",
+            err=True,
+        )
     if jobs:
         ctx.jobs = jobs
     if use_gpu:
@@ -80,9 +99,13 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
             try:
                 ctx.gpu = GpuSession()
             except GpuError as exc:
-                raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu")
-            click.echo(f"gpu: {ctx.gpu.fingerprint}; copy bandwidth {ctx.gpu.copy_tbps:.2f} TB/s", err=True)
-            ctx.gpu_match = lambda fp, gpu: match_gpu(fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]})
+                raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu") from exc
+            click.echo(
+                f"gpu: {ctx.gpu.fingerprint}; copy bandwidth {ctx.gpu.copy_tbps:.2f} TB/s", err=True
+            )
+            ctx.gpu_match = lambda fp, gpu: match_gpu(
+                fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]}
+            )
     return ctx
 
 
@@ -90,9 +113,12 @@ class Progress:
     """Prints one line per problem with candidates tried / failed / best so far; problems only compiled (no GPU
     of the target here) make one line per target, on a terminal rewritten in place."""
 
-    LINES = {"target_start": "{target}: building ({reason})", "note": "  {message}",   # events of one plain line
-             "target_skip": "{target}: skipped, {reason}"}   # an up-to-date target: its result line says so
-    CLEAR = "\r\x1b[K"   # a terminal: back to the line's start and clear it
+    LINES = {
+        "target_start": "{target}: building ({reason})",
+        "note": "  {message}",  # events of one plain line
+        "target_skip": "{target}: skipped, {reason}",
+    }  # an up-to-date target: its result line says so
+    CLEAR = "\r\x1b[K"  # a terminal: back to the line's start and clear it
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
@@ -115,26 +141,41 @@ class Progress:
             if ev["score"] is not None and math.isfinite(ev["score"]):
                 self.best = min(self.best, ev["score"])
             if sys.stderr.isatty():
-                click.echo(f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}   ",
-                           err=True, nl=False)
+                click.echo(
+                    f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}   ",
+                    err=True,
+                    nl=False,
+                )
         elif kind == "baselines_start":
             note = "timing the baselines (a first call may compile or autotune them)"
             if sys.stderr.isatty():
-                click.echo(f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}; {note}   ",
-                           err=True, nl=False)
+                click.echo(
+                    f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}; {note}   ",
+                    err=True,
+                    nl=False,
+                )
             else:
-                click.echo(f"{self.label}: tried {self.tried}, best {self._best()}; {note} ...", err=True)
-        elif kind == "problem_done" and self.best == 0:   # compiled, not timed
+                click.echo(
+                    f"{self.label}: tried {self.tried}, best {self._best()}; {note} ...", err=True
+                )
+        elif kind == "problem_done" and self.best == 0:  # compiled, not timed
             self.compiled += 1
             tty = sys.stderr.isatty()
-            if self.last or tty:   # a terminal: rewritten in place; a log: one line
-                click.echo(f"{self.CLEAR if tty else ''}  {self.compiled}/{self.total} problems compiled and resource-"
-                           f"checked, not timed ({time.monotonic() - self.t_target:.1f}s)", err=True, nl=self.last)
+            if self.last or tty:  # a terminal: rewritten in place; a log: one line
+                click.echo(
+                    f"{self.CLEAR if tty else ''}  {self.compiled}/{self.total} problems compiled and resource-"
+                    f"checked, not timed ({time.monotonic() - self.t_target:.1f}s)",
+                    err=True,
+                    nl=self.last,
+                )
         elif kind in ("problem_done", "problem_fail"):
             end = "\r" if sys.stderr.isatty() else ""
             status = "NO VALID CANDIDATE" if kind == "problem_fail" else f"best {self._best()}"
-            click.echo(f"{end}{self.label}: tried {self.tried}, failed {self.failed}, {status} "
-                       f"({self._seconds(ev)})", err=True)
+            click.echo(
+                f"{end}{self.label}: tried {self.tried}, failed {self.failed}, {status} "
+                f"({self._seconds(ev)})",
+                err=True,
+            )
 
     def _seconds(self, ev) -> str:
         total = f"{time.monotonic() - self.t0:.1f}s"
@@ -142,12 +183,24 @@ class Progress:
         return total if base is None else f"{total}, of which baselines {base:.1f}s"
 
     def _best(self) -> str:
-        return "-" if not math.isfinite(self.best) else "compiled" if self.best == 0 else f"{self.best * 1000:.1f} us"
+        return (
+            "-"
+            if not math.isfinite(self.best)
+            else "compiled"
+            if self.best == 0
+            else f"{self.best * 1000:.1f} us"
+        )
 
 
 @click.group()
 @click.version_option(package_name="ptxbuild", prog_name="ptxbuild")
-@click.option("--kernelfile", "-f", default="kernelfile.toml", show_default=True, help="Path to the kernelfile.")
+@click.option(
+    "--kernelfile",
+    "-f",
+    default="kernelfile.toml",
+    show_default=True,
+    help="Path to the kernelfile.",
+)
 @click.pass_context
 def main(ctx, kernelfile):
     """ptxbuild: build GPU kernels from kernelfile.toml by a cached, verified search.
@@ -165,9 +218,13 @@ def check(kernelfile):
     Example: ptxbuild check
     """
     from .graph import all_targets
+
     kf = _kernelfile(kernelfile)
     targets = all_targets(kf)
-    click.echo(f"{kf.path.name}: ok, {len(kf.ops)} op(s), {len(targets)} target(s): " + " ".join(map(str, targets)))
+    click.echo(
+        f"{kf.path.name}: ok, {len(kf.ops)} op(s), {len(targets)} target(s): "
+        + " ".join(map(str, targets))
+    )
 
 
 @main.command()
@@ -180,9 +237,10 @@ def plan(kernelfile, targets, no_gpu):
     Example: ptxbuild plan rmsnorm@b200
     """
     from .build import plan as do_plan
+
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None, dry=True)
-    try:   # with a GPU present its fingerprint is part of each key: the worker that read it is stopped after
+    try:  # with a GPU present its fingerprint is part of each key: the worker that read it is stopped after
         for t, fresh, why in do_plan(ctx, _targets(kf, targets)):
             click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
     finally:
@@ -192,75 +250,160 @@ def plan(kernelfile, targets, no_gpu):
 
 @main.command()
 @click.argument("targets", nargs=-1)
-@click.option("--explain", is_flag=True, help="Say why each target is built or skipped, then build "
-              "(`ptxbuild plan` only says).")
-@click.option("--force", is_flag=True, help="Rebuild even up-to-date targets (cached steps are still reused).")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: all cores).")
-@click.option("--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present.")
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Say why each target is built or skipped, then build (`ptxbuild plan` only says).",
+)
+@click.option(
+    "--force", is_flag=True, help="Rebuild even up-to-date targets (cached steps are still reused)."
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Parallel compiles (default: all cores).",
+)
+@click.option(
+    "--no-gpu", is_flag=True, help="Do not verify or time on a GPU even if one is present."
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print only the result lines (no progress).")
-@click.option("--locked", is_flag=True, help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
-              "search); fail on any drift.")
-@click.option("--remeasure", is_flag=True, help="Time every candidate and baseline again (implies --force; "
-              "compiles and verdicts still come from the cache): all of a report's numbers from one run. "
-              "After an interrupted --remeasure build it resumes, keeping that run's successful timings.")
-@click.option("--remeasure-only", "remeasure_only", multiple=True, metavar="TEXT", help="Like --remeasure, but only "
-              "for problems whose label contains TEXT (repeatable), e.g. 'float32[32768x2048]'; the others keep "
-              "their cached timings, and each report row says when it was timed.")
-@click.option("--no-resume", is_flag=True, help="With --remeasure: start over even after an interrupted "
-              "--remeasure build (e.g. when the GPU was shared while it ran).")
+@click.option(
+    "--locked",
+    is_flag=True,
+    help="Rebuild exactly what kernelfile.lock records (compile + verify, no "
+    "search); fail on any drift.",
+)
+@click.option(
+    "--remeasure",
+    is_flag=True,
+    help="Time every candidate and baseline again (implies --force; "
+    "compiles and verdicts still come from the cache): all of a report's numbers from one run. "
+    "After an interrupted --remeasure build it resumes, keeping that run's successful timings.",
+)
+@click.option(
+    "--remeasure-only",
+    "remeasure_only",
+    multiple=True,
+    metavar="TEXT",
+    help="Like --remeasure, but only "
+    "for problems whose label contains TEXT (repeatable), e.g. 'float32[32768x2048]'; the others keep "
+    "their cached timings, and each report row says when it was timed.",
+)
+@click.option(
+    "--no-resume",
+    is_flag=True,
+    help="With --remeasure: start over even after an interrupted "
+    "--remeasure build (e.g. when the GPU was shared while it ran).",
+)
 @click.pass_obj
-def build(kernelfile, targets, explain, force, jobs, no_gpu, quiet, locked, remeasure, remeasure_only, no_resume):
+def build(
+    kernelfile,
+    targets,
+    explain,
+    force,
+    jobs,
+    no_gpu,
+    quiet,
+    locked,
+    remeasure,
+    remeasure_only,
+    no_resume,
+):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
     """
-    from .build import build as do_build, plan as do_plan, problems_of
+    from .build import build as do_build
+    from .build import plan as do_plan
+    from .build import problems_of
     from .graph import all_targets
+
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
     if remeasure and remeasure_only:
-        raise ConfigError("give --remeasure (every problem) or --remeasure-only TEXT (some), not both")
+        raise ConfigError(
+            "give --remeasure (every problem) or --remeasure-only TEXT (some), not both"
+        )
     remeasure = remeasure or bool(remeasure_only)
     if no_resume and not remeasure:
         raise ConfigError("--no-resume only applies with --remeasure")
-    labels = [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])] if remeasure_only else []
-    for text in remeasure_only:   # a typo would time nothing again and look like success (checked before a GPU starts)
+    labels = (
+        [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])]
+        if remeasure_only
+        else []
+    )
+    for text in (
+        remeasure_only
+    ):  # a typo would time nothing again and look like success (checked before a GPU starts)
         if not any(text in label for label in labels):
-            raise ConfigError(f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})")
+            raise ConfigError(
+                f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})"
+            )
     ctx = _context(kf, jobs, not no_gpu, Progress(quiet))
     ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
     ctx.remeasure_only = tuple(remeasure_only)
     if explain:
         for t, fresh, why in do_plan(ctx, chosen):
-            click.echo(f"{t}: {why}" if fresh else f"{t}: stale ({why})")   # a fresh why starts "up to date"
+            click.echo(
+                f"{t}: {why}" if fresh else f"{t}: stale ({why})"
+            )  # a fresh why starts "up to date"
     from .gpu.session import GpuError
     from .lockfile import LockError, build_locked, update_lock
 
-    def say_missed(r):   # built and locked all the same: the gates judge the kernels, they do not build them
+    def say_missed(
+        r,
+    ):  # built and locked all the same: the gates judge the kernels, they do not build them
         if r.missed:
-            click.echo(f"{r.target}: {len(r.missed)} gate(s) missed (ops.{r.target.op}.gates):\n"
-                       + "\n".join(f"  - {m}" for m in r.missed))
+            click.echo(
+                f"{r.target}: {len(r.missed)} gate(s) missed (ops.{r.target.op}.gates):\n"
+                + "\n".join(f"  - {m}" for m in r.missed)
+            )
+
     try:
         results = build_locked(ctx, chosen) if locked else do_build(ctx, chosen)
-        lock = None if locked else update_lock(kf, results, note=lambda m: click.echo(f"lock: {m}", err=True))
+        lock = (
+            None
+            if locked
+            else update_lock(kf, results, note=lambda m: click.echo(f"lock: {m}", err=True))
+        )
     except LockError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BUILD_FAILED)
-    except (GpuError, KeyboardInterrupt) as exc:   # targets that finished before it keep their lock entries
-        if not locked and (lock := update_lock(kf, getattr(exc, "finished", []), note=lambda m: click.echo(f"lock: {m}", err=True))):
+    except (
+        GpuError,
+        KeyboardInterrupt,
+    ) as exc:  # targets that finished before it keep their lock entries
+        if not locked and (
+            lock := update_lock(
+                kf, getattr(exc, "finished", []), note=lambda m: click.echo(f"lock: {m}", err=True)
+            )
+        ):
             click.echo(f"lock: {lock} (the targets finished before the stop)", err=True)
         for r in getattr(exc, "finished", []):
             say_missed(r)
         if isinstance(exc, GpuError):
-            raise ToolError(f"{exc}; finished attempts are saved in the cache, rerun to continue") from None
-        click.echo("interrupted: finished attempts are saved in the cache; rerun to continue", err=True)
+            raise ToolError(
+                f"{exc}; finished attempts are saved in the cache, rerun to continue"
+            ) from None
+        click.echo(
+            "interrupted: finished attempts are saved in the cache; rerun to continue", err=True
+        )
         sys.exit(130)
     finally:
         if ctx.gpu is not None:
             ctx.gpu.close()
     for r in results:
-        extra = (f" ({r.reason})" if locked else "" if r.status == "up_to_date"
-                 else " (measured on hardware)" if r.measured else " (not measured on hardware)")
+        extra = (
+            f" ({r.reason})"
+            if locked
+            else ""
+            if r.status == "up_to_date"
+            else " (measured on hardware)"
+            if r.measured
+            else " (not measured on hardware)"
+        )
         line = f"{r.target}: {r.status.replace('_', ' ')}{extra}"
         if r.status == "failed":
             line += f": {r.reason}"
@@ -287,7 +430,9 @@ def relock(kernelfile, targets):
     Example: ptxbuild relock rmsnorm@h200
     """
     from .compiler import CompileError
-    from .lockfile import LockError, relock as do_relock
+    from .lockfile import LockError
+    from .lockfile import relock as do_relock
+
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, False, Progress(True))
     try:
@@ -299,8 +444,10 @@ def relock(kernelfile, targets):
     for t, what in done:
         click.echo(f"{t}: {what}")
     if any(what != "unchanged" for _, what in done):
-        click.echo("the lock changed: run `ptxbuild build --locked` to rewrite build/ from it, then commit both",
-                   err=True)
+        click.echo(
+            "the lock changed: run `ptxbuild build --locked` to rewrite build/ from it, then commit both",
+            err=True,
+        )
 
 
 @main.command()
@@ -314,23 +461,40 @@ def report(kernelfile, targets):
     from .graph import all_targets
     from .lockfile import pinned_binaries
     from .report import HEAD, collect, rejudge, table_rows, write_report
+
     kf = _kernelfile(kernelfile, ops=False)
     cache, locked = Cache(kf.cache_path), pinned_binaries(kf)
     for t in _targets(kf, targets) or all_targets(kf):
         data = collect(kf, cache, t)
-        rejudge(kf, t, rerender=data is None)   # the report there by this kernelfile's gates, whatever comes next
-        if data is None:   # e.g. a GPU machine's report, committed: rendered again from its report.json
+        rejudge(
+            kf, t, rerender=data is None
+        )  # the report there by this kernelfile's gates, whatever comes next
+        if (
+            data is None
+        ):  # e.g. a GPU machine's report, committed: rendered again from its report.json
             md, how = kf.reports_dir / str(t) / "report.md", "--locked " if str(t) in locked else ""
-            click.echo(f"{t}: no build in this cache" + (f"; its report {md.relative_to(kf.root)} is rendered again from "
-                       "report.json" if md.with_suffix(".json").is_file() else f"; its report is {md.relative_to(kf.root)}"
-                       if md.is_file() else "") + f"; run: ptxbuild build {how}{t}")
+            click.echo(
+                f"{t}: no build in this cache"
+                + (
+                    f"; its report {md.relative_to(kf.root)} is rendered again from report.json"
+                    if md.with_suffix(".json").is_file()
+                    else f"; its report is {md.relative_to(kf.root)}"
+                    if md.is_file()
+                    else ""
+                )
+                + f"; run: ptxbuild build {how}{t}"
+            )
             continue
         path = write_report(kf, cache, t, keep_newer=True)
         if path is None:
-            click.echo(f"{t}: left as it is: its report comes from a later build (another machine's?) than this "
-                       f"cache's last one; bring that machine's cache here to re-render it")
+            click.echo(
+                f"{t}: left as it is: its report comes from a later build (another machine's?) than this "
+                f"cache's last one; bring that machine's cache here to re-render it"
+            )
             continue
-        measured = "measured on hardware" if data["summary"]["measured"] else "not measured on hardware"
+        measured = (
+            "measured on hardware" if data["summary"]["measured"] else "not measured on hardware"
+        )
         click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
         rows = [HEAD] + table_rows(data)
         widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
@@ -345,6 +509,7 @@ def doctor():
     Example: ptxbuild doctor
     """
     from .gpu.doctor import doctor as run_doctor
+
     for name, status in run_doctor():
         click.echo(f"{name:12} {status}")
 
@@ -360,6 +525,7 @@ class _ShowByDefault(click.Group):
 
 def _gpu(kf, name):
     from .catalog import CATALOG, did_you_mean
+
     if name is None:
         return None
     gpu = kf.gpus.get(name) or CATALOG.get(name)
@@ -395,8 +561,14 @@ def cache_show(kernelfile):
 
 
 @cache_group.command("prune")
-@click.option("--older-than", "days", type=click.FloatRange(min=0), default=7.0, show_default=True,
-              help="Drop compiled PTX and cubin stored more than this many days ago.")
+@click.option(
+    "--older-than",
+    "days",
+    type=click.FloatRange(min=0),
+    default=7.0,
+    show_default=True,
+    help="Drop compiled PTX and cubin stored more than this many days ago.",
+)
 @click.pass_obj
 def cache_prune(kernelfile, days):
     """Drop old compiled PTX and cubin (a build compiles them again when it needs them); attempts,
@@ -405,7 +577,7 @@ def cache_prune(kernelfile, days):
     Example: ptxbuild cache prune --older-than 0
     """
     kf = _kernelfile(kernelfile, ops=False)
-    cache = Cache(kf.cache_path)                 # (creates an empty one if there is none yet)
+    cache = Cache(kf.cache_path)  # (creates an empty one if there is none yet)
     before = _mib(kf.cache_path)
     n = cache.prune_compiles(days * 86400)
     click.echo(f"{kf.cache_path}: {n} compile(s) dropped, {before} -> {_mib(kf.cache_path)}")
@@ -430,12 +602,21 @@ def lessons_show(kernelfile, op, gpu, show_all):
     Example: ptxbuild lessons show rmsnorm --gpu h100
     """
     from .lessons import listing
+
     kf = _kernelfile(kernelfile, ops=False)
     rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
-    ops = sorted({r["op"] for r in listing(Cache(kf.cache_path), None, None, True)}) if op and not rows else []
+    ops = (
+        sorted({r["op"] for r in listing(Cache(kf.cache_path), None, None, True)})
+        if op and not rows
+        else []
+    )
     if not rows:
-        click.echo(f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}" if ops and op not in ops else "no lessons yet; "
-                   "build a target on a GPU (ptxbuild build op@gpu) or import some (ptxbuild lessons import FILE)")
+        click.echo(
+            f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}"
+            if ops and op not in ops
+            else "no lessons yet; "
+            "build a target on a GPU (ptxbuild build op@gpu) or import some (ptxbuild lessons import FILE)"
+        )
         return
     head = ["id", "op", "kind", "scope", "rule", "confidence", "evidence", "source"]
     table = [head] + [[r[k] for k in head] for r in rows]
@@ -456,6 +637,7 @@ def lessons_export(kernelfile, out, op, gpu, retired):
     Example: ptxbuild lessons export cache/lessons.jsonl --op rmsnorm
     """
     from .lessons_io import export_lessons
+
     kf = _kernelfile(kernelfile, ops=False)
     _gpu(kf, gpu)
     lines = export_lessons(Cache(kf.cache_path), op, gpu, retired, kf.project)
@@ -478,13 +660,16 @@ def lessons_import(kernelfile, file):
     Example: ptxbuild lessons import cache/lessons.jsonl
     """
     from .lessons_io import LessonsFileError, import_lessons
+
     kf = _kernelfile(kernelfile, ops=False)
     try:
         n = import_lessons(Cache(kf.cache_path), file)
     except LessonsFileError as exc:
         raise ConfigError(f"{exc}; nothing imported") from None
-    click.echo(f"{file}: {n['read']} lesson(s) read, {n['added']} added, {n['already_present']} already present, "
-               f"{n['duplicates_in_file']} duplicate(s) in the file")
+    click.echo(
+        f"{file}: {n['read']} lesson(s) read, {n['added']} added, {n['already_present']} already present, "
+        f"{n['duplicates_in_file']} duplicate(s) in the file"
+    )
 
 
 @main.command()
@@ -498,15 +683,21 @@ def record(kernelfile, out, op, gpu):
     Example: ptxbuild record recordings/rmsnorm-h200.jsonl --op rmsnorm
     """
     from .replay import export_recording
+
     kf = _kernelfile(kernelfile)
     from .build import problems_of
     from .oploader import load_op
+
     spaces, defaults = {}, {}
     for name, spec in kf.ops.items():
         mod = load_op(spec.template, kf.root)
         spaces[name] = mod.SPACE
-        defaults[name] = {json.dumps(p.key(), sort_keys=True): mod.default_params(p) for p in problems_of(spec)}
-    n = export_recording(Cache(kf.cache_path), out, op=op, gpu=gpu, spaces=spaces, defaults=defaults)
+        defaults[name] = {
+            json.dumps(p.key(), sort_keys=True): mod.default_params(p) for p in problems_of(spec)
+        }
+    n = export_recording(
+        Cache(kf.cache_path), out, op=op, gpu=gpu, spaces=spaces, defaults=defaults
+    )
     click.echo(f"{n} attempt(s) -> {out}")
 
 

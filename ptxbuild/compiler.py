@@ -1,4 +1,5 @@
 """Compile stage: CUDA C++ -> PTX (NVRTC) -> cubin (nvJitLink), with the resources ptxas reports."""
+
 from __future__ import annotations
 
 import re
@@ -16,14 +17,18 @@ class ToolchainMissing(RuntimeError):
     """The CUDA compiler wheels are not installed."""
 
 
-INSTALL_HINT = "pip install 'cuda-bindings>=13.0,<14' 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-nvjitlink==13.0.*'"
+INSTALL_HINT = (
+    "pip install 'cuda-bindings>=13.0,<14' 'nvidia-cuda-nvrtc==13.0.*' 'nvidia-nvjitlink==13.0.*'"
+)
 
 
 def _bindings():
     try:
         from cuda.bindings import nvjitlink, nvrtc
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise ToolchainMissing(f"the CUDA compiler is not installed ({exc}); run: {INSTALL_HINT}") from exc
+        raise ToolchainMissing(
+            f"the CUDA compiler is not installed ({exc}); run: {INSTALL_HINT}"
+        ) from exc
     return nvrtc, nvjitlink
 
 
@@ -33,13 +38,17 @@ class Toolchain:
 
     nvrtc: str
     nvjitlink: str
-    bindings: str            # the Python wrapper: recorded, not hashed (it does not change the output)
-    nvrtc_wheel: str | None = None       # finer than NVRTC's own major.minor, when installed from pip
+    bindings: str  # the Python wrapper: recorded, not hashed (it does not change the output)
+    nvrtc_wheel: str | None = None  # finer than NVRTC's own major.minor, when installed from pip
     nvjitlink_wheel: str | None = None
 
     def key(self) -> dict[str, str | None]:
-        return {"nvrtc": self.nvrtc, "nvjitlink": self.nvjitlink, "nvrtc_wheel": self.nvrtc_wheel,
-                "nvjitlink_wheel": self.nvjitlink_wheel}
+        return {
+            "nvrtc": self.nvrtc,
+            "nvjitlink": self.nvjitlink,
+            "nvrtc_wheel": self.nvrtc_wheel,
+            "nvjitlink_wheel": self.nvjitlink_wheel,
+        }
 
     def __str__(self) -> str:
         return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
@@ -56,20 +65,29 @@ def installed_version(name: str) -> str | None:
 def toolchain() -> Toolchain:
     nvrtc, nvjitlink = _bindings()
     import cuda.bindings
+
     _, major, minor = nvrtc.nvrtcVersion()
     try:
         jl = nvjitlink.version()
         jl_ver = f"{jl[0]}.{jl[1]}"
     except Exception:  # older bindings have no version()
         jl_ver = "unknown"
-    return Toolchain(nvrtc=f"{major}.{minor}", nvjitlink=jl_ver, bindings=cuda.bindings.__version__,
-                     nvrtc_wheel=installed_version("nvidia-cuda-nvrtc"),
-                     nvjitlink_wheel=installed_version("nvidia-nvjitlink"))
+    return Toolchain(
+        nvrtc=f"{major}.{minor}",
+        nvjitlink=jl_ver,
+        bindings=cuda.bindings.__version__,
+        nvrtc_wheel=installed_version("nvidia-cuda-nvrtc"),
+        nvjitlink_wheel=installed_version("nvidia-nvjitlink"),
+    )
 
 
-_RES = {"registers": re.compile(r"Used (\d+) registers"), "spill_store": re.compile(r"(\d+) bytes spill stores"),
-        "spill_load": re.compile(r"(\d+) bytes spill loads"), "stack": re.compile(r"(\d+) bytes stack frame"),
-        "smem": re.compile(r"(\d+) bytes smem")}
+_RES = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_store": re.compile(r"(\d+) bytes spill stores"),
+    "spill_load": re.compile(r"(\d+) bytes spill loads"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+    "smem": re.compile(r"(\d+) bytes smem"),
+}
 
 
 def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:
@@ -91,8 +109,16 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     if int(err) != 0:
         raise CompileError(f"nvrtcCreateProgram failed ({err})")
     try:
-        opts = [o.encode() for o in (f"--gpu-architecture={compute}", "-std=c++17", "-default-device", *kernel.flags)
-                if o != "--use_fast_math=false"]   # NVRTC has no =false form: fast math stays off unless asked for
+        opts = [
+            o.encode()
+            for o in (
+                f"--gpu-architecture={compute}",
+                "-std=c++17",
+                "-default-device",
+                *kernel.flags,
+            )
+            if o != "--use_fast_math=false"
+        ]  # NVRTC has no =false form: fast math stays off unless asked for
         res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         _, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
         log_buf = b" " * log_size
@@ -107,40 +133,72 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     if f".entry {kernel.entry}(" not in ptx and f".entry {kernel.entry} (" not in ptx:
-        raise CompileError(f"entry point {kernel.entry!r} not found in the PTX (is it extern \"C\" __global__?)")
+        raise CompileError(
+            f'entry point {kernel.entry!r} not found in the PTX (is it extern "C" __global__?)'
+        )
     cubin, link_log = ptx_to_cubin(ptx, arch)
     res = parse_resources(link_log, kernel.entry)
-    return with_resources(Binary(arch=arch, entry=kernel.entry, ptx=ptx, cubin=cubin, registers=res["registers"],
-                                 spill_bytes=res["spill_store"] + res["spill_load"], smem_static_bytes=res["smem"],
-                                 local_bytes=res["stack"], log=(nvrtc_log + "\n" + link_log).strip()))
+    return with_resources(
+        Binary(
+            arch=arch,
+            entry=kernel.entry,
+            ptx=ptx,
+            cubin=cubin,
+            registers=res["registers"],
+            spill_bytes=res["spill_store"] + res["spill_load"],
+            smem_static_bytes=res["smem"],
+            local_bytes=res["stack"],
+            log=(nvrtc_log + "\n" + link_log).strip(),
+        )
+    )
 
 
 def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) -> str:
     """The linker's log had no resource report: registers and stack frame from the cubin. A cubin has no spill bytes,
     so any stack frame counts as spilled (conservative: our kernels keep no local arrays) and the spill filter holds."""
     from . import cubin as elf
+
     try:
         found = elf.resources(cubin, entry)
     except elf.CubinError as exc:
-        raise CompileError(f"no resource report for {entry!r} in the linker's log, and {exc}") from None
+        raise CompileError(
+            f"no resource report for {entry!r} in the linker's log, and {exc}"
+        ) from None
     if found is None:
-        raise CompileError(f"no resource report for {entry!r}: not in the linker's log, not in the cubin")
-    res.update(registers=found["registers"], stack=found.get("stack", 0),
-               spill_store=found.get("stack", 0), spill_load=0)
-    return (link_log + f"\n(resources read from the cubin: the linker's log had none: {found})").strip()
+        raise CompileError(
+            f"no resource report for {entry!r}: not in the linker's log, not in the cubin"
+        )
+    res.update(
+        registers=found["registers"],
+        stack=found.get("stack", 0),
+        spill_store=found.get("stack", 0),
+        spill_load=0,
+    )
+    return (
+        link_log + f"\n(resources read from the cubin: the linker's log had none: {found})"
+    ).strip()
 
 
 def with_resources(binary: Binary) -> Binary:
     """`binary` with its resources taken from the cubin when its log has no resource report (a fresh
     link that returned none, or a row cached before this fallback existed, stored with 0s)."""
     log = binary.log or ""
-    if not binary.cubin or not binary.cubin.startswith(b"\x7fELF") or _RES["registers"].search(log) \
-            or "resources read from the cubin" in log:
+    if (
+        not binary.cubin
+        or not binary.cubin.startswith(b"\x7fELF")
+        or _RES["registers"].search(log)
+        or "resources read from the cubin" in log
+    ):
         return binary
     res = parse_resources(log, binary.entry)
     log = _resources_from_cubin(binary.cubin, binary.entry, res, log)
-    return replace(binary, registers=res["registers"], spill_bytes=res["spill_store"] + res["spill_load"],
-                   local_bytes=res["stack"], log=log)
+    return replace(
+        binary,
+        registers=res["registers"],
+        spill_bytes=res["spill_store"] + res["spill_load"],
+        local_bytes=res["stack"],
+        log=log,
+    )
 
 
 def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:
@@ -155,7 +213,9 @@ def ptx_to_cubin(ptx: str, arch: str) -> tuple[bytes, str]:
         except Exception as exc:
             buf = bytearray(nvjitlink.get_error_log_size(handle))
             nvjitlink.get_error_log(handle, buf)
-            raise CompileError(f"ptxas: {bytes(buf).decode(errors='replace').strip() or exc}") from None
+            raise CompileError(
+                f"ptxas: {bytes(buf).decode(errors='replace').strip() or exc}"
+            ) from None
         cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
         nvjitlink.get_linked_cubin(handle, cubin)
         info = bytearray(nvjitlink.get_info_log_size(handle))

@@ -4,12 +4,13 @@ Seen on the H200 machine: a second compile of identical PTX came back with no re
 cache hit, it seems), so registers and spills parsed as 0, and a spilling candidate would have passed the spill filter.
 The cubin always carries each kernel's register count and stack sizes (the EIATTR_* records below).
 """
+
 from __future__ import annotations
 
 import struct
 
 EIATTR_FRAME_SIZE = 0x11
-EIATTR_MIN_STACK_SIZE = 0x12   # the frame including the callees' (a __noinline__ helper's locals)
+EIATTR_MIN_STACK_SIZE = 0x12  # the frame including the callees' (a __noinline__ helper's locals)
 EIATTR_REGCOUNT = 0x2F
 _EIFMT_NVAL, _EIFMT_BVAL, _EIFMT_HVAL, _EIFMT_SVAL = 1, 2, 3, 4
 
@@ -28,7 +29,9 @@ def _sections(elf: bytes) -> dict[str, tuple]:
     # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
     hdrs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     names = hdrs[shstrndx][4]
-    return {elf[names + h[0]:elf.index(b"\0", names + h[0])].decode(errors="replace"): h for h in hdrs}
+    return {
+        elf[names + h[0] : elf.index(b"\0", names + h[0])].decode(errors="replace"): h for h in hdrs
+    }
 
 
 def _symbol_index(elf: bytes, sections: dict, name: str) -> int | None:
@@ -38,7 +41,7 @@ def _symbol_index(elf: bytes, sections: dict, name: str) -> int | None:
     for i in range(symtab[5] // 24):
         st_name = struct.unpack_from("<I", elf, symtab[4] + 24 * i)[0]
         start = strtab[4] + st_name
-        if elf[start:elf.index(b"\0", start)].decode(errors="replace") == name:
+        if elf[start : elf.index(b"\0", start)].decode(errors="replace") == name:
             return i
     return None
 
@@ -50,10 +53,10 @@ def _attributes(data: bytes):
         fmt, attr = data[i], data[i + 1]
         if fmt == _EIFMT_SVAL:
             size = struct.unpack_from("<H", data, i + 2)[0]
-            yield attr, data[i + 4:i + 4 + size]
+            yield attr, data[i + 4 : i + 4 + size]
             i += 4 + size
         elif fmt == _EIFMT_HVAL:
-            yield attr, data[i + 2:i + 4]
+            yield attr, data[i + 2 : i + 4]
             i += 4
         elif fmt == _EIFMT_BVAL:
             i += 4
@@ -73,8 +76,11 @@ def resources(cubin: bytes, entry: str) -> dict[str, int] | None:
         if sym is None or info is None:
             return None
         out = {"stack": 0}
-        for attr, payload in _attributes(cubin[info[4]:info[4] + info[5]]):
-            if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE) and len(payload) == 8:
+        for attr, payload in _attributes(cubin[info[4] : info[4] + info[5]]):
+            if (
+                attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE)
+                and len(payload) == 8
+            ):
                 index, value = struct.unpack("<II", payload)
                 if index != sym:
                     continue

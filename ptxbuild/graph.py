@@ -1,4 +1,5 @@
 """Targets (op@gpu) and the dependency graph: selection, cycles, build order."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ def find_cycle(deps: dict[str, list[str]]) -> list[str] | None:
         stack.append(n)
         for d in deps.get(n, []):
             if state.get(d) == 1:
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in state and (c := visit(d)):
                 return c
         stack.pop()
@@ -50,13 +51,19 @@ def parse_target(text: str, kf) -> list[Target]:
     """'op@gpu', 'op' (all its GPUs) or '@gpu' (all ops on that GPU)."""
     op, _, gpu = text.partition("@")
     if text.endswith("@"):
-        raise TargetError(f"{text}: nothing after '@'; write op@gpu, op (all its GPUs) or @gpu (all ops on it)")
+        raise TargetError(
+            f"{text}: nothing after '@'; write op@gpu, op (all its GPUs) or @gpu (all ops on it)"
+        )
     if not gpu and op in kf.gpus and op not in kf.ops:
         op, gpu = "", op
     if op and op not in kf.ops:
-        raise TargetError(f"{text}: no op {op!r} in {kf.path.name}{did_you_mean(op, kf.ops)}; declare [ops.{op}]")
+        raise TargetError(
+            f"{text}: no op {op!r} in {kf.path.name}{did_you_mean(op, kf.ops)}; declare [ops.{op}]"
+        )
     if gpu and gpu not in kf.gpus:
-        raise TargetError(f"{text}: no GPU {gpu!r}{did_you_mean(gpu, kf.gpus)}; known: {', '.join(kf.gpus)}")
+        raise TargetError(
+            f"{text}: no GPU {gpu!r}{did_you_mean(gpu, kf.gpus)}; known: {', '.join(kf.gpus)}"
+        )
     chosen = [t for t in all_targets(kf) if (not op or t.op == op) and (not gpu or t.gpu == gpu)]
     if not chosen:
         raise TargetError(f"{text}: op {op!r} does not target {gpu!r}; add it to ops.{op}.gpus")
@@ -75,7 +82,9 @@ def build_order(kf, requested: list[Target] | None = None) -> list[Target]:
         seen.add(t)
         for dep in kf.ops[t.op].depends:
             if t.gpu not in kf.ops[dep].gpus:
-                raise TargetError(f"{t}: depends on {dep}@{t.gpu}, which ops.{dep}.gpus does not include; add {t.gpu!r}")
+                raise TargetError(
+                    f"{t}: depends on {dep}@{t.gpu}, which ops.{dep}.gpus does not include; add {t.gpu!r}"
+                )
             visit(Target(dep, t.gpu))
         order.append(t)
 

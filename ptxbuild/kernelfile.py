@@ -1,4 +1,5 @@
 """Parse and validate kernelfile.toml (pydantic at this boundary only) into plain values."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,9 @@ class GpuModel(_Strict):
     @classmethod
     def _arch(cls, v):
         if v is not None and v not in ARCHES:
-            raise ValueError(f"unknown architecture {v!r}{did_you_mean(v, ARCHES)}; one of {', '.join(ARCHES)}")
+            raise ValueError(
+                f"unknown architecture {v!r}{did_you_mean(v, ARCHES)}; one of {', '.join(ARCHES)}"
+            )
         return v
 
 
@@ -59,7 +62,9 @@ class SearchModel(_Strict):
 class GatesModel(_Strict):
     min_bandwidth_fraction: float | None = Field(default=None, gt=0, le=1.5, strict=True)
     max_time_ms: float | None = Field(default=None, gt=0, strict=True)
-    min_speedup: float | None = Field(default=None, gt=0, strict=True)   # over the fastest baseline timed beside it
+    min_speedup: float | None = Field(
+        default=None, gt=0, strict=True
+    )  # over the fastest baseline timed beside it
     # "every_round": a row misses min_speedup only if it does in every round of the baseline's window
     speedup_evidence: Literal["median", "every_round"] | None = None
 
@@ -67,8 +72,12 @@ class GatesModel(_Strict):
     @classmethod
     def _evidence(cls, v, info):
         if v is not None and info.data.get("min_speedup") is None:
-            raise ValueError("judges min_speedup, which is not declared; add min_speedup = 1.0 (or remove this key)")
-        return None if v == "median" else v      # the default, written out: the same digest as leaving it out
+            raise ValueError(
+                "judges min_speedup, which is not declared; add min_speedup = 1.0 (or remove this key)"
+            )
+        return (
+            None if v == "median" else v
+        )  # the default, written out: the same digest as leaving it out
 
 
 class OpModel(_Strict):
@@ -89,7 +98,9 @@ class OpModel(_Strict):
         out = [ALIASES.get(d, d) for d in v]
         for d in out:
             if d not in DTYPES:
-                raise ValueError(f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}")
+                raise ValueError(
+                    f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}"
+                )
         return out
 
     @field_validator("shapes")
@@ -97,7 +108,9 @@ class OpModel(_Strict):
     def _shapes(cls, v):
         for s in v:
             if not s or any(d <= 0 for d in s):
-                raise ValueError(f"shape {s} must be a non-empty list of positive integers, e.g. [32768, 4096]")
+                raise ValueError(
+                    f"shape {s} must be a non-empty list of positive integers, e.g. [32768, 4096]"
+                )
         return v
 
 
@@ -125,10 +138,17 @@ class OpSpec:
         """Everything of this op's declaration that can change what gets built. The metric and gates judge a
         build and never change it: hashed as their defaults (the digests of locks written before), so editing
         them re-judges what is built and locked (gates.judge) instead of searching again."""
-        return {"template": self.template, "dtypes": list(self.dtypes), "shapes": [list(s) for s in self.shapes],
-                "options": dict(self.options), "modes": [dict(m) for m in self.modes], "metric": "geomean_time",
-                "gates": {"min_bandwidth_fraction": None, "max_time_ms": None}, "search": self.search,
-                "depends": list(self.depends)}
+        return {
+            "template": self.template,
+            "dtypes": list(self.dtypes),
+            "shapes": [list(s) for s in self.shapes],
+            "options": dict(self.options),
+            "modes": [dict(m) for m in self.modes],
+            "metric": "geomean_time",
+            "gates": {"min_bandwidth_fraction": None, "max_time_ms": None},
+            "search": self.search,
+            "depends": list(self.depends),
+        }
 
 
 @dataclass(frozen=True)
@@ -154,13 +174,13 @@ def _key_path(loc) -> str:
 def _allowed_keys(loc) -> list[str]:
     """Field names valid at the parent of `loc` (for did-you-mean on unknown keys)."""
     model: Any = KernelfileModel
-    named = {"gpus": GpuModel, "ops": OpModel}     # tables whose keys are user-chosen names
+    named = {"gpus": GpuModel, "ops": OpModel}  # tables whose keys are user-chosen names
     parts = list(loc[:-1])
     while parts:
         part = parts.pop(0)
         if model is KernelfileModel and part in named:
             model = named[part]
-            parts = parts[1:]                       # skip the user's name (e.g. "rmsnorm")
+            parts = parts[1:]  # skip the user's name (e.g. "rmsnorm")
             continue
         field = model.model_fields.get(part) if isinstance(part, str) else None
         ann = field.annotation if field else None
@@ -199,33 +219,68 @@ def parse(text: str, path: Path) -> Kernelfile:
     for name, op in model.ops.items():
         targets = tuple(op.gpus) if op.gpus is not None else tuple(gpus)
         if not targets:
-            raise KernelfileError(f"{path.name}: ops.{name}.gpus: empty, so nothing would be built; name at least one of "
-                                  f"{', '.join(gpus)} (or leave the key out: every [gpus.*])")
+            raise KernelfileError(
+                f"{path.name}: ops.{name}.gpus: empty, so nothing would be built; name at least one of "
+                f"{', '.join(gpus)} (or leave the key out: every [gpus.*])"
+            )
         for i, g in enumerate(targets):
             if g not in gpus:
-                raise KernelfileError(f"{path.name}: ops.{name}.gpus[{i}]: unknown GPU {g!r}"
-                                      f"{did_you_mean(g, gpus)}; declare [gpus.{g}] or use one of {', '.join(gpus)}")
+                raise KernelfileError(
+                    f"{path.name}: ops.{name}.gpus[{i}]: unknown GPU {g!r}"
+                    f"{did_you_mean(g, gpus)}; declare [gpus.{g}] or use one of {', '.join(gpus)}"
+                )
         for i, dep in enumerate(op.depends):
             if dep not in model.ops:
-                raise KernelfileError(f"{path.name}: ops.{name}.depends[{i}]: unknown op {dep!r}"
-                                      f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]")
+                raise KernelfileError(
+                    f"{path.name}: ops.{name}.depends[{i}]: unknown op {dep!r}"
+                    f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]"
+                )
         template = op.template or name
         from .oploader import op_dir
+
         if not (op_dir(template, root) / "op.py").is_file():
             known = sorted(p.parent.name for p in (root / "ops").glob("*/op.py"))
-            raise KernelfileError(f"{path.name}: ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
-                                  f"{did_you_mean(template, known)}; ops/ holds: {', '.join(known) or 'none'}")
-        ops[name] = OpSpec(name=name, template=template, dtypes=tuple(op.dtypes),
-                           shapes=tuple(tuple(s) for s in op.shapes), options=tuple(sorted(op.options.items())),
-                           modes=tuple(tuple(sorted(m.items())) for m in op.modes), gpus=targets, metric=op.metric,
-                           gates=op.gates.model_dump(exclude={k for k in ("min_speedup", "speedup_evidence") if getattr(op.gates, k) is None}), search=op.search.model_dump(exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}), depends=tuple(op.depends))
+            raise KernelfileError(
+                f"{path.name}: ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
+                f"{did_you_mean(template, known)}; ops/ holds: {', '.join(known) or 'none'}"
+            )
+        ops[name] = OpSpec(
+            name=name,
+            template=template,
+            dtypes=tuple(op.dtypes),
+            shapes=tuple(tuple(s) for s in op.shapes),
+            options=tuple(sorted(op.options.items())),
+            modes=tuple(tuple(sorted(m.items())) for m in op.modes),
+            gpus=targets,
+            metric=op.metric,
+            gates=op.gates.model_dump(
+                exclude={
+                    k for k in ("min_speedup", "speedup_evidence") if getattr(op.gates, k) is None
+                }
+            ),
+            search=op.search.model_dump(
+                exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}
+            ),
+            depends=tuple(op.depends),
+        )
     from .graph import find_cycle
+
     if cycle := find_cycle({n: list(o.depends) for n, o in ops.items()}):
-        raise KernelfileError(f"{path.name}: ops.{cycle[0]}.depends: dependency cycle {' -> '.join(cycle)}; "
-                              f"remove one of these dependencies")
-    return Kernelfile(path=path, root=root, digest=hashlib.sha256(text.encode()).hexdigest(), project=model.project.name,
-                      cache_path=root / model.project.cache, build_dir=root / model.project.build_dir,
-                      reports_dir=root / model.project.reports_dir, gpus=gpus, ops=ops)
+        raise KernelfileError(
+            f"{path.name}: ops.{cycle[0]}.depends: dependency cycle {' -> '.join(cycle)}; "
+            f"remove one of these dependencies"
+        )
+    return Kernelfile(
+        path=path,
+        root=root,
+        digest=hashlib.sha256(text.encode()).hexdigest(),
+        project=model.project.name,
+        cache_path=root / model.project.cache,
+        build_dir=root / model.project.build_dir,
+        reports_dir=root / model.project.reports_dir,
+        gpus=gpus,
+        ops=ops,
+    )
 
 
 def _resolve_gpus(model: KernelfileModel, file: str) -> dict[str, Gpu]:
@@ -235,16 +290,35 @@ def _resolve_gpus(model: KernelfileModel, file: str) -> dict[str, Gpu]:
     for name, g in model.gpus.items():
         base = CATALOG.get(name)
         if base is None and g.arch is None:
-            raise KernelfileError(f"{file}: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
-                                  f"use a catalog name ({', '.join(CATALOG)}) or give arch = \"sm_90a\"")
+            raise KernelfileError(
+                f"{file}: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
+                f'use a catalog name ({", ".join(CATALOG)}) or give arch = "sm_90a"'
+            )
         if base is None:
-            base = Gpu(name, g.model or name, g.arch, "custom", g.sm_count or 1, g.dram_tbps or 1.0, 48 * 1024, 1)
-        out[name] = Gpu(**{**base.as_dict(), **{k: v for k, v in g.model_dump().items() if v is not None}, "name": name})
+            base = Gpu(
+                name,
+                g.model or name,
+                g.arch,
+                "custom",
+                g.sm_count or 1,
+                g.dram_tbps or 1.0,
+                48 * 1024,
+                1,
+            )
+        out[name] = Gpu(
+            **{
+                **base.as_dict(),
+                **{k: v for k, v in g.model_dump().items() if v is not None},
+                "name": name,
+            }
+        )
     return out
 
 
 def load(path: str | Path = "kernelfile.toml") -> Kernelfile:
     p = Path(path)
     if not p.is_file():
-        raise KernelfileError(f"{p}: no kernelfile here; create one (see README.md) or pass --kernelfile PATH")
+        raise KernelfileError(
+            f"{p}: no kernelfile here; create one (see README.md) or pass --kernelfile PATH"
+        )
     return parse(p.read_text(), p)

@@ -1,10 +1,11 @@
 """Content keys of the four cached steps: compile, verify, measure, build."""
+
 from __future__ import annotations
 
 from .problem import Kernel, Problem, digest
 
-PIPELINE_VERSION = "1"          # bump when the build pipeline changes what it produces
-PROTOCOL_VERSION = "3"          # bump when the timing protocol changes (history: gpu/stats.py)
+PIPELINE_VERSION = "1"  # bump when the build pipeline changes what it produces
+PROTOCOL_VERSION = "3"  # bump when the timing protocol changes (history: gpu/stats.py)
 
 
 def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:
@@ -20,6 +21,12 @@ def measure_key(binary_digest: str, fingerprint: dict, problem: Problem, params:
     return digest("measure", binary_digest, fingerprint, problem.key(), params, PROTOCOL_VERSION)
 
 
-def build_key(op_files: dict[str, str], config: dict, gpu: dict, toolchain: dict, deps: list[str],
-              hardware: dict | None) -> str:
+def build_key(
+    op_files: dict[str, str],
+    config: dict,
+    gpu: dict,
+    toolchain: dict,
+    deps: list[str],
+    hardware: dict | None,
+) -> str:
     return digest("build", PIPELINE_VERSION, op_files, config, gpu, toolchain, deps, hardware)

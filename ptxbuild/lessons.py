@@ -1,4 +1,5 @@
 """Lessons: what verified builds taught (best configs, failure rules, sensitivities) and how a build uses them."""
+
 from __future__ import annotations
 
 import itertools
@@ -11,18 +12,34 @@ from statistics import mean
 from .catalog import CATALOG
 from .problem import Problem, digest
 
-FAIL_OUTCOMES = ("compile_error", "spill", "resource", "wrong_result")   # what a failure rule can say
-PRUNE_CONFIDENCE = 0.5          # a failure rule prunes only at or above this confidence
-RETIRE_CONFIDENCE = 0.25        # below this a contradicted lesson is retired
-NEAR_BEST = 1.02                # "as good as the best": within 2%
-NEAR_MAX = 6                    # near-best configs a 'best' lesson keeps besides its winner
+FAIL_OUTCOMES = (
+    "compile_error",
+    "spill",
+    "resource",
+    "wrong_result",
+)  # what a failure rule can say
+PRUNE_CONFIDENCE = 0.5  # a failure rule prunes only at or above this confidence
+RETIRE_CONFIDENCE = 0.25  # below this a contradicted lesson is retired
+NEAR_BEST = 1.02  # "as good as the best": within 2%
+NEAR_MAX = 6  # near-best configs a 'best' lesson keeps besides its winner
 LEVELS = ("same GPU", "same architecture", "same family", "other family")
 
 
 def family_of(gpu_name: str, arch: str = "") -> str:
     g = CATALOG.get(gpu_name)
-    return g.family if g else {"sm_80": "ampere", "sm_86": "ampere", "sm_89": "ada", "sm_90": "hopper",
-                               "sm_90a": "hopper", "sm_100": "blackwell", "sm_100a": "blackwell"}.get(arch, "")
+    return (
+        g.family
+        if g
+        else {
+            "sm_80": "ampere",
+            "sm_86": "ampere",
+            "sm_89": "ada",
+            "sm_90": "hopper",
+            "sm_90a": "hopper",
+            "sm_100": "blackwell",
+            "sm_100a": "blackwell",
+        }.get(arch, "")
+    )
 
 
 def shape_bucket(shape) -> str:
@@ -31,8 +48,15 @@ def shape_bucket(shape) -> str:
 
 
 def _scope(gpu: str, arch: str, problem: dict) -> dict:
-    return {"gpu": gpu, "arch": arch, "family": family_of(gpu, arch), "dtype": problem["dtype"],
-            "shape": problem["shape"], "bucket": shape_bucket(problem["shape"]), "options": problem["options"]}
+    return {
+        "gpu": gpu,
+        "arch": arch,
+        "family": family_of(gpu, arch),
+        "dtype": problem["dtype"],
+        "shape": problem["shape"],
+        "bucket": shape_bucket(problem["shape"]),
+        "options": problem["options"],
+    }
 
 
 def lesson_id(kind: str, op: str, scope: dict, rule: dict) -> str:
@@ -47,7 +71,12 @@ def level(scope: dict, gpu) -> int:
         return 0
     if scope.get("arch") == gpu.arch:
         return 1
-    return 2 if (scope.get("family") or family_of(scope.get("gpu", ""), scope.get("arch", ""))) == gpu.family else 3
+    return (
+        2
+        if (scope.get("family") or family_of(scope.get("gpu", ""), scope.get("arch", "")))
+        == gpu.family
+        else 3
+    )
 
 
 def _distance(scope: dict, gpu, problem: Problem) -> float:
@@ -58,55 +87,114 @@ def _distance(scope: dict, gpu, problem: Problem) -> float:
     shape = scope.get("shape") or []
     if len(shape) != len(problem.shape):
         return d + 4.0
-    return d + 0.5 * sum(abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(shape, problem.shape))
+    return d + 0.5 * sum(
+        abs(math.log2(max(a, 1)) - math.log2(max(b, 1))) for a, b in zip(shape, problem.shape)
+    )
 
 
-def _row(op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence: float, source: str) -> dict:
-    return {"id": lesson_id(kind, op, scope, rule), "op": op, "kind": kind, "scope": json.dumps(scope, sort_keys=True),
-            "rule": json.dumps(rule, sort_keys=True), "evidence": json.dumps(evidence), "confidence": confidence,
-            "source": source, "retired": 0, "created": time.time()}
+def _row(
+    op: str, kind: str, scope: dict, rule: dict, evidence: list, confidence: float, source: str
+) -> dict:
+    return {
+        "id": lesson_id(kind, op, scope, rule),
+        "op": op,
+        "kind": kind,
+        "scope": json.dumps(scope, sort_keys=True),
+        "rule": json.dumps(rule, sort_keys=True),
+        "evidence": json.dumps(evidence),
+        "confidence": confidence,
+        "source": source,
+        "retired": 0,
+        "created": time.time(),
+    }
 
 
 # -- using lessons ------------------------------------------------------------------------------
-def seeds(cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4) -> tuple[list[dict], list[dict]]:
+def seeds(
+    cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4
+) -> tuple[list[dict], list[dict]]:
     """Configs to try first for `problem` and the lessons they came from: a lesson of this exact scope first; then
     configs by support, the sum over other scopes' 'best' lessons of confidence * 2^-distance for each lesson whose
     winner or near-best set (within 2%) holds the config. A config near-best on both neighbours (N/2 and 2N, or plain
     and residual) outranks one neighbour's winner: on the H200 recording single winners often did not transfer."""
-    cands = []   # (scope, params, lesson id, confidence, near-best configs, created: newest first among equals)
-    for r in cache.db.query("select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]):
+    cands = []  # (scope, params, lesson id, confidence, near-best configs, created: newest first among equals)
+    for r in cache.db.query(
+        "select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]
+    ):
         rule = json.loads(r["rule"])
-        cands.append((json.loads(r["scope"]), rule["params"], r["id"], r["confidence"], rule.get("near", []), r["created"]))
+        cands.append(
+            (
+                json.loads(r["scope"]),
+                rule["params"],
+                r["id"],
+                r["confidence"],
+                rule.get("near", []),
+                r["created"],
+            )
+        )
     if run:  # the winners of this run's earlier problems count before they become lessons
         best: dict[str, dict] = {}
-        for r in cache.db.query("select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
-                                [op.NAME, run]):
+        for r in cache.db.query(
+            "select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
+            [op.NAME, run],
+        ):
             if r["problem"] not in best or r["p50_ms"] < best[r["problem"]]["p50_ms"]:
                 best[r["problem"]] = r
         for r in best.values():
-            cands.append((_scope(r["gpu"], r["arch"], json.loads(r["problem"])), json.loads(r["params"]),
-                          f"run:{r['id']}", 1.0, [], math.inf))
+            cands.append(
+                (
+                    _scope(r["gpu"], r["arch"], json.loads(r["problem"])),
+                    json.loads(r["params"]),
+                    f"run:{r['id']}",
+                    1.0,
+                    [],
+                    math.inf,
+                )
+            )
     support: dict[str, float] = defaultdict(float)
-    origin: dict[str, tuple] = {}      # config -> (distance, scope, lesson id, params, role) of its nearest lesson
-    canon = {n: v[0] for n, v in op.SPACE.items()}   # a config stored before a parameter existed meant its first value
+    origin: dict[
+        str, tuple
+    ] = {}  # config -> (distance, scope, lesson id, params, role) of its nearest lesson
+    canon = {
+        n: v[0] for n, v in op.SPACE.items()
+    }  # a config stored before a parameter existed meant its first value
     for scope, params, lid, conf, near, _ in cands:
         d = _distance(scope, gpu, problem)
-        for role, p in [("winner", {**canon, **params})] + [("near-best", {**canon, **x}) for x in near]:
+        for role, p in [("winner", {**canon, **params})] + [
+            ("near-best", {**canon, **x}) for x in near
+        ]:
             k = json.dumps(p, sort_keys=True)
-            support[k] += conf * 2.0 ** -d if d > 0 else 0.0
+            support[k] += conf * 2.0**-d if d > 0 else 0.0
             if k not in origin or d < origin[k][0]:
                 origin[k] = (d, scope, lid, p, role)
-    exact = list(dict.fromkeys(json.dumps({**canon, **c[1]}, sort_keys=True) for c in sorted(cands, key=lambda c: (-c[3], -c[5]))
-                               if _distance(c[0], gpu, problem) == 0))     # this scope's winners
-    ranked = exact + sorted((k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k))
+    exact = list(
+        dict.fromkeys(
+            json.dumps({**canon, **c[1]}, sort_keys=True)
+            for c in sorted(cands, key=lambda c: (-c[3], -c[5]))
+            if _distance(c[0], gpu, problem) == 0
+        )
+    )  # this scope's winners
+    ranked = exact + sorted(
+        (k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k)
+    )
     out, used = [], []
     for k in ranked:
         d, scope, lid, params, role = origin[k]
         if op.check(params, problem) is not None:
             continue
         out.append(params)
-        used.append({"lesson": lid, "kind": "best", "scope": scope, "params": params, "distance": round(d, 3),
-                     "level": LEVELS[level(scope, gpu)], "support": round(support[k], 3), "role": role})
+        used.append(
+            {
+                "lesson": lid,
+                "kind": "best",
+                "scope": scope,
+                "params": params,
+                "distance": round(d, 3),
+                "level": LEVELS[level(scope, gpu)],
+                "support": round(support[k], 3),
+                "role": role,
+            }
+        )
         if len(out) >= limit:
             break
     return out, used
@@ -116,12 +204,20 @@ def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> li
     """For a measured search: a lesson of this exact scope first, then the op's default, then the nearer-scope
     lessons (on the H200 rmsnorm recording the default beat other shapes' winners; see reports/warmstart/)."""
     exact = [s for s, u in zip(seeds, used) if u["distance"] == 0]
-    return exact + ([default] if default and default not in exact else []) + [s for s in seeds if s not in exact and s != default]
+    return (
+        exact
+        + ([default] if default and default not in exact else [])
+        + [s for s in seeds if s not in exact and s != default]
+    )
 
 
 def _in_scope(scope: dict, problem: Problem, arch: str) -> bool:
-    return (scope.get("arch") == arch and scope.get("dtype") == problem.dtype and scope.get("options") == problem.opts_json
-            and scope.get("shape") in (None, list(problem.shape)))
+    return (
+        scope.get("arch") == arch
+        and scope.get("dtype") == problem.dtype
+        and scope.get("options") == problem.opts_json
+        and scope.get("shape") in (None, list(problem.shape))
+    )
 
 
 def covers(rule: dict, cfg: dict) -> bool:
@@ -130,10 +226,21 @@ def covers(rule: dict, cfg: dict) -> bool:
 
 def failure_rules(cache, op_name: str, problem: Problem, arch: str) -> list[dict]:
     """Failure rules that apply to `problem` on `arch` and are confident enough to prune."""
-    rows = cache.db.query("select * from lessons where op = ? and kind = 'fails' and retired = 0 and confidence >= ?",
-                          [op_name, PRUNE_CONFIDENCE])
-    return [{"lesson": r["id"], "kind": "fails", "scope": json.loads(r["scope"]), "rule": json.loads(r["rule"]),
-             "confidence": r["confidence"]} for r in rows if _in_scope(json.loads(r["scope"]), problem, arch)]
+    rows = cache.db.query(
+        "select * from lessons where op = ? and kind = 'fails' and retired = 0 and confidence >= ?",
+        [op_name, PRUNE_CONFIDENCE],
+    )
+    return [
+        {
+            "lesson": r["id"],
+            "kind": "fails",
+            "scope": json.loads(r["scope"]),
+            "rule": json.loads(r["rule"]),
+            "confidence": r["confidence"],
+        }
+        for r in rows
+        if _in_scope(json.loads(r["scope"]), problem, arch)
+    ]
 
 
 def prune_reason(rules: list[dict], cfg: dict) -> str | None:
@@ -141,13 +248,17 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
     for r in rules:
         if covers(r["rule"], cfg):
             p = " ".join(f"{k}={v}" for k, v in sorted(r["rule"]["params"].items()))
-            return (f"lesson {r['lesson']}: {p} gives {r['rule']['outcome']} on {r['scope']['arch']} "
-                    f"(confidence {r['confidence']:.2f})")
+            return (
+                f"lesson {r['lesson']}: {p} gives {r['rule']['outcome']} on {r['scope']['arch']} "
+                f"(confidence {r['confidence']:.2f})"
+            )
     return None
 
 
 # -- deriving lessons ---------------------------------------------------------------------------
-def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None = None) -> list[dict]:
+def best_rows(
+    op: str, attempts: list[dict], source: str, winners: dict | None = None
+) -> list[dict]:
     """The build's winner per (GPU, problem) (`winners`: problem JSON -> (params, p50_ms)), else the fastest
     verified, measured config, as a 'best' lesson row; its rule lists (near) up to NEAR_MAX others within 2%."""
     by_problem: dict[tuple, list[dict]] = defaultdict(list)
@@ -165,7 +276,9 @@ def best_rows(op: str, attempts: list[dict], source: str, winners: dict | None =
             if a["p50_ms"] <= max(p50, r["p50_ms"]) * NEAR_BEST and p not in near and p != params:
                 near.append(p)
         rule = {"params": params, "p50_ms": p50, **({"near": near[:NEAR_MAX]} if near else {})}
-        out.append(_row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source))
+        out.append(
+            _row(op, "best", _scope(gpu, r["arch"], json.loads(prob)), rule, [r["id"]], 1.0, source)
+        )
     return out
 
 
@@ -177,22 +290,32 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
         if r["outcome"] == "ok" or r["outcome"] in FAIL_OUTCOMES:
             p = json.loads(r["problem"])
             pools[(r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))].append(
-                {**r, "_params": json.loads(r["params"]), "_shape": p["shape"]})
+                {**r, "_params": json.loads(r["params"]), "_shape": p["shape"]}
+            )
     out: dict[str, dict] = {}
     for (arch, dtype, opts), pool in sorted(pools.items()):
         fails = [a for a in pool if a["outcome"] in FAIL_OUTCOMES]
-        ok_with, fail_with = defaultdict(set), defaultdict(set)   # (param, value) -> distinct configs that passed / failed
+        ok_with, fail_with = (
+            defaultdict(set),
+            defaultdict(set),
+        )  # (param, value) -> distinct configs that passed / failed
         for a in pool:
             key = json.dumps(a["_params"], sort_keys=True)
             for k, v in a["_params"].items():
                 (ok_with if a["outcome"] == "ok" else fail_with)[(k, json.dumps(v))].add(key)
-        rules: dict[str, tuple] = {}                      # rule -> (params, shape or None)
+        rules: dict[str, tuple] = {}  # rule -> (params, shape or None)
         for f in fails:
             rule, scope_shape = None, None
             items = sorted((k, json.dumps(v)) for k, v in f["_params"].items())
-            for size in (1, 2):   # (support, sub-combination): no config holding it passed, two or more failed
-                supports = ((len(set.intersection(*(fail_with[kv] for kv in sub))), sub)
-                            for sub in itertools.combinations(items, size) if not set.intersection(*(ok_with[kv] for kv in sub)))
+            for size in (
+                1,
+                2,
+            ):  # (support, sub-combination): no config holding it passed, two or more failed
+                supports = (
+                    (len(set.intersection(*(fail_with[kv] for kv in sub))), sub)
+                    for sub in itertools.combinations(items, size)
+                    if not set.intersection(*(ok_with[kv] for kv in sub))
+                )
                 good = [(n, sub) for n, sub in supports if n >= 2]
                 if good:
                     rule = {k: json.loads(v) for k, v in max(good)[1]}
@@ -201,20 +324,44 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
                 rule, scope_shape = f["_params"], f["_shape"]
             rules.setdefault(json.dumps([rule, scope_shape], sort_keys=True), (rule, scope_shape))
         for rule, scope_shape in rules.values():
-            ev = [a for a in fails if covers({"params": rule}, a["_params"]) and (scope_shape is None or a["_shape"] == scope_shape)]
+            ev = [
+                a
+                for a in fails
+                if covers({"params": rule}, a["_params"])
+                and (scope_shape is None or a["_shape"] == scope_shape)
+            ]
             outcome = max(FAIL_OUTCOMES, key=lambda o: sum(a["outcome"] == o for a in ev))
-            scope = {"arch": arch, "family": family_of("", arch), "dtype": dtype, "options": json.loads(opts),
-                     "shape": scope_shape}
+            scope = {
+                "arch": arch,
+                "family": family_of("", arch),
+                "dtype": dtype,
+                "options": json.loads(opts),
+                "shape": scope_shape,
+            }
             n = len({(json.dumps(a["_params"], sort_keys=True), str(a["_shape"])) for a in ev})
-            row = _row(op, "fails", scope, {"params": rule, "outcome": outcome}, sorted(a["id"] for a in ev)[:200],
-                       round(n / (n + 1), 3), source)
+            row = _row(
+                op,
+                "fails",
+                scope,
+                {"params": rule, "outcome": outcome},
+                sorted(a["id"] for a in ev)[:200],
+                round(n / (n + 1), 3),
+                source,
+            )
             out[row["id"]] = row
     # a rule implied by a smaller rule of the same scope adds nothing
     rules = list(out.values())
-    return [r for r in rules if not any(o is not r and o["scope"] == r["scope"] and
-                                        covers(json.loads(o["rule"]), json.loads(r["rule"])["params"]) and
-                                        len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
-                                        for o in rules)]
+    return [
+        r
+        for r in rules
+        if not any(
+            o is not r
+            and o["scope"] == r["scope"]
+            and covers(json.loads(o["rule"]), json.loads(r["rule"])["params"])
+            and len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
+            for o in rules
+        )
+    ]
 
 
 def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
@@ -223,7 +370,9 @@ def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
     for r in attempts:
         if r["outcome"] == "ok" and r.get("p50_ms"):
             p = json.loads(r["problem"])
-            groups[(r["gpu"], r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))][r["problem"]].append(r)
+            groups[(r["gpu"], r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))][
+                r["problem"]
+            ].append(r)
     out = []
     for (gpu, arch, dtype, opts), probs in sorted(groups.items()):
         spread: dict[str, list[float]] = defaultdict(list)
@@ -243,9 +392,25 @@ def sensitivity_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
         if not spread:
             continue
         sens = {k: round(mean(v), 4) for k, v in spread.items()}
-        scope = {"gpu": gpu, "arch": arch, "family": family_of(gpu, arch), "dtype": dtype, "options": json.loads(opts)}
+        scope = {
+            "gpu": gpu,
+            "arch": arch,
+            "family": family_of(gpu, arch),
+            "dtype": dtype,
+            "options": json.loads(opts),
+        }
         rule = {"params": sens, "order": sorted(sens, key=lambda k: -sens[k])}
-        out.append(_row(op, "sensitivity", scope, rule, sorted(ids)[:200], round(len(ids) / (len(ids) + 10), 3), source))
+        out.append(
+            _row(
+                op,
+                "sensitivity",
+                scope,
+                rule,
+                sorted(ids)[:200],
+                round(len(ids) / (len(ids) + 10), 3),
+                source,
+            )
+        )
     return out
 
 
@@ -260,54 +425,119 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
             continue
         scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
         if r["kind"] == "fails":
-            against = [a["id"] for a in oks if covers(rule, json.loads(a["params"])) and
-                       _in_scope(scope, Problem.make(**{**json.loads(a["problem"])}), a["arch"])]
+            against = [
+                a["id"]
+                for a in oks
+                if covers(rule, json.loads(a["params"]))
+                and _in_scope(scope, Problem.make(**{**json.loads(a["problem"])}), a["arch"])
+            ]
         elif r["kind"] == "best":
-            same = [a for a in oks if a["gpu"] == scope.get("gpu") and a.get("p50_ms") and
-                    _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope]
+            same = [
+                a
+                for a in oks
+                if a["gpu"] == scope.get("gpu")
+                and a.get("p50_ms")
+                and _scope(a["gpu"], a["arch"], json.loads(a["problem"])) == scope
+            ]
             mine = [a for a in same if json.loads(a["params"]) == {**canon, **rule["params"]}]
             low = min((a["p50_ms"] for a in mine), default=0.0)
-            against = [a["id"] for a in same if a["p50_ms"] * NEAR_BEST < low] or \
-                [a["id"] for a in mine if r["scope"] in fresh.values()]   # measured again, another lesson chosen
+            against = [a["id"] for a in same if a["p50_ms"] * NEAR_BEST < low] or [
+                a["id"] for a in mine if r["scope"] in fresh.values()
+            ]  # measured again, another lesson chosen
         else:
             continue
         if not against:
             continue
         conf = round(r["confidence"] * 0.5 ** min(len(against), 8), 4)
-        retired = int(conf < RETIRE_CONFIDENCE or r["kind"] == "best")   # a beaten best is superseded
-        cache.db["lessons"].update(r["id"], {"confidence": conf, "retired": retired,
-                                             "evidence": json.dumps(json.loads(r["evidence"]) + [{"against": against[:20]}])})
-        changed.append({"lesson": r["id"], "kind": r["kind"], "confidence": conf, "retired": bool(retired),
-                        "against": against[:20]})
+        retired = int(
+            conf < RETIRE_CONFIDENCE or r["kind"] == "best"
+        )  # a beaten best is superseded
+        cache.db["lessons"].update(
+            r["id"],
+            {
+                "confidence": conf,
+                "retired": retired,
+                "evidence": json.dumps(json.loads(r["evidence"]) + [{"against": against[:20]}]),
+            },
+        )
+        changed.append(
+            {
+                "lesson": r["id"],
+                "kind": r["kind"],
+                "confidence": conf,
+                "retired": bool(retired),
+                "against": against[:20],
+            }
+        )
     return changed
 
 
-def derive(cache, op, target, run: str, winners: dict | None = None, done: set | None = None) -> list[dict]:
+def derive(
+    cache, op, target, run: str, winners: dict | None = None, done: set | None = None
+) -> list[dict]:
     """Lessons from this run's verified attempts (failure rules also weigh earlier runs on the same architecture;
     `winners`: see best_rows); lessons this run contradicts are weakened or retired. `done`: the problems (key JSON)
     whose search finished: an unfinished one's few attempts derive no best or sensitivity (its failures count)."""
-    name, canon = op.NAME, {n: v[0] for n, v in op.SPACE.items()}   # params stored before one existed: its first value
-    full = lambda rows: [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
-    mine = full(cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run]))
+    name, canon = (
+        op.NAME,
+        {n: v[0] for n, v in op.SPACE.items()},
+    )  # params stored before one existed: its first value
+
+    def full(rows):
+        return [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
+
+    mine = full(
+        cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run])
+    )
     if not mine:
         return []
-    same_arch = full(cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]]))
-    fin = [r for r in mine if done is None or json.dumps(json.loads(r["problem"]), sort_keys=True) in done]
-    rows = best_rows(name, fin, f"run {run}", {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()}) + \
-        fail_rows(name, same_arch, f"run {run}") + sensitivity_rows(name, fin, f"run {run}")
+    same_arch = full(
+        cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]])
+    )
+    fin = [
+        r
+        for r in mine
+        if done is None or json.dumps(json.loads(r["problem"]), sort_keys=True) in done
+    ]
+    rows = (
+        best_rows(
+            name,
+            fin,
+            f"run {run}",
+            {k: ({**canon, **c}, p) for k, (c, p) in (winners or {}).items()},
+        )
+        + fail_rows(name, same_arch, f"run {run}")
+        + sensitivity_rows(name, fin, f"run {run}")
+    )
     with cache.db.conn:
         for row in rows:
             cache.db["lessons"].upsert(row, pk="id")
-        weakened = _weaken(cache, name, mine, {r["id"]: r["scope"] if r["kind"] == "best" else "" for r in rows}, canon)
-    return [{"lesson": row["id"], "kind": row["kind"], "scope": json.loads(row["scope"]), **json.loads(row["rule"]),
-             "confidence": row["confidence"]} for row in rows] + [{**w, "weakened": True} for w in weakened]
+        weakened = _weaken(
+            cache,
+            name,
+            mine,
+            {r["id"]: r["scope"] if r["kind"] == "best" else "" for r in rows},
+            canon,
+        )
+    return [
+        {
+            "lesson": row["id"],
+            "kind": row["kind"],
+            "scope": json.loads(row["scope"]),
+            **json.loads(row["rule"]),
+            "confidence": row["confidence"],
+        }
+        for row in rows
+    ] + [{**w, "weakened": True} for w in weakened]
 
 
 # -- reading lessons ----------------------------------------------------------------------------
 def lesson_rows(cache, op: str | None, include_retired: bool, order: str):
     """Rows of the lessons table (of one op, if given; retired ones only if asked), ordered by `order`."""
     where = ["1 = 1"] + (["op = ?"] if op else []) + ([] if include_retired else ["retired = 0"])
-    return cache.db.query(f"select * from lessons where {' and '.join(where)} order by {order}", [op] if op else [])
+    return cache.db.query(
+        f"select * from lessons where {' and '.join(where)} order by {order}", [op] if op else []
+    )
 
 
 def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
@@ -319,21 +549,40 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
         g = scope.get("gpu")
         if gpu is not None and not (g == gpu.name or g is None and scope.get("arch") == gpu.arch):
             continue
-        where_ = " ".join(str(x) for x in (scope.get("gpu") or scope.get("arch"), scope.get("dtype")) if x)
+        where_ = " ".join(
+            str(x) for x in (scope.get("gpu") or scope.get("arch"), scope.get("dtype")) if x
+        )
         if scope.get("shape"):
             where_ += " " + "x".join(map(str, scope["shape"]))
         elif r["kind"] == "fails":
             where_ += " all shapes"
-        opts = ",".join(f"{k}={v}" for k, v in sorted((scope.get("options") or {}).items()) if v not in (False, None, ""))
+        opts = ",".join(
+            f"{k}={v}"
+            for k, v in sorted((scope.get("options") or {}).items())
+            if v not in (False, None, "")
+        )
         params = " ".join(f"{k}={v}" for k, v in sorted(rule.get("params", {}).items()))
-        what = (f"{params} -> {rule['p50_ms'] * 1000:.1f} us" if r["kind"] == "best" else
-                f"{params} -> {rule['outcome']}" if r["kind"] == "fails" else
-                ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4]))
+        what = (
+            f"{params} -> {rule['p50_ms'] * 1000:.1f} us"
+            if r["kind"] == "best"
+            else f"{params} -> {rule['outcome']}"
+            if r["kind"] == "fails"
+            else ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4])
+        )
         src = r["source"] or ""
         if src.startswith("{"):
             s = json.loads(src)
             src = f"import {s['imported_from']} ({s['provenance']['source']})"
-        out.append({"id": r["id"], "op": r["op"], "kind": r["kind"], "scope": where_ + (f" {{{opts}}}" if opts else ""),
-                    "rule": what, "confidence": f"{r['confidence']:.2f}" + (" retired" if r["retired"] else ""),
-                    "evidence": str(sum(1 for e in ev if not (isinstance(e, dict) and "against" in e))), "source": src})
+        out.append(
+            {
+                "id": r["id"],
+                "op": r["op"],
+                "kind": r["kind"],
+                "scope": where_ + (f" {{{opts}}}" if opts else ""),
+                "rule": what,
+                "confidence": f"{r['confidence']:.2f}" + (" retired" if r["retired"] else ""),
+                "evidence": str(sum(1 for e in ev if not (isinstance(e, dict) and "against" in e))),
+                "source": src,
+            }
+        )
     return out

@@ -4,6 +4,7 @@ An import parses JSON only (no eval, no pickle, no op code is loaded), validates
 strict models with bounded sizes and values, and writes nothing unless every record is valid; then it
 merges in one transaction, skipping lessons already present (same id), and keeps each record's provenance.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,17 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints, \
-    ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from .catalog import ARCHES, CATALOG
 from .compiler import installed_version
@@ -25,19 +35,21 @@ FORMAT = "ptxbuild-lesson/1"
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_LINE_BYTES = 64 * 1024
 MAX_RECORDS = 20_000
-MAX_NUMBER = 1e9                 # no count, size or time in a lesson is larger
+MAX_NUMBER = 1e9  # no count, size or time in a lesson is larger
 
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
 Word = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]{0,64}$")]
 Text = Annotated[str, StringConstraints(max_length=300, pattern=r"^[^\x00-\x1f\x7f]*$")]
-Int = Annotated[StrictInt, Field(ge=-2**40, le=2**40)]
+Int = Annotated[StrictInt, Field(ge=-(2**40), le=2**40)]
 Float = Annotated[StrictFloat, Field(ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)]
 Scalar = Union[StrictBool, Int, Float, Word]
 Params = Annotated[dict[Ident, Scalar], Field(max_length=64)]
 # a problem option: a scalar, unset, or a list of integers (KDA's segment lengths), bounded
 OptionValue = Union[Scalar, None, Annotated[list[Int], Field(max_length=4096)]]
-Shape = Annotated[list[Annotated[StrictInt, Field(ge=1, le=2**40)]], Field(min_length=1, max_length=8)]
+Shape = Annotated[
+    list[Annotated[StrictInt, Field(ge=1, le=2**40)]], Field(min_length=1, max_length=8)
+]
 
 
 class _Strict(BaseModel):
@@ -59,12 +71,17 @@ class Rule(_Strict):
     p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
     outcome: Literal[FAIL_OUTCOMES] | None = None  # type: ignore[valid-type]
     order: Annotated[list[Ident], Field(max_length=64)] | None = None
-    near: Annotated[list[Annotated[dict[Ident, Scalar], Field(max_length=64)]], Field(max_length=8)] | None = None
+    near: (
+        Annotated[list[Annotated[dict[Ident, Scalar], Field(max_length=64)]], Field(max_length=8)]
+        | None
+    ) = None
 
 
 class Evidence(_Strict):
     attempt: Annotated[StrictInt, Field(ge=0, le=2**53)] | None = None
-    against: Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**53)]], Field(max_length=20)] | None = None
+    against: (
+        Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**53)]], Field(max_length=20)] | None
+    ) = None
     gpu: Name | None = None
     arch: Literal[ARCHES] | None = None  # type: ignore[valid-type]
     dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
@@ -75,11 +92,11 @@ class Evidence(_Strict):
 
 
 class Provenance(_Strict):
-    source: Text                     # where the lesson was learned: "run <id>" of a build
+    source: Text  # where the lesson was learned: "run <id>" of a build
     project: Text = ""
     exported_by: Text = ""
     exported_at: Annotated[StrictFloat, Field(ge=0, le=1e10)] | None = None
-    history: Annotated[list[Text], Field(max_length=20)] = []    # earlier imports, oldest first
+    history: Annotated[list[Text], Field(max_length=20)] = []  # earlier imports, oldest first
 
 
 class Record(_Strict):
@@ -102,11 +119,19 @@ class Record(_Strict):
             raise ValueError("a 'best' rule has params, p50_ms and optionally near only")
         if self.kind != "best" and r.near is not None:
             raise ValueError("only a 'best' rule has near-best configs (near)")
-        if self.kind == "fails" and (r.outcome is None or r.p50_ms is not None or r.order or not r.params):
+        if self.kind == "fails" and (
+            r.outcome is None or r.p50_ms is not None or r.order or not r.params
+        ):
             raise ValueError("a 'fails' rule has params and outcome only")
-        if self.kind == "sensitivity" and (r.order is None or r.outcome or r.p50_ms is not None or
-                                           any(not isinstance(v, float) or v < 0 for v in r.params.values())):
-            raise ValueError("a 'sensitivity' rule has params (parameter -> relative slow-down >= 0) and order")
+        if self.kind == "sensitivity" and (
+            r.order is None
+            or r.outcome
+            or r.p50_ms is not None
+            or any(not isinstance(v, float) or v < 0 for v in r.params.values())
+        ):
+            raise ValueError(
+                "a 'sensitivity' rule has params (parameter -> relative slow-down >= 0) and order"
+            )
         if self.id != lesson_id(self.kind, self.op, self.scope_dict(), self.rule_dict()):
             raise ValueError(f"id {self.id} does not match the lesson's kind, op, scope and rule")
         return self
@@ -131,41 +156,83 @@ def _version() -> str:
 def _evidence(cache, ev: list) -> list[dict]:
     out = []
     for e in ev[:200]:
-        rows = [] if isinstance(e, dict) else list(cache.db.query("select * from attempts where id = ?", [e]))
+        rows = (
+            []
+            if isinstance(e, dict)
+            else list(cache.db.query("select * from attempts where id = ?", [e]))
+        )
         if not rows:
             out.append(e if isinstance(e, dict) else {"attempt": e})
             continue
         a, p = rows[0], json.loads(rows[0]["problem"])
-        out.append({"attempt": a["id"], "gpu": a["gpu"], "arch": a["arch"], "dtype": p["dtype"], "shape": p["shape"],
-                    "params": json.loads(a["params"]), "outcome": a["outcome"],
-                    **({"p50_ms": a["p50_ms"]} if a["p50_ms"] else {})})
+        out.append(
+            {
+                "attempt": a["id"],
+                "gpu": a["gpu"],
+                "arch": a["arch"],
+                "dtype": p["dtype"],
+                "shape": p["shape"],
+                "params": json.loads(a["params"]),
+                "outcome": a["outcome"],
+                **({"p50_ms": a["p50_ms"]} if a["p50_ms"] else {}),
+            }
+        )
     return out
 
 
 def _provenance(source: str, project: str, now: float) -> dict:
-    if source.startswith("{"):      # imported earlier: keep its provenance, note the import
+    if source.startswith("{"):  # imported earlier: keep its provenance, note the import
         stored = json.loads(source)
         prov, note = stored["provenance"], f"imported from {stored['imported_from']} "
-        hist = prov.get("history", [])   # a round trip through the same file (a GPU machine's) adds nothing
-        return {**prov, "history": (hist if hist and hist[-1].startswith(note) else
-                                    hist + [note + f"at {stored['imported_at']:.0f}"])[-20:]}
+        hist = prov.get(
+            "history", []
+        )  # a round trip through the same file (a GPU machine's) adds nothing
+        return {
+            **prov,
+            "history": (
+                hist
+                if hist and hist[-1].startswith(note)
+                else hist + [note + f"at {stored['imported_at']:.0f}"]
+            )[-20:],
+        }
     return {"source": source, "project": project, "exported_by": _version(), "exported_at": now}
 
 
-def export_lessons(cache, op: str | None = None, gpu: str | None = None, include_retired: bool = False,
-                   project: str = "") -> list[str]:
+def export_lessons(
+    cache,
+    op: str | None = None,
+    gpu: str | None = None,
+    include_retired: bool = False,
+    project: str = "",
+) -> list[str]:
     """The lessons (of one op / one GPU) as validated JSONL lines, sorted by id."""
     now = round(time.time(), 3)
     lines = []
     for r in lesson_rows(cache, op, include_retired, "id"):
         scope = json.loads(r["scope"])
-        if gpu and scope.get("gpu", None) != gpu and not (scope.get("gpu") is None and gpu in CATALOG
-                                                          and scope.get("arch") == CATALOG[gpu].arch):
+        if (
+            gpu
+            and scope.get("gpu", None) != gpu
+            and not (
+                scope.get("gpu") is None
+                and gpu in CATALOG
+                and scope.get("arch") == CATALOG[gpu].arch
+            )
+        ):
             continue
-        rec = {"format": FORMAT, "id": r["id"], "op": r["op"], "kind": r["kind"], "scope": scope,
-               "rule": json.loads(r["rule"]), "evidence": _evidence(cache, json.loads(r["evidence"])),
-               "confidence": float(r["confidence"]), "retired": bool(r["retired"]), "created": float(r["created"]),
-               "provenance": _provenance(r["source"] or "", project, now)}
+        rec = {
+            "format": FORMAT,
+            "id": r["id"],
+            "op": r["op"],
+            "kind": r["kind"],
+            "scope": scope,
+            "rule": json.loads(r["rule"]),
+            "evidence": _evidence(cache, json.loads(r["evidence"])),
+            "confidence": float(r["confidence"]),
+            "retired": bool(r["retired"]),
+            "created": float(r["created"]),
+            "provenance": _provenance(r["source"] or "", project, now),
+        }
         Record.model_validate(rec)
         lines.append(json.dumps(rec, sort_keys=True, separators=(",", ":")))
     return lines
@@ -192,7 +259,9 @@ def _bounded_float(text: str) -> float:
 def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
     """Validate a whole JSONL file; raises LessonsFileError at the first bad line."""
     if len(data) > MAX_FILE_BYTES:
-        raise LessonsFileError(f"{name}: file is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit")
+        raise LessonsFileError(
+            f"{name}: file is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -207,19 +276,30 @@ def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
         if len(records) >= MAX_RECORDS:
             raise LessonsFileError(f"{where}: more than {MAX_RECORDS} lessons in one file")
         try:
-            obj = json.loads(line, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_bounded_float)
+            obj = json.loads(
+                line,
+                parse_constant=_no_constant,
+                parse_int=_bounded_int,
+                parse_float=_bounded_float,
+            )
         except RecursionError:
             raise LessonsFileError(f"{where}: JSON nested too deeply") from None
         except ValueError as exc:
-            raise LessonsFileError(f"{where}: not valid JSON: {str(exc).splitlines()[0][:200]}") from None
+            raise LessonsFileError(
+                f"{where}: not valid JSON: {str(exc).splitlines()[0][:200]}"
+            ) from None
         if not isinstance(obj, dict):
-            raise LessonsFileError(f"{where}: a lesson must be a JSON object, got {type(obj).__name__}")
+            raise LessonsFileError(
+                f"{where}: a lesson must be a JSON object, got {type(obj).__name__}"
+            )
         try:
             records.append(Record.model_validate(obj))
         except ValidationError as exc:
             e = exc.errors()[0]
             loc = ".".join(str(p) for p in e["loc"]) or "record"
-            raise LessonsFileError(f"{where}: {loc}: " + e["msg"].replace("\n", " ")[:200]) from None
+            raise LessonsFileError(
+                f"{where}: {loc}: " + e["msg"].replace("\n", " ")[:200]
+            ) from None
     return records
 
 
@@ -230,7 +310,9 @@ def import_lessons(cache, path: str | Path) -> dict:
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise LessonsFileError(f"{path.name}: file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit")
+            raise LessonsFileError(
+                f"{path.name}: file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit"
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise LessonsFileError(f"{path}: cannot read: {exc.strerror}") from None
@@ -238,7 +320,7 @@ def import_lessons(cache, path: str | Path) -> dict:
     now = time.time()
     counts = {"read": len(records), "added": 0, "already_present": 0, "duplicates_in_file": 0}
     seen: set[str] = set()
-    with cache.transaction():   # one transaction: a failure part-way leaves the cache as it was
+    with cache.transaction():  # one transaction: a failure part-way leaves the cache as it was
         for rec in records:
             if rec.id in seen:
                 counts["duplicates_in_file"] += 1
@@ -247,15 +329,31 @@ def import_lessons(cache, path: str | Path) -> dict:
             if list(cache.db.query("select 1 from lessons where id = ?", [rec.id])):
                 counts["already_present"] += 1
                 continue
-            source = json.dumps({"provenance": rec.provenance.model_dump(), "imported_from": path.name,
-                                 "imported_at": now}, sort_keys=True)
+            source = json.dumps(
+                {
+                    "provenance": rec.provenance.model_dump(),
+                    "imported_from": path.name,
+                    "imported_at": now,
+                },
+                sort_keys=True,
+            )
             # plain SQL: sqlite-utils' insert commits on its own, which would end the transaction early
-            cache.db.execute("insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, "
-                             "created) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             [rec.id, rec.op, rec.kind, json.dumps(rec.scope_dict(), sort_keys=True),
-                              json.dumps(rec.rule_dict(), sort_keys=True),
-                              json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
-                              rec.confidence, source, int(rec.retired), rec.created])
+            cache.db.execute(
+                "insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, "
+                "created) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    rec.id,
+                    rec.op,
+                    rec.kind,
+                    json.dumps(rec.scope_dict(), sort_keys=True),
+                    json.dumps(rec.rule_dict(), sort_keys=True),
+                    json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                    rec.confidence,
+                    source,
+                    int(rec.retired),
+                    rec.created,
+                ],
+            )
             counts["added"] += 1
     return counts
 

@@ -10,6 +10,7 @@ A locked build renders exactly the locked configs, compiles them, and compares b
 (kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of the target's model) is a LockError
 naming the target, the variant, expected and got, and nothing of that build is written.
 """
+
 from __future__ import annotations
 
 import copy
@@ -67,14 +68,20 @@ def dumps(lock: dict) -> str:
 def read_lock(kf) -> dict:
     path = lock_path(kf)
     if not path.is_file():
-        raise LockError(f"{path} does not exist; run `ptxbuild build` once to write it, then commit it")
+        raise LockError(
+            f"{path} does not exist; run `ptxbuild build` once to write it, then commit it"
+        )
     try:
         lock = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise LockError(f"{path.name} is not valid JSON ({exc}); restore it from version control") from None
+        raise LockError(
+            f"{path.name} is not valid JSON ({exc}); restore it from version control"
+        ) from None
     if lock.get("lock_version") != LOCK_VERSION:
-        raise LockError(f"{path.name} has lock_version {lock.get('lock_version')!r}, this ptxbuild writes "
-                        f"{LOCK_VERSION}; rebuild to relock")
+        raise LockError(
+            f"{path.name} has lock_version {lock.get('lock_version')!r}, this ptxbuild writes "
+            f"{LOCK_VERSION}; rebuild to relock"
+        )
     return lock
 
 
@@ -88,16 +95,36 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
         cubin = (manifest_path.parent / v["cubin"]).read_bytes()
         ptx = (manifest_path.parent / v["ptx"]).read_bytes()
         if _sha(cubin) != digest:
-            raise LockError(f"{target}: {v['cubin']} does not match its manifest digest; rebuild before locking")
-        variants[digest] = {"entry": v["entry"], "arch": v["arch"], "cubin_sha256": digest, "ptx_sha256": _sha(ptx),
-                            "ptx_isa": v.get("ptx_isa"), "registers": v.get("registers"),
-                            "spill_bytes": v.get("spill_bytes"), "compiler": v.get("compiler", "")}
-    entry = {"target": str(target), "op": m["op"], "op_version": m["op_version"], "template": spec.template,
-             "kernelfile_digest": m["kernelfile_digest"], "declaration_sha256": declaration_digest(spec),
-             "arch": m["arch"], "gpu": m["gpu"], "toolchain": m["toolchain"], "wheels": wheel_versions(),
-             "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
-             "measured_on_hardware": m["measured_on_hardware"], "hardware": m.get("hardware"),
-             "variants": variants, "dispatch": m["dispatch"]}
+            raise LockError(
+                f"{target}: {v['cubin']} does not match its manifest digest; rebuild before locking"
+            )
+        variants[digest] = {
+            "entry": v["entry"],
+            "arch": v["arch"],
+            "cubin_sha256": digest,
+            "ptx_sha256": _sha(ptx),
+            "ptx_isa": v.get("ptx_isa"),
+            "registers": v.get("registers"),
+            "spill_bytes": v.get("spill_bytes"),
+            "compiler": v.get("compiler", ""),
+        }
+    entry = {
+        "target": str(target),
+        "op": m["op"],
+        "op_version": m["op_version"],
+        "template": spec.template,
+        "kernelfile_digest": m["kernelfile_digest"],
+        "declaration_sha256": declaration_digest(spec),
+        "arch": m["arch"],
+        "gpu": m["gpu"],
+        "toolchain": m["toolchain"],
+        "wheels": wheel_versions(),
+        "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
+        "measured_on_hardware": m["measured_on_hardware"],
+        "hardware": m.get("hardware"),
+        "variants": variants,
+        "dispatch": m["dispatch"],
+    }
     entry["entry_sha256"] = entry_digest(entry)
     return entry
 
@@ -118,12 +145,19 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     for r in ok:
         manifest = r.manifest or (target_dir(kf, r.target) / "manifest.json")
         if Path(manifest).is_file():
-            new, old = entry_from_manifest(kf, r.target, Path(manifest)), targets.get(str(r.target), {})
+            new, old = (
+                entry_from_manifest(kf, r.target, Path(manifest)),
+                targets.get(str(r.target), {}),
+            )
             if old.get("measured_on_hardware") and not new["measured_on_hardware"]:
-                note(f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this build "
-                     "was compile-only (build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)")
+                note(
+                    f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this build "
+                    "was compile-only (build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)"
+                )
                 continue
-            if _pins(new) != _pins(old) or old.get("entry_sha256") != entry_digest(old):   # same kernels: left as is
+            if _pins(new) != _pins(old) or old.get("entry_sha256") != entry_digest(
+                old
+            ):  # same kernels: left as is
                 targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
     return _write(path, {k: v for k, v in targets.items() if k in declared})
@@ -132,7 +166,9 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
 def pinned_binaries(kf) -> dict[str, list[str]]:
     """Each locked target's dispatch binaries, in order ({} without a readable lock)."""
     try:
-        return {k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()}
+        return {
+            k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()
+        }
     except LockError:
         return {}
 
@@ -140,18 +176,35 @@ def pinned_binaries(kf) -> dict[str, list[str]]:
 def _pins(entry: dict) -> str:
     """What an entry pins: everything but cuda-bindings (not the compiler), each problem's lesson provenance and
     floor (the session's copy bandwidth), and the whole kernelfile's digest (a comment's edit changed every entry)."""
-    skip = ("wheels", "entry_sha256", "dispatch", "kernelfile_digest")   # the op's section: declaration_sha256
-    return canonical_json({**{k: v for k, v in entry.items() if k not in skip},
-                           "wheels": {k: v for k, v in entry.get("wheels", {}).items() if k != "cuda-bindings"},
-                           "dispatch": [{k: v for k, v in d.items() if k not in ("lesson", "floor_ms")}
-                                        for d in entry.get("dispatch", [])]})
+    skip = (
+        "wheels",
+        "entry_sha256",
+        "dispatch",
+        "kernelfile_digest",
+    )  # the op's section: declaration_sha256
+    return canonical_json(
+        {
+            **{k: v for k, v in entry.items() if k not in skip},
+            "wheels": {k: v for k, v in entry.get("wheels", {}).items() if k != "cuda-bindings"},
+            "dispatch": [
+                {k: v for k, v in d.items() if k not in ("lesson", "floor_ms")}
+                for d in entry.get("dispatch", [])
+            ],
+        }
+    )
 
 
 def _write(path: Path, targets: dict) -> Path | None:
-    text = dumps({"lock_version": LOCK_VERSION, "note": "written by ptxbuild build; reproduce with ptxbuild build "
-                  "--locked; do not edit by hand", "targets": targets})
+    text = dumps(
+        {
+            "lock_version": LOCK_VERSION,
+            "note": "written by ptxbuild build; reproduce with ptxbuild build "
+            "--locked; do not edit by hand",
+            "targets": targets,
+        }
+    )
     if path.is_file() and path.read_text() == text:
-        return None   # unchanged: not written, nothing to say
+        return None  # unchanged: not written, nothing to say
     (tmp := path.with_name(path.name + ".tmp")).write_text(text)
     tmp.replace(path)
     return path
@@ -160,47 +213,73 @@ def _write(path: Path, targets: dict) -> Path | None:
 def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
     kf = ctx.kf
     if entry is None:
-        raise LockError(f"{t} is not in {lock_path(kf).name}; build it unlocked once (ptxbuild build {t}) and commit the lock")
+        raise LockError(
+            f"{t} is not in {lock_path(kf).name}; build it unlocked once (ptxbuild build {t}) and commit the lock"
+        )
     if entry.get("entry_sha256") != entry_digest(entry):
-        raise LockError(f"{t}: its {lock_path(kf).name} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
-                        f"content {entry_digest(entry)[:16]}); refusing it; restore the lock or rebuild unlocked")
-    if "declaration_sha256" in entry:   # entries written before it: the whole file below
+        raise LockError(
+            f"{t}: its {lock_path(kf).name} entry was edited (entry sha256 {str(entry.get('entry_sha256'))[:16]}, "
+            f"content {entry_digest(entry)[:16]}); refusing it; restore the lock or rebuild unlocked"
+        )
+    if "declaration_sha256" in entry:  # entries written before it: the whole file below
         now = declaration_digest(kf.ops[t.op]) if t.op in kf.ops else "(no such op)"
         if entry["declaration_sha256"] != now:
-            raise LockError(f"{t}: [ops.{t.op}] in {kf.path.name} changed since the lock (locked sha256 "
-                            f"{entry['declaration_sha256'][:16]}, now {now[:16]}); rebuild unlocked to relock")
+            raise LockError(
+                f"{t}: [ops.{t.op}] in {kf.path.name} changed since the lock (locked sha256 "
+                f"{entry['declaration_sha256'][:16]}, now {now[:16]}); rebuild unlocked to relock"
+            )
     elif entry["kernelfile_digest"] != kf.digest:
-        raise LockError(f"{t}: {kf.path.name} changed since the lock (locked sha256 {entry['kernelfile_digest'][:16]}, "
-                        f"now {kf.digest[:16]}); rebuild unlocked to relock")
+        raise LockError(
+            f"{t}: {kf.path.name} changed since the lock (locked sha256 {entry['kernelfile_digest'][:16]}, "
+            f"now {kf.digest[:16]}); rebuild unlocked to relock"
+        )
     if entry["gpu"] != kf.gpus[t.gpu].as_dict():
-        raise LockError(f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}")
+        raise LockError(
+            f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}"
+        )
     # the compilers decide the bytes; the cuda-bindings wrapper version is recorded but does not count
     now_tc = ctx.toolchain.key()
     for name in ("nvrtc", "nvjitlink"):
         if entry["toolchain"].get(name) != now_tc.get(name):
-            raise LockError(f"{t}: toolchain drift: {name} locked {entry['toolchain'].get(name)}, "
-                            f"installed {now_tc.get(name)}")
+            raise LockError(
+                f"{t}: toolchain drift: {name} locked {entry['toolchain'].get(name)}, "
+                f"installed {now_tc.get(name)}"
+            )
     now = wheel_versions()
     for name, want in sorted(entry.get("wheels", {}).items()):
         if name in COMPILER_WHEELS and now.get(name) != want:
-            raise LockError(f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
-                            f"run: pip install '{name}=={want}'")
+            raise LockError(
+                f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
+                f"run: pip install '{name}=={want}'"
+            )
     files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
     for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
         if files.get(name) != entry["op_files"].get(name):
-            how = _RELOCK if name.endswith(KERNEL_SOURCE_SUFFIXES) else "the op's host code changed: " + _RELOCK_GPU
-            raise LockError(f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
-                            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {how.format(t=t)}")
+            how = (
+                _RELOCK
+                if name.endswith(KERNEL_SOURCE_SUFFIXES)
+                else "the op's host code changed: " + _RELOCK_GPU
+            )
+            raise LockError(
+                f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
+                f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {how.format(t=t)}"
+            )
     if entry["op_version"] != op.VERSION:
-        raise LockError(f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}")
+        raise LockError(
+            f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}"
+        )
 
 
-KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")   # what relock may accept edits to
-_RELOCK_GPU = ("check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
-               "measured) to search, verify and lock again")
-_RELOCK = ("the op's sources changed since the lock was written: run `ptxbuild relock {t}` if only kernel "
-           "sources changed and the edit cannot alter the kernels (it checks that every locked binary "
-           "reproduces); otherwise " + _RELOCK_GPU)
+KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")  # what relock may accept edits to
+_RELOCK_GPU = (
+    "check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
+    "measured) to search, verify and lock again"
+)
+_RELOCK = (
+    "the op's sources changed since the lock was written: run `ptxbuild relock {t}` if only kernel "
+    "sources changed and the edit cannot alter the kernels (it checks that every locked binary "
+    "reproduces); otherwise " + _RELOCK_GPU
+)
 
 
 def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict]:
@@ -212,37 +291,53 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict
         problem = Problem.make(**d["problem"])
         want = entry["variants"].get(d["binary"])
         if want is None:
-            raise LockError(f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
-                            f"does not list")
+            raise LockError(
+                f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
+                f"does not list"
+            )
         b = ctx.compile_fn(op.render(d["params"], problem, gpu.arch), gpu.arch)
         got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
         name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
-        want_ptx = d.get("ptx_sha256", want["ptx_sha256"])   # its own, where another config has this cubin
+        want_ptx = d.get(
+            "ptx_sha256", want["ptx_sha256"]
+        )  # its own, where another config has this cubin
         if ptx_of is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
             ptx_of[i] = got_ptx
         elif got_ptx != want_ptx:
-            raise LockError(f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
-                            f"artifacts not written")
+            raise LockError(
+                f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
+                f"artifacts not written"
+            )
         if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
-            raise LockError(f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
-                            f"artifacts not written")
+            raise LockError(
+                f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
+                f"artifacts not written"
+            )
         b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
         chosen.append({**d, "_binary": b, "_problem": problem})
     if ptx_of is None and hardware_for(ctx, gpu) is not None:
         for c in chosen:
             v = ctx.gpu.verify(str(op.FOLDER), c["params"], c["_problem"], c["_binary"])
             if v.outcome.value != "ok":
-                raise LockError(f"{t}: variant {c['binary'][:12]} ({c['label']}) failed verification on this GPU: "
-                                f"{v.outcome.value} {v.detail}; artifacts not written")
+                raise LockError(
+                    f"{t}: variant {c['binary'][:12]} ({c['label']}) failed verification on this GPU: "
+                    f"{v.outcome.value} {v.detail}; artifacts not written"
+                )
     return [{k: v for k, v in c.items() if k != "_problem"} for c in chosen]
 
 
 def build_locked(ctx, targets=None) -> list[TargetResult]:
     """Rebuild exactly the locked artifacts (compile, compare, verify; no search); any drift leaves build/ as it was."""
     lock = read_lock(ctx.kf)
-    order = [(t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
-             for t in build_order(ctx.kf, targets)]
-    for t, entry, op in order:   # every entry first: a missing or drifted one fails before anything compiles
+    order = [
+        (t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
+        for t in build_order(ctx.kf, targets)
+    ]
+    for (
+        t,
+        entry,
+        op,
+    ) in order:  # every entry first: a missing or drifted one fails before anything compiles
         _check_entry(ctx, t, entry, op)
     plan = []
     for t, entry, op in order:
@@ -250,15 +345,40 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
         plan.append((t, entry, op, _reproduce(ctx, t, entry, op)))
     results = []
     for t, entry, op, chosen in plan:
-        manifest = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, {"measured": entry["measured_on_hardware"],
-                                   "toolchain": entry["toolchain"], "hardware": entry.get("hardware")})
-        results.append(TargetResult(t, "built", f"locked: {len(entry['variants'])} variant(s) reproduced",
-                                    entry["measured_on_hardware"], manifest, rejudge(ctx.kf, t, entry)))
+        manifest = write_artifacts(
+            ctx.kf,
+            t,
+            ctx.kf.gpus[t.gpu],
+            op,
+            chosen,
+            {
+                "measured": entry["measured_on_hardware"],
+                "toolchain": entry["toolchain"],
+                "hardware": entry.get("hardware"),
+            },
+        )
+        results.append(
+            TargetResult(
+                t,
+                "built",
+                f"locked: {len(entry['variants'])} variant(s) reproduced",
+                entry["measured_on_hardware"],
+                manifest,
+                rejudge(ctx.kf, t, entry),
+            )
+        )
     return results
 
 
-_LAUNCH_DEFAULTS = json.loads(canonical_json({f.name: f.default for f in dataclasses.fields(Launch)
-                                              if f.default is not dataclasses.MISSING}))
+_LAUNCH_DEFAULTS = json.loads(
+    canonical_json(
+        {
+            f.name: f.default
+            for f in dataclasses.fields(Launch)
+            if f.default is not dataclasses.MISSING
+        }
+    )
+)
 
 
 def relock(ctx, targets=None) -> list[tuple[str, str]]:
@@ -274,31 +394,51 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
         _check_entry(ctx, t, entry, op, op_files=False)
         files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
-        changed = sorted(n for n in set(files) | set(entry["op_files"]) if files.get(n) != entry["op_files"].get(n))
+        changed = sorted(
+            n
+            for n in set(files) | set(entry["op_files"])
+            if files.get(n) != entry["op_files"].get(n)
+        )
         if host := [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]:
-            raise LockError(f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
-                            f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}")
+            raise LockError(
+                f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
+                f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}"
+            )
         gpu = ctx.kf.gpus[t.gpu]
         for d in entry["dispatch"]:
-            now = json.loads(canonical_json(op.launch(d["params"], Problem.make(**d["problem"]), gpu.sm_count).__dict__))
-            want = {**_LAUNCH_DEFAULTS, **d.get("launch", now)}   # fields added since: their defaults
+            now = json.loads(
+                canonical_json(
+                    op.launch(d["params"], Problem.make(**d["problem"]), gpu.sm_count).__dict__
+                )
+            )
+            want = {
+                **_LAUNCH_DEFAULTS,
+                **d.get("launch", now),
+            }  # fields added since: their defaults
             if now != want:
-                raise LockError(f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
-                                f"{canonical_json(now)}; rebuild unlocked to relock")
+                raise LockError(
+                    f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
+                    f"{canonical_json(now)}; rebuild unlocked to relock"
+                )
         # no source edit since the lock: a PTX that alone differs was mis-recorded (cubins are what was verified)
         ptx_of: dict[int, str] = {}
         _reproduce(ctx, t, entry, op, None if changed else ptx_of)
         variants, dispatch = copy.deepcopy(entry["variants"]), copy.deepcopy(entry["dispatch"])
         if ptx_of:
             pin_ptx(dispatch, [ptx_of[i] for i in range(len(dispatch))], variants)
-        fixed = sum(d.get("ptx_sha256", variants[d["binary"]]["ptx_sha256"]) !=
-                    o.get("ptx_sha256", entry["variants"][o["binary"]]["ptx_sha256"]) for d, o in zip(dispatch, entry["dispatch"]))
+        fixed = sum(
+            d.get("ptx_sha256", variants[d["binary"]]["ptx_sha256"])
+            != o.get("ptx_sha256", entry["variants"][o["binary"]]["ptx_sha256"])
+            for d, o in zip(dispatch, entry["dispatch"])
+        )
         if not changed and not fixed:
             done.append((str(t), "unchanged"))
             continue
         entry = {**entry, "op_files": files, "variants": variants, "dispatch": dispatch}
         entries[str(t)] = {**entry, "entry_sha256": entry_digest(entry)}
-        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [f"{fixed} PTX recorded anew (same cubin)"] * bool(fixed)
+        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [
+            f"{fixed} PTX recorded anew (same cubin)"
+        ] * bool(fixed)
         done.append((str(t), f"{len(variants)} variant(s) reproduce after {'; '.join(what)}"))
     _write(lock_path(ctx.kf), entries)
     return done

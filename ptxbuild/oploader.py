@@ -1,5 +1,6 @@
 """Find and load an op definition (ops/<name>/op.py) and check it honours the op contract
 (written out in ops/README.md: the names op.py must define, required and optional)."""
+
 from __future__ import annotations
 
 import functools
@@ -8,8 +9,20 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-REQUIRED = ("NAME", "VERSION", "SOURCES", "DTYPES", "OPTIONS", "SPACE", "SPILL_BUDGET_BYTES",
-            "default_params", "check", "render", "launch", "bytes_moved")
+REQUIRED = (
+    "NAME",
+    "VERSION",
+    "SOURCES",
+    "DTYPES",
+    "OPTIONS",
+    "SPACE",
+    "SPILL_BUDGET_BYTES",
+    "default_params",
+    "check",
+    "render",
+    "launch",
+    "bytes_moved",
+)
 
 
 class OpError(Exception):
@@ -35,7 +48,9 @@ def load_module(path: Path, name: str) -> ModuleType:
         try:
             spec.loader.exec_module(mod)
         except BaseException:
-            del sys.modules[name]   # a broken file is not cached: the next load shows the error again
+            del sys.modules[
+                name
+            ]  # a broken file is not cached: the next load shows the error again
             raise
     return sys.modules[name]
 
@@ -48,7 +63,9 @@ def load_op(template: str, root: Path) -> ModuleType:
     mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
     if getattr(mod, "FOLDER", None) is None:
         if missing := [a for a in REQUIRED if not hasattr(mod, a)]:
-            raise OpError(f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)")
+            raise OpError(
+                f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)"
+            )
         mod.FOLDER = folder
         _attach_baselines(mod, folder)
     return mod

@@ -1,4 +1,5 @@
 """Values that describe one kernel problem and one compiled candidate, shared by every stage."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,22 +43,31 @@ class Problem:
         return json.loads(canonical_json(dict(self.options)))
 
     def key(self) -> dict[str, Any]:
-        return {"op": self.op, "dtype": self.dtype, "shape": list(self.shape), "options": dict(self.options)}
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "options": dict(self.options),
+        }
 
     def label(self) -> str:
         shape = "x".join(str(s) for s in self.shape)
         opts = ",".join(f"{k}={v}" for k, v in self.options if v not in (False, None, ""))
         return f"{self.dtype}[{shape}]" + (f"{{{opts}}}" if opts else "")
 
-    def with_shape(self, shape: tuple[int, ...]) -> "Problem":
+    def with_shape(self, shape: tuple[int, ...]) -> Problem:
         return Problem(self.op, self.dtype, tuple(shape), self.options)
 
     @staticmethod
-    def make(op: str, dtype: str, shape, options: dict[str, Any] | None = None) -> "Problem":
+    def make(op: str, dtype: str, shape, options: dict[str, Any] | None = None) -> Problem:
         """Options are frozen (lists become tuples: a kernelfile's `lengths = [...]`), so a problem
         hashes; its key() and JSON are unchanged (a tuple encodes as a list)."""
-        return Problem(op, dtype, tuple(int(s) for s in shape),
-                       tuple(sorted((k, _freeze(v)) for k, v in (options or {}).items())))
+        return Problem(
+            op,
+            dtype,
+            tuple(int(s) for s in shape),
+            tuple(sorted((k, _freeze(v)) for k, v in (options or {}).items())),
+        )
 
 
 def _freeze(value: Any) -> Any:
@@ -72,7 +82,7 @@ class Kernel:
     entry: str
     flags: tuple[str, ...] = ()
 
-    def with_defines(self, *defines: str) -> "Kernel":
+    def with_defines(self, *defines: str) -> Kernel:
         """Also compiled with -DNAME=VALUE per "NAME=VALUE": a source path render() does not pick yet."""
         if bad := [d for d in defines if not d.split("=", 1)[0].isidentifier()]:
             raise ValueError(f"not a macro definition: {bad[0]!r} (write NAME or NAME=VALUE)")

@@ -5,6 +5,7 @@ A recording is JSONL: a header line {"format", "spaces", "defaults", ...}, then 
 strategy's evaluate() from it: the recorded p50 for a recorded success, inf for a recorded failure,
 and inf for a config never recorded (counted apart: a replay cannot know what it would have done).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,35 +37,94 @@ class Recording:
         """(gpu, arch, problem) with at least one measured success, in a stable order."""
         seen = {}
         for r in self.rows:
-            if r["op"] == op and (gpu is None or r["gpu"] == gpu) and r["outcome"] == "ok" and r.get("p50_ms"):
+            if (
+                r["op"] == op
+                and (gpu is None or r["gpu"] == gpu)
+                and r["outcome"] == "ok"
+                and r.get("p50_ms")
+            ):
                 seen[(r["gpu"], _k(r["problem"]))] = (r["gpu"], r["arch"], r["problem"])
-        return [seen[k] for k in sorted(seen, key=lambda k: (k[0], json.loads(k[1])["dtype"],
-                                                            json.loads(k[1])["shape"][::-1], k[1]))]
+        return [
+            seen[k]
+            for k in sorted(
+                seen,
+                key=lambda k: (
+                    k[0],
+                    json.loads(k[1])["dtype"],
+                    json.loads(k[1])["shape"][::-1],
+                    k[1],
+                ),
+            )
+        ]
 
 
-def export_recording(cache, out, op: str | None = None, gpu: str | None = None, spaces: dict | None = None,
-                     defaults: dict | None = None) -> int:
+def export_recording(
+    cache,
+    out,
+    op: str | None = None,
+    gpu: str | None = None,
+    spaces: dict | None = None,
+    defaults: dict | None = None,
+) -> int:
     """Write the attempts of `cache` (one op / one GPU) as a recording; returns the number of rows. Repeated
     attempts of one config (forced rebuilds) merge: the median p50 of the successes and the largest cost in
     seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
-    where = ["outcome not in ('invalid', 'pruned')"] + (["op = ?"] if op else []) + (["gpu = ?"] if gpu else [])
+    where = (
+        ["outcome not in ('invalid', 'pruned')"]
+        + (["op = ?"] if op else [])
+        + (["gpu = ?"] if gpu else [])
+    )
     merged: dict[tuple, dict] = {}
-    for a in cache.db.query(f"select * from attempts where {' and '.join(where)} order by id", [v for v in (op, gpu) if v]):
+    for a in cache.db.query(
+        f"select * from attempts where {' and '.join(where)} order by id",
+        [v for v in (op, gpu) if v],
+    ):
         key = (a["op"], a["gpu"], a["problem"], a["params"])
-        m = merged.setdefault(key, {"op": a["op"], "gpu": a["gpu"], "arch": a["arch"],
-                                    "family": lessons.family_of(a["gpu"], a["arch"]),
-                                    "problem": json.loads(a["problem"]), "params": json.loads(a["params"]),
-                                    "outcomes": [], "p50s": [], "seconds": 0.0, "attempts": []})
+        m = merged.setdefault(
+            key,
+            {
+                "op": a["op"],
+                "gpu": a["gpu"],
+                "arch": a["arch"],
+                "family": lessons.family_of(a["gpu"], a["arch"]),
+                "problem": json.loads(a["problem"]),
+                "params": json.loads(a["params"]),
+                "outcomes": [],
+                "p50s": [],
+                "seconds": 0.0,
+                "attempts": [],
+            },
+        )
         m["outcomes"].append(a["outcome"])
         if a["outcome"] == "ok" and a["p50_ms"] is not None:
             m["p50s"].append(a["p50_ms"])
-        m["seconds"] = max(m["seconds"], sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")))
+        m["seconds"] = max(
+            m["seconds"], sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s"))
+        )
         m["attempts"].append(a["id"])
-    rows = [{"op": m["op"], "gpu": m["gpu"], "arch": m["arch"], "family": m["family"], "problem": m["problem"],
-             "params": m["params"], "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
-             "outcome": "ok" if "ok" in m["outcomes"] else max(set(m["outcomes"]), key=m["outcomes"].count),
-             "seconds": round(m["seconds"], 6), "attempts": m["attempts"][:20]} for m in merged.values()]
-    header = {"format": FORMAT, "spaces": spaces or {}, "defaults": defaults or {}, "rows": len(rows)}
+    rows = [
+        {
+            "op": m["op"],
+            "gpu": m["gpu"],
+            "arch": m["arch"],
+            "family": m["family"],
+            "problem": m["problem"],
+            "params": m["params"],
+            "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
+            "outcome": "ok"
+            if "ok" in m["outcomes"]
+            else max(set(m["outcomes"]), key=m["outcomes"].count),
+            "seconds": round(m["seconds"], 6),
+            "attempts": m["attempts"][:20],
+        }
+        for m in merged.values()
+    ]
+    header = {
+        "format": FORMAT,
+        "spaces": spaces or {},
+        "defaults": defaults or {},
+        "rows": len(rows),
+    }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
         f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in [header, *rows])
@@ -78,13 +138,17 @@ def load_recording(path) -> Recording:
         magic = f.read(16)
     if magic.startswith(b"SQLite format 3"):
         import tempfile
+
         from .cache import Cache
+
         with tempfile.TemporaryDirectory() as tmp:
             export_recording(Cache(path), Path(tmp) / "rec.jsonl")
             return load_recording(Path(tmp) / "rec.jsonl")
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not lines or lines[0].get("format") != FORMAT:
-        raise ValueError(f"{path}: not a ptxbuild recording (first line must have format {FORMAT!r})")
+        raise ValueError(
+            f"{path}: not a ptxbuild recording (first line must have format {FORMAT!r})"
+        )
     return Recording(lines[0], tuple(lines[1:]))
 
 
@@ -92,17 +156,36 @@ def gpu_of(rec: Recording, name: str):
     if name in CATALOG:
         return CATALOG[name]
     row = next(r for r in rec.rows if r["gpu"] == name)
-    return SimpleNamespace(name=name, arch=row["arch"], family=row.get("family") or lessons.family_of(name, row["arch"]))
+    return SimpleNamespace(
+        name=name,
+        arch=row["arch"],
+        family=row.get("family") or lessons.family_of(name, row["arch"]),
+    )
 
 
 def lessons_cache(rec: Recording, op: str, keep, extra_lessons: list | None = None):
     """An in-memory cache holding the lessons derived from the recorded rows `keep(row)` selects."""
     from .cache import Cache
+
     cache = Cache(":memory:")
-    attempts = [{"id": i, "gpu": r["gpu"], "arch": r["arch"], "problem": json.dumps(r["problem"]),
-                 "params": json.dumps(r["params"], sort_keys=True), "outcome": r["outcome"], "p50_ms": r.get("p50_ms")}
-                for i, r in enumerate(rec.rows, 1) if r["op"] == op and keep(r)]
-    for row in lessons.best_rows(op, attempts, "replay") + lessons.fail_rows(op, attempts, "replay") + list(extra_lessons or []):
+    attempts = [
+        {
+            "id": i,
+            "gpu": r["gpu"],
+            "arch": r["arch"],
+            "problem": json.dumps(r["problem"]),
+            "params": json.dumps(r["params"], sort_keys=True),
+            "outcome": r["outcome"],
+            "p50_ms": r.get("p50_ms"),
+        }
+        for i, r in enumerate(rec.rows, 1)
+        if r["op"] == op and keep(r)
+    ]
+    for row in (
+        lessons.best_rows(op, attempts, "replay")
+        + lessons.fail_rows(op, attempts, "replay")
+        + list(extra_lessons or [])
+    ):
         cache.db["lessons"].upsert(row, pk="id")
     return cache
 
@@ -122,14 +205,19 @@ class Replayer:
 
     def __post_init__(self):
         pk = _k(self.problem)
-        self.table = {_k(r["params"]): r for r in self.rec.rows
-                      if r["op"] == self.op and r["gpu"] == self.gpu and _k(r["problem"]) == pk}
+        self.table = {
+            _k(r["params"]): r
+            for r in self.rec.rows
+            if r["op"] == self.op and r["gpu"] == self.gpu and _k(r["problem"]) == pk
+        }
         costs = [r["seconds"] for r in self.table.values() if r.get("seconds")]
         self.unknown_cost_s = statistics.median(costs) if costs else 0.0
 
     def best_ms(self) -> float:
-        return min((r["p50_ms"] for r in self.table.values() if r["outcome"] == "ok" and r.get("p50_ms")),
-                   default=math.inf)
+        return min(
+            (r["p50_ms"] for r in self.table.values() if r["outcome"] == "ok" and r.get("p50_ms")),
+            default=math.inf,
+        )
 
     def score(self, cfg: dict) -> float:
         r = self.table.get(_k(cfg))
@@ -147,12 +235,12 @@ class Replayer:
 
 @dataclass(frozen=True)
 class Run:
-    evaluations: int | None          # evaluations until one within 2% of the best recorded (None: never)
-    seconds: float | None            # recorded seconds those evaluations cost
-    total: int                       # evaluations made
-    unrecorded: int                  # evaluations of configs the recording does not have
-    seeds_used: tuple = ()           # lesson ids of the seeds
-    rules_used: tuple = ()           # failure lessons that pruned the space
+    evaluations: int | None  # evaluations until one within 2% of the best recorded (None: never)
+    seconds: float | None  # recorded seconds those evaluations cost
+    total: int  # evaluations made
+    unrecorded: int  # evaluations of configs the recording does not have
+    seeds_used: tuple = ()  # lesson ids of the seeds
+    rules_used: tuple = ()  # failure lessons that pruned the space
 
 
 MAX_PRODUCT = 100_000
@@ -162,8 +250,18 @@ class _Reached(Exception):
     pass
 
 
-def replay_search(rec: Recording, op: str, gpu: str, problem: dict, *, strategy: str = "random",
-                  seeds: list[dict] = (), rules: list[dict] = (), rng_seed: int = 0, budget: int | None = None) -> Run:
+def replay_search(
+    rec: Recording,
+    op: str,
+    gpu: str,
+    problem: dict,
+    *,
+    strategy: str = "random",
+    seeds: list[dict] = (),
+    rules: list[dict] = (),
+    rng_seed: int = 0,
+    budget: int | None = None,
+) -> Run:
     """Run `strategy` on the recorded candidates of one problem until a config within 2% of the best recorded
     one: seeds first; configs that `rules` (failure lessons) cover are pruned, never evaluated. The space is the
     recorded parameter values (so evolutionary moves mean something) restricted to recorded configs and seeds;
@@ -175,11 +273,16 @@ def replay_search(rec: Recording, op: str, gpu: str, problem: dict, *, strategy:
     allowed = {_k(c) for c in cands}
     if math.prod(len(v) for v in values.values()) <= MAX_PRODUCT:
         space = {n: [json.loads(v) for v in values[n]] for n in names}
-        to_cfg = lambda c: c
+
+        def to_cfg(c):
+            return c
     else:
         space = {"_i": list(range(len(cands)))}
         index = {_k(c): i for i, c in enumerate(cands)}
-        to_cfg = lambda c: cands[c["_i"]]
+
+        def to_cfg(c):
+            return cands[c["_i"]]
+
         seeds = [{"_i": index[_k(s)]} for s in seeds]
     used_rules: set[str] = set()
 
@@ -206,18 +309,35 @@ def replay_search(rec: Recording, op: str, gpu: str, problem: dict, *, strategy:
         return out
 
     try:
-        run_search(space, evaluate, strategy=strategy, budget=budget or len(cands), seconds=1e9, valid=valid,
-                   seeds=seeds, rng_seed=rng_seed, batch=1)
+        run_search(
+            space,
+            evaluate,
+            strategy=strategy,
+            budget=budget or len(cands),
+            seconds=1e9,
+            valid=valid,
+            seeds=seeds,
+            rng_seed=rng_seed,
+            batch=1,
+        )
     except _Reached:
-        return Run(rp.evaluations, round(spent[0], 6), rp.evaluations, rp.unrecorded, rules_used=tuple(sorted(used_rules)))
+        return Run(
+            rp.evaluations,
+            round(spent[0], 6),
+            rp.evaluations,
+            rp.unrecorded,
+            rules_used=tuple(sorted(used_rules)),
+        )
     return Run(None, None, rp.evaluations, rp.unrecorded, rules_used=tuple(sorted(used_rules)))
 
 
-def warm_start(cache, rec: Recording, op: str, gpu: str, problem: dict, limit: int = 4) -> tuple[list, list, list]:
+def warm_start(
+    cache, rec: Recording, op: str, gpu: str, problem: dict, limit: int = 4
+) -> tuple[list, list, list]:
     """(seeds, the lessons they came from, failure rules) for a problem, from the lessons in `cache`."""
     g = gpu_of(rec, gpu)
     prob = Problem.make(**problem)
-    shim = SimpleNamespace(NAME=op, SPACE={}, check=lambda params, p: None)   # configs as recorded
+    shim = SimpleNamespace(NAME=op, SPACE={}, check=lambda params, p: None)  # configs as recorded
     seeds, used = lessons.seeds(cache, shim, prob, g, limit=limit)
     return seeds, used, lessons.failure_rules(cache, op, prob, g.arch)
 

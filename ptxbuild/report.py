@@ -1,4 +1,5 @@
 """Reproducibility reports of a target's last build: Markdown + JSON under reports/<op>@<gpu>/."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,30 +16,65 @@ from .compiler import installed_version
 from .gates import closest_baseline, failures, judge
 from .problem import Problem
 
-PACKAGES = ("ptxbuild", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink", "numpy", "cupy-cuda13x",
-            "torch", "pydantic", "sqlite-utils", "click")
-EVERY_ROUND = {"min_speedup": 1.0, "speedup_evidence": "every_round"}   # the gate that judges it, one logic
+PACKAGES = (
+    "ptxbuild",
+    "cuda-bindings",
+    "nvidia-cuda-nvrtc",
+    "nvidia-nvjitlink",
+    "numpy",
+    "cupy-cuda13x",
+    "torch",
+    "pydantic",
+    "sqlite-utils",
+    "click",
+)
+EVERY_ROUND = {
+    "min_speedup": 1.0,
+    "speedup_evidence": "every_round",
+}  # the gate that judges it, one logic
 
 
 def code_digest(pkg: Path = Path(__file__).parent) -> str:
     """ptxbuild's own code, by content (each .py file's path and bytes): names the tool that built a
     report where git cannot (an installed package; a copy whose git metadata is stale)."""
-    files = sorted(pkg.rglob("*.py"))      # none where the package is read from a zip: no name then
-    return hashlib.sha256(b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes()
-                                   for f in files)).hexdigest()[:12] if files else ""
+    files = sorted(pkg.rglob("*.py"))  # none where the package is read from a zip: no name then
+    return (
+        hashlib.sha256(
+            b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() for f in files)
+        ).hexdigest()[:12]
+        if files
+        else ""
+    )
 
 
 def environment(root: Path) -> dict:
     versions = {p: v for p in PACKAGES if (v := installed_version(p)) is not None}
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                                    timeout=5).stdout.strip())
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         rev, dirty = "", False
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "packages": versions,
-            "git_revision": rev + ("-dirty" if dirty else ""), "ptxbuild_code": code_digest()}
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": versions,
+        "git_revision": rev + ("-dirty" if dirty else ""),
+        "ptxbuild_code": code_digest(),
+    }
 
 
 def utc_time(ts: float) -> str:
@@ -51,8 +87,13 @@ def _hm(ts: float | None) -> str:
 
 def _timed_at(data: dict) -> list[float]:
     """When the winners' and baselines' timings were taken (where recorded; a cached timing keeps its original time)."""
-    return [t for d in data["dispatch"]
-            for t in [d.get("timed_at")] + [b.get("timed_at") for b in (d.get("baselines") or {}).values()] if t]
+    return [
+        t
+        for d in data["dispatch"]
+        for t in [d.get("timed_at")]
+        + [b.get("timed_at") for b in (d.get("baselines") or {}).values()]
+        if t
+    ]
 
 
 def collect(kf, cache, target) -> dict | None:
@@ -64,15 +105,30 @@ def collect(kf, cache, target) -> dict | None:
     # A manifest file at that path may come from another build (another machine's or an earlier
     # one), so the build's own copy wins; the file serves only builds recorded before it was kept.
     manifest = summary.get("report_manifest") or (
-        json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {})
+        json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {}
+    )
     attempts = cache.attempts(str(target), summary["run"])
     by_outcome = Counter(a["outcome"] for a in attempts)
-    rejected = Counter((a["outcome"], (a["detail"] or "").split("\n")[0][:100]) for a in attempts if a["outcome"] != "ok")
-    return {"target": str(target), "status": build["status"], "built_at": build["created"], "summary": summary,
-            "environment": summary.get("environment") or environment(kf.root), "dispatch": manifest.get("dispatch", []),
-            "variants": manifest.get("variants", {}), "candidates_by_outcome": dict(sorted(by_outcome.items())),
-            "attempts": len(attempts), "timed": timed_candidates(attempts),
-            "rejected": [{"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)]}
+    rejected = Counter(
+        (a["outcome"], (a["detail"] or "").split("\n")[0][:100])
+        for a in attempts
+        if a["outcome"] != "ok"
+    )
+    return {
+        "target": str(target),
+        "status": build["status"],
+        "built_at": build["created"],
+        "summary": summary,
+        "environment": summary.get("environment") or environment(kf.root),
+        "dispatch": manifest.get("dispatch", []),
+        "variants": manifest.get("variants", {}),
+        "candidates_by_outcome": dict(sorted(by_outcome.items())),
+        "attempts": len(attempts),
+        "timed": timed_candidates(attempts),
+        "rejected": [
+            {"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)
+        ],
+    }
 
 
 TIMED_PER_PROBLEM = 6
@@ -87,10 +143,21 @@ def timed_candidates(attempts) -> list[dict]:
             continue
         k = json.loads(a["problem"])
         label = Problem.make(k["op"], k["dtype"], k["shape"], k.get("options")).label()
-        by_problem.setdefault(label, {}).setdefault(a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]})
-    ranked = {label: sorted(rows.values(), key=lambda r: r["p50_ms"]) for label, rows in by_problem.items()}
-    return [{"label": label, "best": rs[:TIMED_PER_PROBLEM], "more": max(0, len(rs) - TIMED_PER_PROBLEM)}
-            for label, rs in ranked.items()]
+        by_problem.setdefault(label, {}).setdefault(
+            a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]}
+        )
+    ranked = {
+        label: sorted(rows.values(), key=lambda r: r["p50_ms"])
+        for label, rows in by_problem.items()
+    }
+    return [
+        {
+            "label": label,
+            "best": rs[:TIMED_PER_PROBLEM],
+            "more": max(0, len(rs) - TIMED_PER_PROBLEM),
+        }
+        for label, rs in ranked.items()
+    ]
 
 
 def _ms(v) -> str:
@@ -106,26 +173,52 @@ def table_rows(data: dict) -> list[list[str]]:
         base = closest_baseline(d)
         frac = f"{d['floor_ms'] / d['p50_ms'] * 100:.0f}%" if d.get("p50_ms") else "-"
         params = " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
-        rows.append([d["label"], _ms(d.get("p50_ms")), frac, _ms(base and base[2]), f"{base[0]:.2f}x" if base else "-", params])
+        rows.append(
+            [
+                d["label"],
+                _ms(d.get("p50_ms")),
+                frac,
+                _ms(base and base[2]),
+                f"{base[0]:.2f}x" if base else "-",
+                params,
+            ]
+        )
     return rows
 
 
-HEAD = ["problem", "p50 (us)", "% of floor", "closest baseline (us)", "speed-up", "config"]   # closest: the least speed-up
+HEAD = [
+    "problem",
+    "p50 (us)",
+    "% of floor",
+    "closest baseline (us)",
+    "speed-up",
+    "config",
+]  # closest: the least speed-up
 
 
 def _timings(s: dict) -> str:
     """Which of a build's timings were taken by that build (the report's `timings` line)."""
     since = s.get("timed_since") if s.get("remeasure_resumed") else None
-    when = (f" since {utc_time(since)} (a rerun after an "
-            "interruption keeps what the interrupted run timed)") if since else " in this run"
+    when = (
+        (
+            f" since {utc_time(since)} (a rerun after an "
+            "interruption keeps what the interrupted run timed)"
+        )
+        if since
+        else " in this run"
+    )
     only = s.get("remeasured_only") or []
     if s.get("remeasured") and only:
-        return (f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
-                f"timed again{when} (`--remeasure-only`); the others come from the cache")
+        return (
+            f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
+            f"timed again{when} (`--remeasure-only`); the others come from the cache"
+        )
     if s.get("remeasured"):
         return f"every candidate and baseline timed{when} (`--remeasure`)"
-    return ("timings of configs and baselines already measured on this GPU come from the "
-            "cache (same GPU fingerprint and protocol); `--remeasure` times all again")
+    return (
+        "timings of configs and baselines already measured on this GPU come from the "
+        "cache (same GPU fingerprint and protocol); `--remeasure` times all again"
+    )
 
 
 def markdown(data: dict) -> str:
@@ -133,84 +226,163 @@ def markdown(data: dict) -> str:
     when_all = _timed_at(data)
     rows = table_rows(data)
     env = data["environment"]
-    lines = [f"# {data['target']}", "",
-             f"- status: **{data['status']}**; " + ("measured on hardware" if s["measured"] else
-                                                   "**not measured on hardware** (compiled and resource-checked only)"),
-             f"- problems built: {s.get('problems_done', '?')}" + (" (**interrupted**: rerun to finish)"
-                                                                  if data["status"] == "interrupted" else ""),
-             f"- reproduce: `{s['command']}`",
-             f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
-             "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
-             f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`"
-             + (f"; ptxbuild code `{env['ptxbuild_code']}`" if env.get("ptxbuild_code") else ""),
-             "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items())]
+    lines = [
+        f"# {data['target']}",
+        "",
+        f"- status: **{data['status']}**; "
+        + (
+            "measured on hardware"
+            if s["measured"]
+            else "**not measured on hardware** (compiled and resource-checked only)"
+        ),
+        f"- problems built: {s.get('problems_done', '?')}"
+        + (" (**interrupted**: rerun to finish)" if data["status"] == "interrupted" else ""),
+        f"- reproduce: `{s['command']}`",
+        f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
+        "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`"
+        + (f"; ptxbuild code `{env['ptxbuild_code']}`" if env.get("ptxbuild_code") else ""),
+        "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items()),
+    ]
     if hw := s.get("hardware"):
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
-        lines.append(f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)")
+        lines.append(
+            f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)"
+        )
         lines.append("- timings: " + _timings(s))
-        lines.append(f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
-                     "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)")
+        lines.append(
+            f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
+            "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)"
+        )
         if when_all:
-            lines.append(f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
-                         "(the winners and baselines below; each row says when)")
+            lines.append(
+                f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
+                "(the winners and baselines below; each row says when)"
+            )
     m, g = s.get("metric") or {}, s.get("gates") or {}
     if m.get("value_ms") is not None:
-        lines.append(f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)")
+        lines.append(
+            f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)"
+        )
     if g.get("declared"):
-        verdict = ("not judged (not measured on hardware)" if not s["measured"] else
-                   f"**{len(g['failures'])} missed**" if g["failures"] else "all met")
-        lines.append("- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}")
+        verdict = (
+            "not judged (not measured on hardware)"
+            if not s["measured"]
+            else f"**{len(g['failures'])} missed**"
+            if g["failures"]
+            else "all met"
+        )
+        lines.append(
+            "- gates: " + ", ".join(f"{k} = {v}" for k, v in g["declared"].items()) + f": {verdict}"
+        )
         lines += [f"  - {f}" for f in g["failures"]]
     timed = bool(when_all)
     head = HEAD + (["timed (UTC)"] if timed else [])
     lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
-              for d, r in zip(data["dispatch"], rows)]
-    bouts = [(d["label"], b) for d in data["dispatch"] for b in d.get("playoff") or [] if b.get("leader_p50_ms")]
+    lines += [
+        "| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
+        for d, r in zip(data["dispatch"], rows)
+    ]
+    bouts = [
+        (d["label"], b)
+        for d in data["dispatch"]
+        for b in d.get("playoff") or []
+        if b.get("leader_p50_ms")
+    ]
     if bouts:
         gap = max(abs(b["p50_ms"] / b["leader_p50_ms"] - 1) for _, b in bouts)
-        lines += ["", f"Playoff: in {len({lbl for lbl, _ in bouts})} problems the fastest config met the next ones within 2% "
-                  f"of it, each in one window, alternating ({len(bouts)} bouts, largest difference there {gap:.1%}); "
-                  f"a challenger won in {len({lbl for lbl, b in bouts if b['won']})} (`playoff` in report.json)."]
-    base_rows = [(d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()]
+        lines += [
+            "",
+            f"Playoff: in {len({lbl for lbl, _ in bouts})} problems the fastest config met the next ones within 2% "
+            f"of it, each in one window, alternating ({len(bouts)} bouts, largest difference there {gap:.1%}); "
+            f"a challenger won in {len({lbl for lbl, b in bouts if b['won']})} (`playoff` in report.json).",
+        ]
+    base_rows = [
+        (d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()
+    ]
     if base_rows:
-        one_run = s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")
-        lines += ["", f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)", "",
-                  "Where the winner was timed in the baseline's window (alternating, verification.md timing rule 4), "
-                  "its p50 there is given beside the baseline's, and the speed-up compares the two.", "",
-                  "| problem | baseline | outcome | p50 (us) | winner, same window (us) | p20-p80 (us) | samples |"
-                  + (" timed (UTC) |" if timed else ""), "|---|---|---|---:|---:|---:|---:|" + ("---|" if timed else "")]
-        lines += [f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b.get('winner_p50_ms'))} | "
-                  f"{_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
-                  + (f" {_hm(b.get('timed_at'))} |" if timed else "") for lbl, n, b in base_rows]
+        one_run = (
+            s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")
+        )
+        lines += [
+            "",
+            f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)",
+            "",
+            "Where the winner was timed in the baseline's window (alternating, verification.md timing rule 4), "
+            "its p50 there is given beside the baseline's, and the speed-up compares the two.",
+            "",
+            "| problem | baseline | outcome | p50 (us) | winner, same window (us) | p20-p80 (us) | samples |"
+            + (" timed (UTC) |" if timed else ""),
+            "|---|---|---|---:|---:|---:|---:|" + ("---|" if timed else ""),
+        ]
+        lines += [
+            f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b.get('winner_p50_ms'))} | "
+            f"{_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
+            + (f" {_hm(b.get('timed_at'))} |" if timed else "")
+            for lbl, n, b in base_rows
+        ]
     # judged on the timings, not on the table's rounded speed-up (0.996x would show as 1.00x)
-    losses = [(d["label"], b, d["baselines"][b[1]].get("round_ratios")) for d in data["dispatch"]
-              if (b := closest_baseline(d)) and b[0] < 1]
+    losses = [
+        (d["label"], b, d["baselines"][b[1]].get("round_ratios"))
+        for d in data["dispatch"]
+        if (b := closest_baseline(d)) and b[0] < 1
+    ]
     if losses:
         lines += ["", f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})", ""]
         if any(rr for _, _, rr in losses):
-            lines += [f"{len(failures(EVERY_ROUND, data['dispatch']))} of them lose in every round of a baseline's window, "
-                      "or were timed apart from it (`speedup_evidence = \"every_round\"` judges them so; each round: "
-                      "the baseline's p50 / the winner's); the others win at least one.", ""]
-        lines += [f"- {lbl}: {r:.3f}x {n} ({_ms(b)} against {_ms(p)} us)"
-                  + (f"; rounds {min(rr):.3f}-{max(rr):.3f}x" if rr else "") for lbl, (r, n, b, p), rr in losses]
-    lines += ["", "## Candidates", "", f"{data['attempts']} attempts this run: " +
-              ", ".join(f"{k} {v}" for k, v in data["candidates_by_outcome"].items())]
+            lines += [
+                f"{len(failures(EVERY_ROUND, data['dispatch']))} of them lose in every round of a baseline's window, "
+                'or were timed apart from it (`speedup_evidence = "every_round"` judges them so; each round: '
+                "the baseline's p50 / the winner's); the others win at least one.",
+                "",
+            ]
+        lines += [
+            f"- {lbl}: {r:.3f}x {n} ({_ms(b)} against {_ms(p)} us)"
+            + (f"; rounds {min(rr):.3f}-{max(rr):.3f}x" if rr else "")
+            for lbl, (r, n, b, p), rr in losses
+        ]
+    lines += [
+        "",
+        "## Candidates",
+        "",
+        f"{data['attempts']} attempts this run: "
+        + ", ".join(f"{k} {v}" for k, v in data["candidates_by_outcome"].items()),
+    ]
     if data["rejected"]:
         lines += ["", "| outcome | count | first line of evidence |", "|---|---:|---|"]
-        lines += [f"| {r['outcome']} | {r['count']} | {r['detail'].replace('|', '/')} |" for r in data["rejected"]]
+        lines += [
+            f"| {r['outcome']} | {r['count']} | {r['detail'].replace('|', '/')} |"
+            for r in data["rejected"]
+        ]
     if data.get("timed"):
-        lines += ["", "## Timed candidates (this run, fastest first)", "", "| problem | p50 (us) | vs fastest | config |",
-                  "|---|---:|---:|---|"]
+        lines += [
+            "",
+            "## Timed candidates (this run, fastest first)",
+            "",
+            "| problem | p50 (us) | vs fastest | config |",
+            "|---|---:|---:|---|",
+        ]
         for t in data["timed"]:
             top = t["best"][0]["p50_ms"]
-            lines += [f"| {t['label']} | {_ms(r['p50_ms'])} | {r['p50_ms'] / top:.2f}x | "
-                      + " ".join(f"{k}={v}" for k, v in sorted(r["params"].items())) + " |" for r in t["best"]]
+            lines += [
+                f"| {t['label']} | {_ms(r['p50_ms'])} | {r['p50_ms'] / top:.2f}x | "
+                + " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
+                + " |"
+                for r in t["best"]
+            ]
             if t["more"]:
                 lines.append(f"| {t['label']} | ... | | {t['more']} more |")
-    lines += ["", "## Variants", "", "| entry | registers | spills | PTX ISA | files |", "|---|---:|---:|---|---|"]
-    lines += [f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
-              for v in data["variants"].values()]
+    lines += [
+        "",
+        "## Variants",
+        "",
+        "| entry | registers | spills | PTX ISA | files |",
+        "|---|---:|---:|---|---|",
+    ]
+    lines += [
+        f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
+        for v in data["variants"].values()
+    ]
     lines += lessons_section(s, data)
     return "\n".join(lines) + "\n"
 
@@ -219,33 +391,61 @@ def lessons_section(s: dict, data: dict) -> list[str]:
     """Which lessons the build used (seeds, failure rules that pruned) and which it produced."""
     used = list({u["lesson"]: u for u in s.get("lessons_used", [])}.values())
     produced = s.get("lessons_produced", [])
-    lines = ["", "## Lessons", "", f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
-             f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}"]
+    lines = [
+        "",
+        "## Lessons",
+        "",
+        f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
+        f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}",
+    ]
     for u in used[:12]:
         sc = u["scope"]
         if u.get("kind") == "fails":
             p = " ".join(f"{k}={v}" for k, v in sorted(u["rule"]["params"].items()))
-            lines.append(f"  - failure rule `{u['lesson']}`: {p} gives {u['rule']['outcome']} on {sc.get('arch')} "
-                         f"{sc.get('dtype')} (confidence {u['confidence']:.2f}): covered configs are not compiled")
+            lines.append(
+                f"  - failure rule `{u['lesson']}`: {p} gives {u['rule']['outcome']} on {sc.get('arch')} "
+                f"{sc.get('dtype')} (confidence {u['confidence']:.2f}): covered configs are not compiled"
+            )
         else:
-            lines.append(f"  - seed `{u['lesson']}` ({u.get('level', '')}, distance {u['distance']}; best on "
-                         f"{sc.get('gpu')} {sc.get('dtype')} {sc.get('shape')}): {u['params']}")
-    kinds = Counter(p["kind"] + (" weakened/retired" if p.get("weakened") else "") for p in produced)
+            lines.append(
+                f"  - seed `{u['lesson']}` ({u.get('level', '')}, distance {u['distance']}; best on "
+                f"{sc.get('gpu')} {sc.get('dtype')} {sc.get('shape')}): {u['params']}"
+            )
+    kinds = Counter(
+        p["kind"] + (" weakened/retired" if p.get("weakened") else "") for p in produced
+    )
     if kinds:
         lines.append("- produced: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    picked = [d for d in data["dispatch"] if d.get("source") in ("lesson", "default") and d.get("params")]
+    picked = [
+        d for d in data["dispatch"] if d.get("source") in ("lesson", "default") and d.get("params")
+    ]
     if picked and not s["measured"]:
-        lines += ["", "### Config choice without hardware", "",
-                  "Not measured here: each problem takes the first config, nearest lesson first, that compiles "
-                  "within this GPU's limits (else the op's default).", ""]
+        lines += [
+            "",
+            "### Config choice without hardware",
+            "",
+            "Not measured here: each problem takes the first config, nearest lesson first, that compiles "
+            "within this GPU's limits (else the op's default).",
+            "",
+        ]
         for d in picked:
             u = d.get("lesson")
-            why = "no lesson applied; the op's documented default" if not u else (
-                f"lesson `{u['lesson']}`: " + ("within 2% of the best" if u.get("role") == "near-best" else "best")
-                + f" on {u['scope'].get('gpu')} ({u['scope'].get('arch')}) for "
-                f"{u['scope'].get('dtype')} {u['scope'].get('shape')}, nearest scope ({u.get('level', '?')}, "
-                f"distance {u['distance']})")
-            lines.append(f"- {d['label']}: " + " ".join(f"{k}={v}" for k, v in sorted(d["params"].items())) + f" — {why}")
+            why = (
+                "no lesson applied; the op's documented default"
+                if not u
+                else (
+                    f"lesson `{u['lesson']}`: "
+                    + ("within 2% of the best" if u.get("role") == "near-best" else "best")
+                    + f" on {u['scope'].get('gpu')} ({u['scope'].get('arch')}) for "
+                    f"{u['scope'].get('dtype')} {u['scope'].get('shape')}, nearest scope ({u.get('level', '?')}, "
+                    f"distance {u['distance']})"
+                )
+            )
+            lines.append(
+                f"- {d['label']}: "
+                + " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
+                + f" — {why}"
+            )
     return lines
 
 
@@ -255,17 +455,29 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
     data = collect(kf, cache, target)
     if data is None:
         return None
-    if target.op in kf.ops:   # the kernelfile's metric and gates as they are now
-        data["summary"].update(judge(kf.ops[target.op], data["dispatch"], data["summary"]["measured"]))
+    if target.op in kf.ops:  # the kernelfile's metric and gates as they are now
+        data["summary"].update(
+            judge(kf.ops[target.op], data["dispatch"], data["summary"]["measured"])
+        )
     out = kf.reports_dir / str(target)
-    with suppress(OSError, ValueError, KeyError):   # a compile-only build keeps a GPU-measured build's report
+    with suppress(
+        OSError, ValueError, KeyError
+    ):  # a compile-only build keeps a GPU-measured build's report
         old = json.loads((out / "report.json").read_text())
         if not data["summary"].get("measured") and old["summary"]["measured"]:
             out = out / "compile-only"
-        elif keep_newer and old["built_at"] > data["built_at"] and old["summary"]["run"] != data["summary"]["run"]:
+        elif (
+            keep_newer
+            and old["built_at"] > data["built_at"]
+            and old["summary"]["run"] != data["summary"]["run"]
+        ):
             return None
-        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(old) == _verdict(data):
-            return out / "report.md"   # a compile-only rebuild of the same kernels: the committed report stands
+        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(
+            old
+        ) == _verdict(data):
+            return (
+                out / "report.md"
+            )  # a compile-only rebuild of the same kernels: the committed report stands
     return _save(out, data)
 
 
@@ -279,7 +491,12 @@ def _save(out: Path, data: dict) -> Path:
 def _verdict(data: dict) -> tuple:
     """What a report says of its kernels: environment, times and the last float bits of the metric aside."""
     s = data["summary"]
-    return data["status"], [d.get("binary") for d in data["dispatch"]], s.get("gates"), (s.get("metric") or {}).get("name")
+    return (
+        data["status"],
+        [d.get("binary") for d in data["dispatch"]],
+        s.get("gates"),
+        (s.get("metric") or {}).get("name"),
+    )
 
 
 def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tuple[str, ...]:
@@ -288,7 +505,17 @@ def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tu
     spec, path = kf.ops[target.op], kf.reports_dir / str(target) / "report.json"
     with suppress(OSError, ValueError, KeyError):
         data = json.loads(path.read_text())
-        new = {**data, "summary": {**data["summary"], **judge(spec, data["dispatch"], data["summary"]["measured"])}}
+        new = {
+            **data,
+            "summary": {
+                **data["summary"],
+                **judge(spec, data["dispatch"], data["summary"]["measured"]),
+            },
+        }
         if rerender or _verdict(data) != _verdict(new):
             _save(path.parent, new)
-    return tuple(judge(spec, built["dispatch"], built["measured_on_hardware"])["gates"]["failures"]) if built else ()
+    return (
+        tuple(judge(spec, built["dispatch"], built["measured_on_hardware"])["gates"]["failures"])
+        if built
+        else ()
+    )

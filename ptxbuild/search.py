@@ -1,11 +1,12 @@
 """Search strategies over an op's parameter space: exhaustive, random, evolutionary (lesson-seeded)."""
+
 from __future__ import annotations
 
 import itertools
 import math
 import random
 import time
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 Config = dict
 Score = float  # lower is better; math.inf for a failed candidate
@@ -29,7 +30,9 @@ def _mutate(cfg: Config, space: dict[str, list], rng: random.Random) -> Config:
     name = rng.choice([n for n in sorted(space) if len(space[n]) > 1] or sorted(space))
     values = space[name]
     out = dict(cfg)
-    if cfg.get(name) in values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if cfg.get(name) in values and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
         i = values.index(cfg[name]) + rng.choice((-1, 1))
         out[name] = values[max(0, min(len(values) - 1, i))]
     else:
@@ -37,10 +40,14 @@ def _mutate(cfg: Config, space: dict[str, list], rng: random.Random) -> Config:
     return out
 
 
-ENUMERATE_MAX = 100_000   # spaces up to this many combinations are enumerated; larger ones are sampled
+ENUMERATE_MAX = (
+    100_000  # spaces up to this many combinations are enumerated; larger ones are sampled
+)
 
 
-def valid_configs(space: dict[str, list], valid: Callable[[Config], str | None]) -> list[Config] | None:
+def valid_configs(
+    space: dict[str, list], valid: Callable[[Config], str | None]
+) -> list[Config] | None:
     """Every valid config, or None when the space is too large to enumerate (rmsnorm's has 2.5 M
     combinations: checking them all cost ~15 s per problem, more than searching it)."""
     if math.prod(len(v) for v in space.values()) > ENUMERATE_MAX:
@@ -48,8 +55,12 @@ def valid_configs(space: dict[str, list], valid: Callable[[Config], str | None])
     return [c for c in enumerate_space(space) if valid(c) is None]
 
 
-def random_valid(space: dict[str, list], valid: Callable[[Config], str | None], rng: random.Random,
-                 draws: int = 200_000) -> Config | None:
+def random_valid(
+    space: dict[str, list],
+    valid: Callable[[Config], str | None],
+    rng: random.Random,
+    draws: int = 200_000,
+) -> Config | None:
     """A uniformly random valid config by rejection sampling (None if `draws` draws find none)."""
     names = sorted(space)
     for _ in range(draws):
@@ -75,9 +86,18 @@ def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]
         yield c
 
 
-def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[Score]], *, strategy: str,
-               budget: int, seconds: float, valid: Callable[[Config], str | None] = lambda c: None,
-               seeds: Iterable[Config] = (), rng_seed: int = 0, batch: int = 4) -> list[tuple[Config, Score]]:
+def run_search(
+    space: dict[str, list],
+    evaluate: Callable[[list[Config]], list[Score]],
+    *,
+    strategy: str,
+    budget: int,
+    seconds: float,
+    valid: Callable[[Config], str | None] = lambda c: None,
+    seeds: Iterable[Config] = (),
+    rng_seed: int = 0,
+    batch: int = 4,
+) -> list[tuple[Config, Score]]:
     """Evaluate up to `budget` valid configs within `seconds`; returns every (config, score) tried. Seeds (lesson
     predictions, the op's default) are tried first by every strategy. "auto" is exhaustive when the valid configs
     fit the budget, else evolutionary."""
@@ -87,14 +107,23 @@ def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[S
     history: list[tuple[Config, Score]] = []
     all_valid = valid_configs(space, valid)
     if strategy == "auto":
-        strategy = "exhaustive" if all_valid is not None and len(all_valid) <= budget else "evolutionary"
+        strategy = (
+            "exhaustive" if all_valid is not None and len(all_valid) <= budget else "evolutionary"
+        )
     queue: list[Config] = [c for c in seeds if valid(c) is None]
     more: Iterator[Config | None] = iter(())
     if strategy == "exhaustive":
-        more = iter(all_valid) if all_valid is not None else (c for c in iter_space(space) if valid(c) is None)
+        more = (
+            iter(all_valid)
+            if all_valid is not None
+            else (c for c in iter_space(space) if valid(c) is None)
+        )
     elif strategy == "random":
-        more = iter(rng.sample(all_valid, len(all_valid))) if all_valid is not None else \
-            _random_distinct(space, valid, rng)
+        more = (
+            iter(rng.sample(all_valid, len(all_valid)))
+            if all_valid is not None
+            else _random_distinct(space, valid, rng)
+        )
     elif strategy != "evolutionary":
         raise ValueError(f"unknown search strategy {strategy!r}")
     limit = budget if all_valid is None else min(budget, len(all_valid))
@@ -129,7 +158,9 @@ def run_search(space: dict[str, list], evaluate: Callable[[list[Config]], list[S
 
 
 def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Config]:
-    parents = [c for c, _ in sorted((h for h in history if math.isfinite(h[1])), key=lambda h: h[1])[:3]]
+    parents = [
+        c for c, _ in sorted((h for h in history if math.isfinite(h[1])), key=lambda h: h[1])[:3]
+    ]
     out: list[Config] = []
     seen = set(tried) | {_key(c) for c in pending}
     for _ in range(50 * n):
@@ -137,7 +168,7 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
             break
         if parents and rng.random() < 0.8:
             child = _mutate(rng.choice(parents), space, rng)
-        elif all_valid is None:      # a sampled space
+        elif all_valid is None:  # a sampled space
             child = random_valid(space, valid, rng, draws=20_000)
         else:
             child = rng.choice(all_valid) if all_valid else None
@@ -154,8 +185,18 @@ def best(history: list[tuple[Config, Score]]) -> tuple[Config, Score] | None:
     return min((h for h in history if math.isfinite(h[1])), key=lambda h: h[1], default=None)
 
 
-def neighbours(cfg: Config, space: dict[str, list], names: Iterable[str], valid: Callable[[Config], str | None],
-               tried: Iterable[Config] = ()) -> list[Config]:
+def neighbours(
+    cfg: Config,
+    space: dict[str, list],
+    names: Iterable[str],
+    valid: Callable[[Config], str | None],
+    tried: Iterable[Config] = (),
+) -> list[Config]:
     """The valid, untried configs one parameter away from cfg along `names`: the search's polish step."""
     seen = {_key(c) for c in tried} | {_key(cfg)}
-    return [c for n in names for c in ({**cfg, n: v} for v in space[n]) if _key(c) not in seen and valid(c) is None]
+    return [
+        c
+        for n in names
+        for c in ({**cfg, n: v} for v in space[n])
+        if _key(c) not in seen and valid(c) is None
+    ]

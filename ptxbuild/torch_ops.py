@@ -11,6 +11,7 @@ one does, so the compiler can trace shapes and dtypes without a GPU. No autograd
 registered (the ops are forward-only until a backward op exists): calling one on tensors that
 require grad raises in backward. torch is imported when this module is, never by ptxbuild.runtime.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,10 @@ def _mode_index(kernel: BuiltKernel, options: dict | None) -> int:
         full = {**defaults, **m.options}
         if all(full.get(k) == v for k, v in options.items()):
             return i
-    raise LoaderError(f"{kernel.target}: no built mode has options {options}; built: "
-                      + "; ".join(m.label() for m in modes))
+    raise LoaderError(
+        f"{kernel.target}: no built mode has options {options}; built: "
+        + "; ".join(m.label() for m in modes)
+    )
 
 
 def register(kernel: BuiltKernel, options: dict | None = None):
@@ -50,7 +53,9 @@ def register(kernel: BuiltKernel, options: dict | None = None):
     if qual in _registered:
         return _registered[qual]
     mode = kernel.modes()[_mode_index(kernel, options)]
-    outs = list(kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()))   # output names, in order
+    outs = list(
+        kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp())
+    )  # output names, in order
     ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
     schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
     opts = dict(mode.options)
@@ -68,7 +73,10 @@ def register(kernel: BuiltKernel, options: dict | None = None):
     def _fake(*tensors):
         primary = tensors[0]
         from .problem import Problem
-        problem = Problem.make(kernel.op.NAME, _dtype(primary), tuple(int(s) for s in primary.shape), opts)
+
+        problem = Problem.make(
+            kernel.op.NAME, _dtype(primary), tuple(int(s) for s in primary.shape), opts
+        )
         res = kernel.op.make_outputs(problem, _TorchXp(torch, primary.device))
         vals = [res[n] for n in outs]
         return vals[0] if len(vals) == 1 else tuple(vals)

@@ -14,5 +14,11 @@ def proj(tmp_path):
 
 def make_ctx(proj, compiler=None, **kw):
     kf = load(proj / "kernelfile.toml")
-    return Context(kf=kf, cache=Cache(kf.cache_path), toolchain=FakeToolchain(), compile_fn=compiler or FakeCompiler(),
-                   jobs=1, **kw)
+    return Context(
+        kf=kf,
+        cache=Cache(kf.cache_path),
+        toolchain=FakeToolchain(),
+        compile_fn=compiler or FakeCompiler(),
+        jobs=1,
+        **kw,
+    )

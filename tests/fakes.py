@@ -1,4 +1,5 @@
 """Fake compile and GPU stages, so the pipeline is tested without a toolchain or a GPU."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,10 +20,20 @@ TOY = Path(__file__).parent / "toy"
 class FakeCompiler:
     """Deterministic 'binary' = hash of the source; counts calls; fails on a marker in the source."""
 
-    def __init__(self, delay_s: float = 0.0, registers: int = 32, spill_on: str | None = None,
-                 error_on: str | None = None):
+    def __init__(
+        self,
+        delay_s: float = 0.0,
+        registers: int = 32,
+        spill_on: str | None = None,
+        error_on: str | None = None,
+    ):
         self.calls: list[str] = []
-        self.delay_s, self.registers, self.spill_on, self.error_on = delay_s, registers, spill_on, error_on
+        self.delay_s, self.registers, self.spill_on, self.error_on = (
+            delay_s,
+            registers,
+            spill_on,
+            error_on,
+        )
 
     def __call__(self, kernel, arch):
         self.calls.append(kernel.source)
@@ -31,9 +42,18 @@ class FakeCompiler:
             raise CompileError("candidate.cu(1): error: planted")
         cubin = hashlib.sha256((kernel.source + arch).encode()).digest()
         spill = 64 if self.spill_on and re.search(self.spill_on, kernel.source) else 0
-        return Binary(arch=arch, entry=kernel.entry, ptx=f".version 9.0\n.target {arch}\n.entry {kernel.entry}(",
-                      cubin=cubin, registers=self.registers, spill_bytes=spill, smem_static_bytes=0, local_bytes=0,
-                      log="fake", compiler="fake")
+        return Binary(
+            arch=arch,
+            entry=kernel.entry,
+            ptx=f".version 9.0\n.target {arch}\n.entry {kernel.entry}(",
+            cubin=cubin,
+            registers=self.registers,
+            spill_bytes=spill,
+            smem_static_bytes=0,
+            local_bytes=0,
+            log="fake",
+            compiler="fake",
+        )
 
 
 @dataclass(frozen=True)
@@ -52,7 +72,9 @@ def _V(outcome):
 
 
 def _M(outcome, p50_ms, p20_ms, p80_ms):
-    return MeasureResult(outcome, p50_ms, p20_ms, p80_ms, samples=10, floor_ms=0.001, fraction_of_floor=0.5)
+    return MeasureResult(
+        outcome, p50_ms, p20_ms, p80_ms, samples=10, floor_ms=0.001, fraction_of_floor=0.5
+    )
 
 
 class FakeFingerprint(dict):

@@ -1,4 +1,5 @@
 """The SQLite cache: schema migrations, and a kill -9 mid-build loses nothing that finished."""
+
 import os
 import signal
 import sqlite3
@@ -28,6 +29,7 @@ def test_migrates_a_v1_database_without_dropping_rows(tmp_path):
     import sqlite_utils
 
     from ptxbuild.cache import MIGRATIONS
+
     db = sqlite_utils.Database(sqlite3.connect(tmp_path / "c.sqlite"))
     MIGRATIONS[1](db)
     db["meta"].insert({"key": "schema_version", "value": "1"})
@@ -40,7 +42,6 @@ def test_migrates_a_v1_database_without_dropping_rows(tmp_path):
     assert "idx_attempts_target_problem" in [i.name for i in c.db["attempts"].indexes]
 
 
-
 def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
     """v3 adds builds.project: a v2 cache's builds survive the upgrade (project ""), and builds of
     named projects go beside them."""
@@ -49,22 +50,35 @@ def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
     import sqlite_utils
 
     from ptxbuild.cache import MIGRATIONS
+
     db = sqlite_utils.Database(sqlite3.connect(tmp_path / "c.sqlite"))
     MIGRATIONS[1](db)
     MIGRATIONS[2](db)
     db["meta"].insert({"key": "schema_version", "value": "2"})
-    db["builds"].insert({"target": "a@b", "key": "k1", "kernelfile": "d", "status": "ok", "measured": 1,
-                         "manifest": "m", "summary": "{}", "created": 1.0})
+    db["builds"].insert(
+        {
+            "target": "a@b",
+            "key": "k1",
+            "kernelfile": "d",
+            "status": "ok",
+            "measured": 1,
+            "manifest": "m",
+            "summary": "{}",
+            "created": 1.0,
+        }
+    )
     db.conn.commit()
     db.conn.close()
     c = Cache(tmp_path / "c.sqlite")
     assert c.version() == SCHEMA_VERSION
     old = c.last_build("a@b", "")
     assert old["key"] == "k1" and old["project"] == "" and old["status"] == "ok"
-    assert c.last_build("a@b", "proj")["key"] == "k1"           # a project's first look: the pre-v3 build
+    assert c.last_build("a@b", "proj")["key"] == "k1"  # a project's first look: the pre-v3 build
     c.add_build("a@b", "k2", "d", "ok", True, "m", {}, "proj")
     assert c.last_build("a@b", "proj")["key"] == "k2" and c.last_build("a@b", "")["key"] == "k1"
-    assert Cache(tmp_path / "c.sqlite").version() == SCHEMA_VERSION   # reopening migrates nothing again
+    assert (
+        Cache(tmp_path / "c.sqlite").version() == SCHEMA_VERSION
+    )  # reopening migrates nothing again
     assert ["project", "target"] in [i.columns for i in c.db["builds"].indexes]
 
 
@@ -74,14 +88,36 @@ def _v3_cache_with_a_compile(path, ptx: str, cubin: bytes):
     import sqlite_utils
 
     from ptxbuild.cache import MIGRATIONS
+
     db = sqlite_utils.Database(sqlite3.connect(path))
     for v in (1, 2, 3):
         MIGRATIONS[v](db)
     db["meta"].insert({"key": "schema_version", "value": "3"})
-    db["compiles"].insert({"key": "k", "arch": "sm_90a", "entry": "e", "outcome": "ok", "error": "", "ptx": ptx,
-                           "cubin": cubin, "digest": "d", "registers": 32, "spill_bytes": 0})
-    db["compiles"].insert({"key": "bad", "arch": "sm_90a", "entry": "e", "outcome": "compile_error",
-                           "error": "nvrtc: boom", "ptx": None, "cubin": None})
+    db["compiles"].insert(
+        {
+            "key": "k",
+            "arch": "sm_90a",
+            "entry": "e",
+            "outcome": "ok",
+            "error": "",
+            "ptx": ptx,
+            "cubin": cubin,
+            "digest": "d",
+            "registers": 32,
+            "spill_bytes": 0,
+        }
+    )
+    db["compiles"].insert(
+        {
+            "key": "bad",
+            "arch": "sm_90a",
+            "entry": "e",
+            "outcome": "compile_error",
+            "error": "nvrtc: boom",
+            "ptx": None,
+            "cubin": None,
+        }
+    )
     db.conn.commit()
     db.conn.close()
 
@@ -98,7 +134,9 @@ def test_v4_compresses_binaries_of_an_older_cache_and_reads_them_back_unchanged(
     row = c.get_compile("k")
     assert row["ptx"] == ptx and row["cubin"] == cubin and row["registers"] == 32
     assert c.get_compile("bad")["error"] == "nvrtc: boom" and c.get_compile("bad")["ptx"] is None
-    stored_ptx, stored_cubin = c.db.execute("select ptx, cubin from compiles where key = 'k'").fetchone()
+    stored_ptx, stored_cubin = c.db.execute(
+        "select ptx, cubin from compiles where key = 'k'"
+    ).fetchone()
     assert isinstance(stored_ptx, bytes) and len(stored_ptx) < len(ptx) // 10
     assert not stored_cubin.startswith(b"\x7fELF") and len(stored_cubin) < len(cubin)
     c.db.conn.close()
@@ -107,9 +145,19 @@ def test_v4_compresses_binaries_of_an_older_cache_and_reads_them_back_unchanged(
 
 def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
     from ptxbuild.problem import Binary
+
     c = Cache(tmp_path / "c.sqlite")
-    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n" * 500, cubin=b"\x7fELF" + b"\0" * 5000,
-               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    b = Binary(
+        arch="sm_90a",
+        entry="e",
+        ptx=".version 9.0\n" * 500,
+        cubin=b"\x7fELF" + b"\0" * 5000,
+        registers=40,
+        spill_bytes=0,
+        smem_static_bytes=0,
+        local_bytes=0,
+        log="",
+    )
     c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
     row = Cache(tmp_path / "c.sqlite").get_compile("k")
     assert (row["ptx"], row["cubin"], row["registers"]) == (b.ptx, b.cubin, 40)
@@ -118,9 +166,19 @@ def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
 
 def test_prune_drops_only_old_compiles_and_keeps_the_evidence(tmp_path):
     from ptxbuild.problem import Binary
+
     c = Cache(tmp_path / "c.sqlite")
-    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n" * 500, cubin=b"\x7fELF" + b"\0" * 5000,
-               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    b = Binary(
+        arch="sm_90a",
+        entry="e",
+        ptx=".version 9.0\n" * 500,
+        cubin=b"\x7fELF" + b"\0" * 5000,
+        registers=40,
+        spill_bytes=0,
+        smem_static_bytes=0,
+        local_bytes=0,
+        log="",
+    )
     c.put_compile("old", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
     c.put_compile("new", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
     c.db.execute("UPDATE compiles SET created = ? WHERE key = 'old'", [time.time() - 10 * 86400])
@@ -136,14 +194,25 @@ def test_prune_drops_only_old_compiles_and_keeps_the_evidence(tmp_path):
 
 def test_a_damaged_compile_row_reads_as_absent_and_is_compiled_again(tmp_path):
     from ptxbuild.problem import Binary
+
     c = Cache(tmp_path / "c.sqlite")
-    b = Binary(arch="sm_90a", entry="e", ptx=".version 9.0\n", cubin=b"\x7fELF" + b"\0" * 64,
-               registers=40, spill_bytes=0, smem_static_bytes=0, local_bytes=0, log="")
+    b = Binary(
+        arch="sm_90a",
+        entry="e",
+        ptx=".version 9.0\n",
+        cubin=b"\x7fELF" + b"\0" * 64,
+        registers=40,
+        spill_bytes=0,
+        smem_static_bytes=0,
+        local_bytes=0,
+        log="",
+    )
     c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
     c.db.execute("update compiles set ptx = ? where key = 'k'", [b"\x78\x9cnot zlib"])
     assert c.get_compile("k") is None
     c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
     assert c.get_compile("k")["ptx"] == b.ptx
+
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -163,14 +232,17 @@ def test_kill_9_mid_build_then_rerun(proj):
     script.write_text(SCRIPT.format(root=str(ROOT)))
     shape_lines = "shapes = [" + ", ".join(f"[4, {32 * i}]" for i in range(1, 9)) + "]"
     kf = proj / "kernelfile.toml"
-    kf.write_text(kf.read_text().replace("shapes = [[64, 1024], [7, 100]]", shape_lines)
-                  .replace("budget = 6", "budget = 6, strategy = 'exhaustive'"))
+    kf.write_text(
+        kf.read_text()
+        .replace("shapes = [[64, 1024], [7, 100]]", shape_lines)
+        .replace("budget = 6", "budget = 6, strategy = 'exhaustive'")
+    )
     p = subprocess.Popen([sys.executable, str(script), str(proj), "0.3"], stdout=subprocess.PIPE)
     db = proj / "cache/ptxbuild.sqlite"
     deadline = time.time() + 60
     while time.time() < deadline:
         time.sleep(0.2)
-        try:   # the child may be creating the schema or writing right now: poll again
+        try:  # the child may be creating the schema or writing right now: poll again
             if db.exists() and Cache(db).db["compiles"].count >= 3:
                 break
         except sqlite3.OperationalError:
@@ -182,9 +254,11 @@ def test_kill_9_mid_build_then_rerun(proj):
     done = {r["key"] for r in cache.db["compiles"].rows}
     assert len(done) >= 3
     assert cache.db["builds"].count == 0 or cache.last_build("scale@h100", "toy")["status"] == "ok"
-    out = subprocess.run([sys.executable, str(script), str(proj), "0"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(script), str(proj), "0"], capture_output=True, text=True, check=True
+    )
     recompiled = int(out.stdout.strip())
     total = Cache(db).db["compiles"].count
-    assert recompiled == total - len(done)   # nothing that finished was compiled again
+    assert recompiled == total - len(done)  # nothing that finished was compiled again
     assert Cache(db).integrity() == "ok"
     assert {b["target"] for b in Cache(db).db["builds"].rows} == {"scale@h100", "scale@b200"}

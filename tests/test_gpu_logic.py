@@ -1,4 +1,5 @@
 """CPU tests of the GPU stages: outcome classification, timing protocol, fingerprints, worker restarts."""
+
 import sys
 import time
 from pathlib import Path
@@ -8,7 +9,14 @@ import pytest
 
 from ptxbuild.dtypes import from_float, to_float
 from ptxbuild.gpu import GpuError, GpuSession, check, errors, stats
-from ptxbuild.gpu.fingerprint import Fingerprint, cc_of, from_props, match_fingerprint, match_gpu, model_of
+from ptxbuild.gpu.fingerprint import (
+    Fingerprint,
+    cc_of,
+    from_props,
+    match_fingerprint,
+    match_gpu,
+    model_of,
+)
 from ptxbuild.gpu.worker import decode_binary, decode_problem, encode_binary, encode_problem
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Binary, Problem
@@ -25,6 +33,7 @@ def run(out, ref=None, inputs=None, before=None, again=None, dtype="float32", to
 
 
 # --- poison and classification -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_poison_is_nan_in_every_float_dtype(dtype):
@@ -66,22 +75,31 @@ def test_non_finite_never_passes_whatever_the_tolerance(bad):
 def test_tolerance_boundary_and_worst_index():
     ref = {"y": np.array([1.0, 100.0, -4.0, 8.0])}
     atol, rtol = 0.5, 0.01
-    y = np.array([1.5, 101.0, -4.0, 8.0], dtype=np.float64)   # exactly on the bound: passes
+    y = np.array([1.5, 101.0, -4.0, 8.0], dtype=np.float64)  # exactly on the bound: passes
     assert run({"y": y}, ref, tol=lambda n: (atol, rtol))[0] is Outcome.OK
     y = np.array([1.5, 101.0, -4.6, 9.0], dtype=np.float64)
     outcome, detail, max_abs, _ = run({"y": y}, ref, tol=lambda n: (atol, rtol))
     assert outcome is Outcome.WRONG_RESULT
-    assert "2 of 4" in detail and "worst at (3,)" in detail and "got 9" in detail and "want 8" in detail
+    assert (
+        "2 of 4" in detail
+        and "worst at (3,)" in detail
+        and "got 9" in detail
+        and "want 8" in detail
+    )
     assert max_abs == pytest.approx(1.0)
 
 
 def test_bf16_outputs_compare_through_their_bits():
     ref = np.linspace(-3, 3, 64)
     good = from_float(ref.astype(np.float32), "bfloat16", xp)
-    assert run({"y": good}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3))[0] is Outcome.OK
+    assert (
+        run({"y": good}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3))[0] is Outcome.OK
+    )
     bad = good.copy()
-    bad[10] += 8   # 8 ulps off
-    outcome, detail, _, _ = run({"y": bad}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3))
+    bad[10] += 8  # 8 ulps off
+    outcome, detail, _, _ = run(
+        {"y": bad}, {"y": ref}, dtype="bfloat16", tol=lambda n: (1e-2, 8e-3)
+    )
     assert outcome is Outcome.WRONG_RESULT and "(10,)" in detail
 
 
@@ -93,9 +111,9 @@ def test_shape_mismatch_is_wrong():
 def test_input_modified_is_caught_bit_for_bit_and_comes_first():
     x = np.array([0.0, 1.0, np.nan], dtype=np.float32)
     before = {"x": x.copy()}
-    x[0] = -0.0   # equal as floats, not as bits
+    x[0] = -0.0  # equal as floats, not as bits
     y = np.full(3, 2.0, dtype=np.float32)
-    check.poison(y, xp)   # also unwritten: input modification is reported first
+    check.poison(y, xp)  # also unwritten: input modification is reported first
     outcome, detail, _, _ = run({"y": y}, inputs={"x": x}, before=before)
     assert outcome is Outcome.INPUT_MODIFIED and "input x: 1 of 3" in detail
     # an unchanged NaN input is not a modification
@@ -113,8 +131,8 @@ def test_nondeterminism_is_one_flipped_bit_within_tolerance():
 
 
 def test_order_unwritten_before_wrong_before_nondeterministic():
-    y = np.full(8, 3.0, dtype=np.float32)             # wrong everywhere
-    check.poison(y[7:], xp)                            # and one unwritten
+    y = np.full(8, 3.0, dtype=np.float32)  # wrong everywhere
+    check.poison(y[7:], xp)  # and one unwritten
     assert run({"y": y})[0] is Outcome.UNWRITTEN
     y = np.full(8, 3.0, dtype=np.float32)
     again = np.full(8, 4.0, dtype=np.float32)
@@ -123,23 +141,48 @@ def test_order_unwritten_before_wrong_before_nondeterministic():
 
 # --- CUDA errors ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("msg,outcome,sticky", [
-    ("cudaErrorIllegalAddress: an illegal memory access was encountered", Outcome.ILLEGAL_ADDRESS, True),
-    ("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", Outcome.ILLEGAL_ADDRESS, True),
-    ("cudaErrorMisalignedAddress: misaligned address", Outcome.ILLEGAL_ADDRESS, True),
-    ("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure", Outcome.LAUNCH_ERROR, True),
-    ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch", Outcome.RESOURCE, False),
-    ("CUDA_ERROR_INVALID_VALUE: invalid argument", Outcome.LAUNCH_ERROR, False),
-    ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain.", Outcome.LAUNCH_ERROR, False),
-    ("cudaErrorSomethingNew: ???", Outcome.LAUNCH_ERROR, True),
-    # cupy's wording, seen on the H200 for a 2^31-element baseline check: not sticky, the call goes on
-    ("Out of memory allocating 17,179,869,184 bytes (allocated so far: 120,527,519,744 bytes).", Outcome.LAUNCH_ERROR, False),
-])
+
+@pytest.mark.parametrize(
+    "msg,outcome,sticky",
+    [
+        (
+            "cudaErrorIllegalAddress: an illegal memory access was encountered",
+            Outcome.ILLEGAL_ADDRESS,
+            True,
+        ),
+        (
+            "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered",
+            Outcome.ILLEGAL_ADDRESS,
+            True,
+        ),
+        ("cudaErrorMisalignedAddress: misaligned address", Outcome.ILLEGAL_ADDRESS, True),
+        ("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure", Outcome.LAUNCH_ERROR, True),
+        (
+            "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested for launch",
+            Outcome.RESOURCE,
+            False,
+        ),
+        ("CUDA_ERROR_INVALID_VALUE: invalid argument", Outcome.LAUNCH_ERROR, False),
+        (
+            "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain.",
+            Outcome.LAUNCH_ERROR,
+            False,
+        ),
+        ("cudaErrorSomethingNew: ???", Outcome.LAUNCH_ERROR, True),
+        # cupy's wording, seen on the H200 for a 2^31-element baseline check: not sticky, the call goes on
+        (
+            "Out of memory allocating 17,179,869,184 bytes (allocated so far: 120,527,519,744 bytes).",
+            Outcome.LAUNCH_ERROR,
+            False,
+        ),
+    ],
+)
 def test_cuda_errors_map_to_outcomes(msg, outcome, sticky):
     assert errors.classify(msg) == (outcome, sticky)
 
 
 # --- timing protocol -----------------------------------------------------------------------------
+
 
 def test_quantiles_match_numpy():
     s = list(np.random.RandomState(0).exponential(size=101))
@@ -148,15 +191,23 @@ def test_quantiles_match_numpy():
 
 
 def test_floor_and_suspicious():
-    floor = stats.floor_ms(4_250_000_000, 4.25)          # 4.25 GB at 4.25 TB/s
+    floor = stats.floor_ms(4_250_000_000, 4.25)  # 4.25 GB at 4.25 TB/s
     assert floor == pytest.approx(1.0)
     assert stats.judge(0.96, floor) is Outcome.SUSPICIOUS
     assert stats.judge(0.98, floor) is Outcome.OK
-    assert stats.judge(0.001, 0.0) is Outcome.OK         # no floor known: never suspicious
+    assert stats.judge(0.001, 0.0) is Outcome.OK  # no floor known: never suspicious
     r = stats.summarize([0.5] * 20, floor)
-    assert r["outcome"] == "suspicious" and r["fraction_of_floor"] == pytest.approx(2.0) and "floor" in r["detail"]
+    assert (
+        r["outcome"] == "suspicious"
+        and r["fraction_of_floor"] == pytest.approx(2.0)
+        and "floor" in r["detail"]
+    )
     r = stats.summarize([1.25] * 20, floor, [2.0] * 20)
-    assert r["outcome"] == "ok" and r["fraction_of_floor"] == pytest.approx(0.8) and r["incumbent_p50_ms"] == 2.0
+    assert (
+        r["outcome"] == "ok"
+        and r["fraction_of_floor"] == pytest.approx(0.8)
+        and r["incumbent_p50_ms"] == 2.0
+    )
 
 
 def test_sample_count_is_clamped():
@@ -182,15 +233,15 @@ def test_warm_up_by_time_then_budgeted_samples():
     t = FakeTimer({"candidate": 0.5})
     res = stats.run(t, warmup_ms=30, budget_ms=200)
     warm = t.calls[:-1]
-    assert [n for _, n in warm] == [1, 1, 2, 4, 8, 16, 32]          # doubling batches up to 30 ms
-    assert t.calls[-1] == ("candidate", 400)                      # 200 ms budget / 0.5 ms
+    assert [n for _, n in warm] == [1, 1, 2, 4, 8, 16, 32]  # doubling batches up to 30 ms
+    assert t.calls[-1] == ("candidate", 400)  # 200 ms budget / 0.5 ms
     assert len(res["candidate"]) == 400 and res["incumbent"] is None and not res["remeasured"]
 
 
 def test_incumbent_interleaved_in_alternating_order():
     t = FakeTimer({"candidate": 1.0, "incumbent": 1.0})
     res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
-    assert [c[0] for c in t.calls[:12]] == ["candidate"] * 6 + ["incumbent"] * 6   # each warmed up
+    assert [c[0] for c in t.calls[:12]] == ["candidate"] * 6 + ["incumbent"] * 6  # each warmed up
     timed = [c[0] for c in t.calls[12:]]
     assert timed == ["candidate", "incumbent", "incumbent", "candidate"] * 5
     assert len(res["candidate"]) == len(res["incumbent"]) == 100 and not res["remeasured"]
@@ -212,28 +263,44 @@ def test_a_baseline_beside_the_winner_is_not_guarded_against_a_large_win():
     candidate and the winner as incumbent it would keep the baseline's slower timing: off."""
     t = FakeTimer({"candidate": 1.0, "incumbent": 2.0}, alone=1.6, switch=16)
     res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200, guard=False)
-    assert not res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0 and len(t.calls) == 6 + 5 + 20
+    assert (
+        not res["remeasured"]
+        and stats.quantile(res["candidate"], 0.5) == 1.0
+        and len(t.calls) == 6 + 5 + 20
+    )
 
 
 def test_round_ratios_pair_each_rounds_samples_and_need_equal_rounds():
     assert stats.round_ratios([1, 1, 3, 3], [1, 1, 1, 1], 2) == [1.0, 3.0]
     assert stats.round_ratios([2, 2, 2, 2], [1, 1], 2) == [2.0, 2.0]
-    assert stats.round_ratios([1, 1, 3], [1, 1, 1, 1], 2) == []       # not `rounds` equal chunks
+    assert stats.round_ratios([1, 1, 3], [1, 1, 1, 1], 2) == []  # not `rounds` equal chunks
     assert stats.round_ratios([1, 1], None, 2) == [] and stats.round_ratios([1, 1], [1, 1], 0) == []
     assert stats.summarize([1.0] * 4, 0.0, [2.0] * 4, rounds=2)["round_ratios"] == [0.5, 0.5]
-    assert stats.summarize([1.0] * 4, 0.0, [2.0] * 4)["round_ratios"] == []   # a search timing: not asked
+    assert (
+        stats.summarize([1.0] * 4, 0.0, [2.0] * 4)["round_ratios"] == []
+    )  # a search timing: not asked
 
 
 def test_small_win_is_not_remeasured():
     t = FakeTimer({"candidate": 1.0, "incumbent": 1.05}, alone=5.0, switch=16)
     res = stats.run(t, incumbent=True, warmup_ms=30, budget_ms=200)
-    assert not res["remeasured"] and stats.quantile(res["candidate"], 0.5) == 1.0 and len(t.calls) == 6 + 6 + 20
+    assert (
+        not res["remeasured"]
+        and stats.quantile(res["candidate"], 0.5) == 1.0
+        and len(t.calls) == 6 + 6 + 20
+    )
 
 
 # --- fingerprint ---------------------------------------------------------------------------------
 
-PROPS = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132, "totalGlobalMem": 150_109_863_936,
-         "l2CacheSize": 52_428_800}
+PROPS = {
+    "name": b"NVIDIA H200",
+    "major": 9,
+    "minor": 0,
+    "multiProcessorCount": 132,
+    "totalGlobalMem": 150_109_863_936,
+    "l2CacheSize": 52_428_800,
+}
 
 
 def fp(name, cc="sm_90", sms=132, mem=150_109_863_936, clocks=(1980, 3201), driver="580.95.05"):
@@ -243,14 +310,32 @@ def fp(name, cc="sm_90", sms=132, mem=150_109_863_936, clocks=(1980, 3201), driv
 def test_fingerprint_from_runtime_and_nvidia_smi():
     f = from_props(PROPS, 13000, 13000, "NVIDIA H200, 1980 MHz, 3201 MHz, 580.95.05")
     assert (f.name, f.cc, f.sm_count, f.l2_bytes) == ("NVIDIA H200", "sm_90", 132, 52_428_800)
-    assert (f.sm_clock_mhz, f.mem_clock_mhz, f.driver, f.cuda_driver, f.cuda_runtime) == (1980, 3201, "580.95.05", "13.0", "13.0")
-    g = from_props({**PROPS, "clockRate": 1_755_000}, 12080, 12060, None)   # no nvidia-smi, CUDA 12 runtime
+    assert (f.sm_clock_mhz, f.mem_clock_mhz, f.driver, f.cuda_driver, f.cuda_runtime) == (
+        1980,
+        3201,
+        "580.95.05",
+        "13.0",
+        "13.0",
+    )
+    g = from_props(
+        {**PROPS, "clockRate": 1_755_000}, 12080, 12060, None
+    )  # no nvidia-smi, CUDA 12 runtime
     assert (g.sm_clock_mhz, g.mem_clock_mhz, g.driver, g.cuda_runtime) == (1755, 0, "12.8", "12.6")
 
 
-@pytest.mark.parametrize("name,model", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"),
-                                        ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA B200", "b200"),
-                                        ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("h100-sxm", "h100")])
+@pytest.mark.parametrize(
+    "name,model",
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 PCIe", "h100"),
+        ("NVIDIA GH200 480GB", "gh200"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("h100-sxm", "h100"),
+    ],
+)
 def test_model_of(name, model):
     assert model_of(name) == model
 
@@ -266,10 +351,20 @@ def test_match_gpu_levels():
     assert match_gpu(b200, "b200", {"arch": "sm_100a"}) == "model"
     assert match_gpu(b200, "h200", {"arch": "sm_90a"}) is None
     assert match_gpu(fp("NVIDIA H200"), "b200", {"arch": "sm_100a"}) is None
-    assert match_gpu(fp("NVIDIA H200"), "hopper-box", {"arch": "sm_90a", "models": ["H200"]}) == "model"
-    assert match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a", "sm_count": 132, "memory_gb": 140}) == "exact"
+    assert (
+        match_gpu(fp("NVIDIA H200"), "hopper-box", {"arch": "sm_90a", "models": ["H200"]})
+        == "model"
+    )
+    assert (
+        match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a", "sm_count": 132, "memory_gb": 140})
+        == "exact"
+    )
     assert match_gpu(fp("NVIDIA H200"), "h200", {"arch": "sm_90a", "sm_count": 114}) == "model"
-    assert cc_of("sm_100a") == "sm_100" and cc_of("sm_90") == "sm_90" and cc_of("compute_120f") == "sm_120"
+    assert (
+        cc_of("sm_100a") == "sm_100"
+        and cc_of("sm_90") == "sm_90"
+        and cc_of("compute_120f") == "sm_120"
+    )
 
 
 def test_match_fingerprint_levels():
@@ -278,7 +373,10 @@ def test_match_fingerprint_levels():
     assert match_fingerprint(a, fp("NVIDIA H200", clocks=(1755, 3201))) == "model"
     assert match_fingerprint(a, fp("NVIDIA H200", driver="575.1")) == "model"
     assert match_fingerprint(a, fp("NVIDIA GH200 480GB")) == "arch"
-    assert match_fingerprint(fp("NVIDIA B200", cc="sm_100"), fp("NVIDIA B300", cc="sm_103")) == "family"
+    assert (
+        match_fingerprint(fp("NVIDIA B200", cc="sm_100"), fp("NVIDIA B300", cc="sm_103"))
+        == "family"
+    )
     assert match_fingerprint(a, fp("NVIDIA B200", cc="sm_100")) is None
 
 
@@ -290,6 +388,7 @@ P = Problem.make("planted_op", "float32", (512, 1024), {"residual": True})
 
 def test_wire_round_trip():
     import json
+
     assert decode_problem(json.loads(json.dumps(encode_problem(P)))) == P
     d = decode_binary(json.loads(json.dumps(encode_binary(BIN))))
     assert d["cubin"] == BIN.cubin and d["digest"] == BIN.digest and d["entry"] == "planted"
@@ -312,10 +411,21 @@ def verify(s, mode):
 def test_session_reads_fingerprint_and_bandwidth(session):
     assert session.fingerprint.model == "h200" and session.copy_tbps == 4.25
     r = verify(session, "ok")
-    assert r.outcome is Outcome.OK and r.cases == 4 and r.tolerances == {"y": [1e-6, 1e-6]} and r.seconds > 0
+    assert (
+        r.outcome is Outcome.OK
+        and r.cases == 4
+        and r.tolerances == {"y": [1e-6, 1e-6]}
+        and r.seconds > 0
+    )
     m = session.measure("tests/planted_op", {"ms": 0.5}, P, BIN)
-    assert m.outcome is Outcome.SUSPICIOUS and m.floor_ms == pytest.approx(1.0) and m.fingerprint == session.fingerprint
-    assert session.measure("tests/planted_op", {"ms": 1.25}, P, BIN).fraction_of_floor == pytest.approx(0.8)
+    assert (
+        m.outcome is Outcome.SUSPICIOUS
+        and m.floor_ms == pytest.approx(1.0)
+        and m.fingerprint == session.fingerprint
+    )
+    assert session.measure(
+        "tests/planted_op", {"ms": 1.25}, P, BIN
+    ).fraction_of_floor == pytest.approx(0.8)
 
 
 def test_crashes_and_hangs_become_outcomes_and_the_session_goes_on(session):
@@ -332,20 +442,25 @@ def test_crashes_and_hangs_become_outcomes_and_the_session_goes_on(session):
     assert verify(session, "ok").outcome is Outcome.OK and session.restarts == 3
     assert verify(session, "crash_illegal").outcome is Outcome.ILLEGAL_ADDRESS
     pid = verify(session, "ok").detail
-    assert verify(session, "resources").outcome is Outcome.RESOURCE   # not sticky: same worker
+    assert verify(session, "resources").outcome is Outcome.RESOURCE  # not sticky: same worker
     assert verify(session, "ok").detail == pid and session.restarts == 4
     with pytest.raises(GpuError, match="reference raised"):
-        verify(session, "bug")                                        # the tool failing is an exception
+        verify(session, "bug")  # the tool failing is an exception
     assert verify(session, "ok").detail == pid
 
 
 def test_a_worker_that_cannot_start_is_a_tool_error():
     with pytest.raises(GpuError, match="did not start"):
-        GpuSession(argv=[sys.executable, "-c", "import sys; sys.exit(7)"], timeout_s=3.0, startup_timeout_s=10.0)
+        GpuSession(
+            argv=[sys.executable, "-c", "import sys; sys.exit(7)"],
+            timeout_s=3.0,
+            startup_timeout_s=10.0,
+        )
 
 
 def test_planted_op_honours_the_contract_on_cpu():
     from ptxbuild.oploader import load_op
+
     op = load_op(str(Path(__file__).with_name("planted_op")), Path("."))
     p = Problem.make("planted_op", "float32", (4, 4095))
     ins = op.make_inputs(p, 1, np)
@@ -353,7 +468,9 @@ def test_planted_op_honours_the_contract_on_cpu():
     outs = op.make_outputs(p, np)
     outs["y"][...] = ref["y"]
     assert run(outs, ref, inputs=ins, tol=lambda n: op.tolerance(p, n))[0] is Outcome.OK
-    assert op.bytes_moved(p) == 2 * 4 * 4095 * 4 and op.launch(op.default_params(p), p, 132).grid == (4, 1, 1)
+    assert op.bytes_moved(p) == 2 * 4 * 4095 * 4 and op.launch(
+        op.default_params(p), p, 132
+    ).grid == (4, 1, 1)
     assert any(q.shape[1] % 8 for q in op.verify_problems(p))
 
 
@@ -362,6 +479,7 @@ def test_planted_kernels_compile():
     pytest.importorskip("cuda.bindings.nvjitlink")
     from ptxbuild.compiler import compile_kernel
     from ptxbuild.oploader import load_op
+
     op = load_op(str(Path(__file__).with_name("planted_op")), Path("."))
     for bad in op.BADS:
         b = compile_kernel(op.render({"BAD": bad, "THREADS": 256}, P, "sm_90a"), "sm_90a")
@@ -376,8 +494,8 @@ def test_chunked_compare_matches_whole_array_compare(monkeypatch, dtype):
     want = rng.standard_normal((37, 53))
     got = want.astype(np.float32).copy()
     got[3, 5] += 0.5
-    got[30, 50] += 2.0            # the worst element, in a late chunk
-    got[11, 0] = np.nan           # NaN where the reference is finite: always bad, reported worst
+    got[30, 50] += 2.0  # the worst element, in a late chunk
+    got[11, 0] = np.nan  # NaN where the reference is finite: always bad, reported worst
     out = from_float(got, "bfloat16", np) if dtype == "bfloat16" else got
     whole = check.compare(out, want, dtype, 1e-2, 1e-2, np)
     monkeypatch.setattr(check, "CHUNK", 64)
@@ -400,6 +518,7 @@ def test_chunked_compare_matches_whole_array_compare(monkeypatch, dtype):
 def _bare_gpu():
     """A runs.Gpu with no device: numpy arrays, no stream, no synchronisation."""
     from ptxbuild.gpu import runs
+
     g = object.__new__(runs.Gpu)
     g.cp, g._pool, g._pool_key = np, [], None
     g.stream = __import__("contextlib").nullcontext()
@@ -412,13 +531,23 @@ def _run_baselines(monkeypatch, g, fns: dict, winner=None, run=None, summarize=N
     from types import SimpleNamespace
 
     from ptxbuild.gpu import runs
-    op = SimpleNamespace(baselines=lambda p: fns,
-                         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
-                         reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
-                         tolerance=lambda p, name: (1e-3, 1e-3), bytes_moved=lambda p: 16)
+
+    op = SimpleNamespace(
+        baselines=lambda p: fns,
+        make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+        tolerance=lambda p, name: (1e-3, 1e-3),
+        bytes_moved=lambda p: 16,
+    )
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
-    monkeypatch.setattr(runs.stats, "run", run or (lambda timer, **k: {"candidate": [1.0] * 5, "incumbent": None}))
-    monkeypatch.setattr(runs.stats, "summarize", summarize or (lambda samples, floor, incumbent=None, rounds=0: {"outcome": "ok"}))
+    monkeypatch.setattr(
+        runs.stats, "run", run or (lambda timer, **k: {"candidate": [1.0] * 5, "incumbent": None})
+    )
+    monkeypatch.setattr(
+        runs.stats,
+        "summarize",
+        summarize or (lambda samples, floor, incumbent=None, rounds=0: {"outcome": "ok"}),
+    )
     return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"), winner=winner)
 
 
@@ -427,17 +556,30 @@ def test_each_baseline_is_timed_in_one_window_with_the_winner(monkeypatch):
     alternating, without the re-measure guard; the winner's p50 there comes back beside it."""
     g, seen, calls, summarize = _bare_gpu(), {}, [], stats.summarize
     g.pool = lambda op, problem: [({"x": np.ones(4, dtype=np.float32)}, {})] * 3
-    g._runner = lambda op, params, problem, binary, pool: (("winner", params, binary, len(pool)), len(pool))
+    g._runner = lambda op, params, problem, binary, pool: (
+        ("winner", params, binary, len(pool)),
+        len(pool),
+    )
     g._timer = lambda runners: seen.setdefault("runners", runners)
-    res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"))
-    assert seen["runners"]["incumbent"] == (("winner", {"t": 1}, "bin", 3), 3) and res == {"eager": {"outcome": "ok"}}
-    res = _run_baselines(monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin"),
-                         run=lambda timer, **k: calls.append(k) or {"candidate": [2.0] * 20,
-                                                                     "incumbent": [1.0] * 10 + [2.0] * 10},
-                         summarize=summarize)
+    res = _run_baselines(
+        monkeypatch, g, {"eager": lambda ins: {"y": np.full(4, 2.0)}}, winner=({"t": 1}, "bin")
+    )
+    assert seen["runners"]["incumbent"] == (("winner", {"t": 1}, "bin", 3), 3) and res == {
+        "eager": {"outcome": "ok"}
+    }
+    res = _run_baselines(
+        monkeypatch,
+        g,
+        {"eager": lambda ins: {"y": np.full(4, 2.0)}},
+        winner=({"t": 1}, "bin"),
+        run=lambda timer, **k: (
+            calls.append(k) or {"candidate": [2.0] * 20, "incumbent": [1.0] * 10 + [2.0] * 10}
+        ),
+        summarize=summarize,
+    )
     assert calls and calls[0]["incumbent"] is True and calls[0]["guard"] is False
     assert res["eager"]["p50_ms"] == 2.0 and res["eager"]["incumbent_p50_ms"] == 1.5
-    assert res["eager"]["round_ratios"] == [2.0] * 5 + [1.0] * 5     # ten rounds of two samples each
+    assert res["eager"]["round_ratios"] == [2.0] * 5 + [1.0] * 5  # ten rounds of two samples each
 
 
 def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):
@@ -453,6 +595,7 @@ def test_every_baseline_check_runs_without_a_big_timing_pool(monkeypatch):
         if not g._pool:
             g._pool, g._pool_key = [({"x": SimpleNamespace(nbytes=8 << 30)}, {})], "key"
         return g._pool
+
     g.pool = pool
 
     def baseline(inputs):
@@ -481,6 +624,7 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
             g._pool, g._pool_key = [({"x": Big()}, {"y": Big()}) for _ in range(2)], "key"
             made.extend(weakref.ref(a) for s in g._pool for d in s for a in d.values())
         return g._pool
+
     g.pool = pool
     g._timer = lambda runners: [runners["candidate"][0](i) for i in range(runners["candidate"][1])]
 
@@ -488,10 +632,11 @@ def test_a_timed_baselines_pool_and_cached_inputs_are_freed_before_the_next_chec
         views = {}
 
         def run(inputs):
-            if isinstance(inputs["x"], np.ndarray):           # the check
+            if isinstance(inputs["x"], np.ndarray):  # the check
                 alive_at_check.append(sum(r() is not None for r in made))
             views[id(inputs["x"])] = inputs["x"]
             return {"y": np.full(4, 2.0)}
+
         return run
 
     res = _run_baselines(monkeypatch, g, {"eager": make(), "compiled": make()})
@@ -516,28 +661,46 @@ def test_cupys_pool_is_released_between_a_baselines_reference_and_its_call(monke
     first_check = events.index("call")
     assert first_check > 0 and events[first_check - 1] == "release"
 
+
 def _two_kernel_op(scratch=()):
     """A fake op of two entries: 'stage1' writes the scratch output ws, 'main' writes y from it."""
     from types import SimpleNamespace
 
     from ptxbuild.problem import Launch
-    geoms = {"stage1": Launch((3, 1, 1), (64, 1, 1), 0), "main": Launch((5, 1, 1), (128, 1, 1), 1024)}
+
+    geoms = {
+        "stage1": Launch((3, 1, 1), (64, 1, 1), 0),
+        "main": Launch((5, 1, 1), (128, 1, 1), 1024),
+    }
     return SimpleNamespace(
-        KERNELS=("stage1", "main"), SCRATCH=set(scratch), launches=lambda params, p, sms: geoms,
+        KERNELS=("stage1", "main"),
+        SCRATCH=set(scratch),
+        launches=lambda params, p, sms: geoms,
         launch=lambda params, p, sms: geoms["main"],
-        stage_args=lambda e, params, p, ins, outs: [e, ins["x"], outs["ws"]] + ([outs["y"]] if e == "main" else []),
-        kernel_args=lambda params, p, ins, outs: pytest.fail("a multi-kernel op's calls go through stage_args"),
+        stage_args=lambda e, params, p, ins, outs: (
+            [e, ins["x"], outs["ws"]] + ([outs["y"]] if e == "main" else [])
+        ),
+        kernel_args=lambda params, p, ins, outs: pytest.fail(
+            "a multi-kernel op's calls go through stage_args"
+        ),
         make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
         make_outputs=lambda p, xp: {"y": np.zeros(4, np.float32), "ws": np.zeros(4, np.float32)},
-        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)}, tolerance=lambda p, name: (1e-3, 1e-3),
-        verify_problems=lambda p: [], check=lambda params, p: None, bytes_moved=lambda p: 16)
+        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+        tolerance=lambda p, name: (1e-3, 1e-3),
+        verify_problems=lambda p: [],
+        check=lambda params, p: None,
+        bytes_moved=lambda p: 16,
+    )
 
 
 def _launch_recorder(monkeypatch, write_ws=True):
     """device.load / device.launch replaced: loads and launches are recorded; 'main' writes y = 2."""
     from ptxbuild.gpu import runs
+
     loaded, launched = [], []
-    monkeypatch.setattr(runs.device, "load", lambda entry, cubin, ptx="": loaded.append((entry, cubin)) or entry)
+    monkeypatch.setattr(
+        runs.device, "load", lambda entry, cubin, ptx="": loaded.append((entry, cubin)) or entry
+    )
 
     def launch(kern, geom, args, stream):
         launched.append((kern, tuple(geom.grid), tuple(geom.block), args[0]))
@@ -545,12 +708,14 @@ def _launch_recorder(monkeypatch, write_ws=True):
             args[2][:] = 1.0
         if kern == "main":
             args[3][:] = 2.0
+
     monkeypatch.setattr(runs.device, "launch", launch)
     return loaded, launched
 
 
 def _gpu_with_sms():
     from types import SimpleNamespace
+
     g = _bare_gpu()
     g.fingerprint, g.kernels = SimpleNamespace(sm_count=132), {}
     return g
@@ -558,6 +723,7 @@ def _gpu_with_sms():
 
 def test_a_multi_kernel_op_launches_every_entry_in_order_in_verify(monkeypatch):
     from ptxbuild.gpu import runs
+
     op = _two_kernel_op(scratch={"ws"})
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
     loaded, launched = _launch_recorder(monkeypatch)
@@ -568,12 +734,14 @@ def test_a_multi_kernel_op_launches_every_entry_in_order_in_verify(monkeypatch):
     assert res["outcome"] == "ok", res
     # each entry loaded once from the one cubin; each call launches stage1 then main, own geometry and args
     assert sorted(loaded) == [("main", b"CUBIN"), ("stage1", b"CUBIN")]
-    assert launched[:2] == [("stage1", (3, 1, 1), (64, 1, 1), "stage1"), ("main", (5, 1, 1), (128, 1, 1), "main")]
-    assert [k for k, *_ in launched] == ["stage1", "main"] * 2          # the determinism run too
+    assert launched[:2] == [
+        ("stage1", (3, 1, 1), (64, 1, 1), "stage1"),
+        ("main", (5, 1, 1), (128, 1, 1), "main"),
+    ]
+    assert [k for k, *_ in launched] == ["stage1", "main"] * 2  # the determinism run too
 
 
 def test_a_multi_kernel_op_launches_every_entry_in_order_in_measure(monkeypatch):
-    from ptxbuild.gpu import runs
     op = _two_kernel_op()
     loaded, launched = _launch_recorder(monkeypatch)
     g = _gpu_with_sms()
@@ -582,13 +750,14 @@ def test_a_multi_kernel_op_launches_every_entry_in_order_in_measure(monkeypatch)
     assert n == 2
     run(1)
     assert [(k, grid) for k, grid, *_ in launched] == [("stage1", (3, 1, 1)), ("main", (5, 1, 1))]
-    assert launched[0][3] == "stage1" and pool[1][1]["y"][0] == 2.0     # set 1's buffers, not set 0's
+    assert launched[0][3] == "stage1" and pool[1][1]["y"][0] == 2.0  # set 1's buffers, not set 0's
 
 
 def test_scratch_outputs_are_poisoned_but_never_checked(monkeypatch):
     """A workspace that the first kernel writes only in part is not 'unwritten': the op says it is
     scratch. Without SCRATCH the same run is reported unwritten."""
     from ptxbuild.gpu import runs
+
     binary = {"entry": "main", "digest": "d2", "cubin": b"C"}
     P = Problem.make("fake", "float32", (4,))
     _launch_recorder(monkeypatch, write_ws=False)
@@ -602,10 +771,15 @@ def test_a_single_kernel_op_launches_its_one_kernel(monkeypatch):
     from types import SimpleNamespace
 
     from ptxbuild.problem import Launch
+
     loaded, launched = _launch_recorder(monkeypatch)
-    op = SimpleNamespace(launch=lambda params, p, sms: Launch((7, 1, 1), (32, 1, 1), 0),
-                         kernel_args=lambda params, p, ins, outs: ["k", outs["y"]])
-    calls = _gpu_with_sms().launches(op, {}, None, {"entry": "k", "digest": "d3", "cubin": b"C"}, {}, {"y": 1})
+    op = SimpleNamespace(
+        launch=lambda params, p, sms: Launch((7, 1, 1), (32, 1, 1), 0),
+        kernel_args=lambda params, p, ins, outs: ["k", outs["y"]],
+    )
+    calls = _gpu_with_sms().launches(
+        op, {}, None, {"entry": "k", "digest": "d3", "cubin": b"C"}, {}, {"y": 1}
+    )
     assert [(k, tuple(g.grid), a) for k, g, a in calls] == [("k", (7, 1, 1), ["k", 1])]
 
 
@@ -614,6 +788,7 @@ def test_a_big_problem_that_cannot_shrink_is_verified_on_one_seed(monkeypatch):
     fewer_rows() cannot shrink (here 1-D; KDA's varlen problems) gets no second full-size seed (at
     T=8192, H=96 each costs ~10 s of the worker's 60 s call)."""
     from ptxbuild.gpu import runs
+
     op = _two_kernel_op(scratch={"ws"})
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
     _launch_recorder(monkeypatch)
@@ -628,10 +803,12 @@ def test_problem_options_from_a_kernelfile_list_hash_and_keep_their_key():
     """A kernelfile mode `lengths = [...]` arrives as a list: the verifier keeps problems in a set
     (it crashed with "unhashable type: 'list'" on the H200); key() still encodes a list."""
     from ptxbuild.problem import Problem
+
     p = Problem.make("kda", "bfloat16", (24, 2), {"lengths": [4, 8, 12]})
     assert p in {p} and p == Problem.make("kda", "bfloat16", (24, 2), {"lengths": (4, 8, 12)})
     assert p.key()["options"] == {"lengths": (4, 8, 12)}
     import json
+
     assert json.loads(json.dumps(p.key()))["options"]["lengths"] == [4, 8, 12]
 
 
@@ -644,26 +821,37 @@ def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
     from ptxbuild.gpu import runs
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
+
     kda = load_op("ops/kda", Path("."))
     p = Problem.make("kda", "bfloat16", (8192, 4), {})
     params = kda.default_params(p)
     every = kda.verify_problems(p)
     kept = runs.adversarial(kda, p, params)
     dropped = [q for q in every if q not in kept]
-    assert dropped and all(not (q.opts.get("initial_state", True) and q.opts.get("final_state", True)) for q in dropped)
-    assert all(kda.render(params, q, "sm_90a").source == kda.render(params, p, "sm_90a").source for q in kept)
+    assert dropped and all(
+        not (q.opts.get("initial_state", True) and q.opts.get("final_state", True)) for q in dropped
+    )
+    assert all(
+        kda.render(params, q, "sm_90a").source == kda.render(params, p, "sm_90a").source
+        for q in kept
+    )
     assert {q.shape[0] for q in kept} >= {16, 17, 37, 97}
     off = Problem.make("kda", "bfloat16", (8192, 4), {"initial_state": False})
-    assert any(q.shape == (64, 4) and q.opts["initial_state"] is False for q in runs.adversarial(kda, off, params))
+    assert any(
+        q.shape == (64, 4) and q.opts["initial_state"] is False
+        for q in runs.adversarial(kda, off, params)
+    )
     assert runs.fewer_rows(kda, p, params).shape == (runs.VERIFY_ROWS, 4)
 
 
 def test_a_problem_sent_to_the_worker_comes_back_hashable_and_equal():
     """The worker decodes problems from JSON (lists): a varlen KDA problem must hash there too."""
-    from ptxbuild.gpu.worker import decode_problem
-    from ptxbuild.gpu.session import encode_problem
-    from ptxbuild.problem import Problem
     import json
+
+    from ptxbuild.gpu.session import encode_problem
+    from ptxbuild.gpu.worker import decode_problem
+    from ptxbuild.problem import Problem
+
     p = Problem.make("kda", "bfloat16", (24, 2), {"lengths": [4, 8, 12], "initial_state": False})
     q = decode_problem(json.loads(json.dumps(encode_problem(p))))
     assert q == p and hash(q) == hash(p) and q in {p}
@@ -673,6 +861,7 @@ def test_protocol_version_is_one_number():
     """The measure key (keys.py) and the protocol (gpu/stats.py) name the same protocol version."""
     from ptxbuild import keys
     from ptxbuild.gpu import stats as gpu_stats
+
     assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "3"
 
 
@@ -711,6 +900,7 @@ def _gated_gpu(plan):
     def hold(stream):
         state["gated"] = True
         real_hold(stream)
+
     g.gate.hold = hold
 
     class Event:
@@ -724,43 +914,47 @@ def _gated_gpu(plan):
     real_sync = g.sync
 
     def sync():
-        state.update(gated=False, flushing=False)    # ungated until hold(); the flush is done
+        state.update(gated=False, flushing=False)  # ungated until hold(); the flush is done
         real_sync()
+
     g.sync = sync
     return g
 
 
 def test_timer_batches_calls_behind_gates_after_one_ungated_call_per_input_set():
     from ptxbuild.gpu.runs import GATE_BATCH
+
     g = _gated_gpu([])
-    calls = []                                             # (input set, gates held so far)
+    calls = []  # (input set, gates held so far)
     timer = g._timer({"c": (lambda i: calls.append((i, g.gate.held)), 3)})
     samples = timer("c", 2 * GATE_BATCH + 5)
     # first: each input set once, before any gate (a first call on a set may wait on the GPU)
     assert calls[:3] == [(0, 0), (1, 0), (2, 0)]
     # {1.0}: every call behind a gate, after the host waited for its flush
     assert len(samples) == len(calls) - 3 == 2 * GATE_BATCH + 5 and set(samples) == {1.0}
-    assert [held for _, held in calls[3:]] == list(range(1, 2 * GATE_BATCH + 6))   # each call behind its own gate
+    assert [held for _, held in calls[3:]] == list(
+        range(1, 2 * GATE_BATCH + 6)
+    )  # each call behind its own gate
     assert g.gate.held == g.gate.released == 2 * GATE_BATCH + 5
-    assert [i for i, _ in calls[3:7]] == [0, 1, 2, 0]      # the pool still rotates
+    assert [i for i, _ in calls[3:7]] == [0, 1, 2, 0]  # the pool still rotates
     assert timer.ungated == set()
     timer("c", 2)
-    assert len(calls) == 3 + 2 * GATE_BATCH + 5 + 2       # primed once per runner, not per call
+    assert len(calls) == 3 + 2 * GATE_BATCH + 5 + 2  # primed once per runner, not per call
 
 
 def test_timer_retries_a_timed_out_batch_once_behind_a_new_gate():
-    g = _gated_gpu([True])                                 # one stall (a first call that compiles)
+    g = _gated_gpu([True])  # one stall (a first call that compiles)
     timer = g._timer({"c": (lambda i: None, 1)})
     samples = timer("c", 5)
-    assert samples == [1.0] * 5                            # the retry's samples only
+    assert samples == [1.0] * 5  # the retry's samples only
     assert g.gate.held == 10 and timer.ungated == set()
 
 
 def test_timer_drops_the_gate_after_two_timeouts_in_a_row_and_says_so():
-    g = _gated_gpu([True] + [False] * 3 + [True])          # the call waits on the GPU from the host:
-                                                           # a gate of each 4-call batch times out
+    g = _gated_gpu([True] + [False] * 3 + [True])  # the call waits on the GPU from the host:
+    # a gate of each 4-call batch times out
     timer = g._timer({"c": (lambda i: None, 1), "d": (lambda i: None, 1)})
-    assert timer("c", 4) == [2.0] * 4                      # timed again without a gate
+    assert timer("c", 4) == [2.0] * 4  # timed again without a gate
     assert timer.ungated == {"c"}
-    assert timer("c", 3) == [2.0] * 3 and g.gate.held == 8   # no more gates for "c"
-    assert timer("d", 3) == [1.0] * 3 and timer.ungated == {"c"}   # other runners keep theirs
+    assert timer("c", 3) == [2.0] * 3 and g.gate.held == 8  # no more gates for "c"
+    assert timer("d", 3) == [1.0] * 3 and timer.ungated == {"c"}  # other runners keep theirs

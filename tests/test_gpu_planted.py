@@ -1,4 +1,5 @@
 """On a GPU: each planted bad kernel gets its own outcome through GpuSession, and the session goes on."""
+
 from functools import cache
 from pathlib import Path
 
@@ -9,12 +10,20 @@ from ptxbuild.oploader import load_op
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Problem
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not gpu_available(), reason="needs an NVIDIA GPU and cupy (pip install cupy-cuda13x)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not gpu_available(), reason="needs an NVIDIA GPU and cupy (pip install cupy-cuda13x)"
+    ),
+]
 
 OP = str(Path(__file__).with_name("planted_op").resolve())
-SMALL = Problem.make("planted_op", "float32", (512, 1024))     # N % 8 == 0: (b) fails only on an adversarial shape
-BIG = Problem.make("planted_op", "float32", (8192, 8192))      # 512 MiB moved: the floor is ~0.1 ms on an H200
+SMALL = Problem.make(
+    "planted_op", "float32", (512, 1024)
+)  # N % 8 == 0: (b) fails only on an adversarial shape
+BIG = Problem.make(
+    "planted_op", "float32", (8192, 8192)
+)  # 512 MiB moved: the floor is ~0.1 ms on an H200
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +47,19 @@ def good_still_verifies(session):
     assert r.outcome is Outcome.OK, r.detail
 
 
-@pytest.mark.parametrize("bad,outcome", [
-    ("none", Outcome.OK),
-    ("unwritten", Outcome.UNWRITTEN),            # (a)
-    ("tail", Outcome.WRONG_RESULT),              # (b)
-    ("input", Outcome.INPUT_MODIFIED),           # (c)
-    ("nondet", Outcome.NONDETERMINISTIC),        # (d)
-    ("hang", Outcome.TIMEOUT),                   # (e)
-    ("illegal", Outcome.ILLEGAL_ADDRESS),        # (f)
-    ("skip", Outcome.OK),                        # (g) passes verification: its outputs are poisoned there
-])
+@pytest.mark.parametrize(
+    "bad,outcome",
+    [
+        ("none", Outcome.OK),
+        ("unwritten", Outcome.UNWRITTEN),  # (a)
+        ("tail", Outcome.WRONG_RESULT),  # (b)
+        ("input", Outcome.INPUT_MODIFIED),  # (c)
+        ("nondet", Outcome.NONDETERMINISTIC),  # (d)
+        ("hang", Outcome.TIMEOUT),  # (e)
+        ("illegal", Outcome.ILLEGAL_ADDRESS),  # (f)
+        ("skip", Outcome.OK),  # (g) passes verification: its outputs are poisoned there
+    ],
+)
 def test_planted_kernel_gets_its_own_outcome(session, bad, outcome):
     params, binary = build(bad, session.fingerprint.cc)
     r = session.verify(OP, params, SMALL, binary)
@@ -55,8 +67,8 @@ def test_planted_kernel_gets_its_own_outcome(session, bad, outcome):
     if bad == "none":
         assert r.cases == 3 + 3 and r.max_abs_err == 0.0 and r.tolerances == {"y": [1e-6, 1e-6]}
     if bad == "tail":
-        assert "x4095" in r.detail, r.detail     # found on the adversarial shape, not the main one
-    good_still_verifies(session)                 # the session survives every planted kernel
+        assert "x4095" in r.detail, r.detail  # found on the adversarial shape, not the main one
+    good_still_verifies(session)  # the session survives every planted kernel
 
 
 def test_the_session_restarted_after_the_crashes(session):
@@ -67,7 +79,7 @@ def test_the_session_restarted_after_the_crashes(session):
     assert session.restarts == before + 1
 
 
-def test_skip_kernel_is_impossibly_fast(session):   # (g)
+def test_skip_kernel_is_impossibly_fast(session):  # (g)
     params, binary = build("skip", session.fingerprint.cc)
     m = session.measure(OP, params, BIG, binary)
     assert m.outcome is Outcome.SUSPICIOUS, m
@@ -82,7 +94,9 @@ def test_good_kernel_timing(session):
     assert 0.2 < m.fraction_of_floor <= 1.03 and m.fingerprint == session.fingerprint
     inc = session.measure(OP, params, BIG, binary, incumbent=(params, binary))
     assert inc.outcome is Outcome.OK and inc.incumbent_p50_ms is not None
-    assert abs(inc.p50_ms - inc.incumbent_p50_ms) < 0.2 * inc.incumbent_p50_ms   # the same kernel, the same window
+    assert (
+        abs(inc.p50_ms - inc.incumbent_p50_ms) < 0.2 * inc.incumbent_p50_ms
+    )  # the same kernel, the same window
 
 
 def test_baselines_are_checked_then_timed(session):

@@ -1,5 +1,6 @@
 """ops/kda/baselines.py on the CPU: a stand-in chunk_kda (no fla here) checks the argument
 conversion, the op-layout outputs (views) and that inputs are converted once per input set."""
+
 from __future__ import annotations
 
 import sys
@@ -18,14 +19,45 @@ P = Problem.make("kda", "bfloat16", (37, 2), {"lengths": (17, 20)})
 
 
 def fake_fla(monkeypatch, calls):
-    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-                  cu_seqlens_cpu=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, safe_gate=False,
-                  lower_bound=None, A_log=None, dt_bias=None, state_v_first=False, use_beta_sigmoid_in_kernel=False):
-        calls.append(dict(q=q, beta=beta, h0=initial_state, cu=cu_seqlens, v_first=state_v_first, safe=safe_gate))
+    def chunk_kda(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        cu_seqlens=None,
+        cu_seqlens_cpu=None,
+        use_qk_l2norm_in_kernel=False,
+        use_gate_in_kernel=False,
+        safe_gate=False,
+        lower_bound=None,
+        A_log=None,
+        dt_bias=None,
+        state_v_first=False,
+        use_beta_sigmoid_in_kernel=False,
+    ):
+        calls.append(
+            dict(
+                q=q,
+                beta=beta,
+                h0=initial_state,
+                cu=cu_seqlens,
+                v_first=state_v_first,
+                safe=safe_gate,
+            )
+        )
         return torch.zeros_like(v), initial_state + 1
+
     mod = types.ModuleType("fla.ops.kda")
     mod.chunk_kda = chunk_kda
-    for name, m in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")), ("fla.ops.kda", mod)):
+    for name, m in (
+        ("fla", types.ModuleType("fla")),
+        ("fla.ops", types.ModuleType("fla.ops")),
+        ("fla.ops.kda", mod),
+    ):
         monkeypatch.setitem(sys.modules, name, m)
 
 
@@ -33,12 +65,14 @@ def test_fla_baseline_converts_once_per_input_set_and_returns_the_ops_layout(mon
     calls, made = [], []
     fake_fla(monkeypatch, calls)
     bmod = sys.modules[op.__name__ + "_baselines"]
-    monkeypatch.setattr(bmod, "fla_call", lambda p, ins, f=bmod.fla_call: made.append(1) or f(p, ins))
+    monkeypatch.setattr(
+        bmod, "fla_call", lambda p, ins, f=bmod.fla_call: made.append(1) or f(p, ins)
+    )
     fn = op.baselines(P)["fla_chunk_kda"]
     sets = [op.make_inputs(P, s, np) for s in (1, 2)]
     for ins in sets + sets:
         out = fn(ins)
-    assert len(made) == 2 and len(calls) == 4          # two sets converted once each, four timed calls
+    assert len(made) == 2 and len(calls) == 4  # two sets converted once each, four timed calls
     d = op.dims(P)
     assert out["o"].dtype == torch.bfloat16 and tuple(out["o"].shape) == (d["T"], d["HV"], d["V"])
     assert tuple(out["hT"].shape) == (d["N"], d["HV"], d["V"], d["K"])

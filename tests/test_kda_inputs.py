@@ -1,4 +1,5 @@
 """KDA inputs drawn on the device (cupy) match the host path in every key, shape, dtype and distribution."""
+
 import types
 from pathlib import Path
 
@@ -17,7 +18,9 @@ def fake_device_xp():
     return types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
 
 
-@pytest.mark.parametrize("opts", [{}, {"lengths": (100, 0, 412), "initial_state": False}, {"gate": "given", "hv": 8}])
+@pytest.mark.parametrize(
+    "opts", [{}, {"lengths": (100, 0, 412), "initial_state": False}, {"gate": "given", "hv": 8}]
+)
 def test_device_inputs_have_the_host_inputs_form_and_distributions(opts):
     p = Problem.make("kda", "bfloat16", (512, 4), opts)
     want = host.make_inputs(p, 3, np)
@@ -49,10 +52,14 @@ def test_chunk_order_runs_every_segment_side_by_side():
     lay = host._layout(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64))
     order, co = lay["chunk_order"], lay["chunk_offsets"]
     assert sorted(order.tolist()) == list(range(co[-1]))
-    seg = np.searchsorted(co, order, side="right") - 1          # each chunk's segment
-    pos = order - co[seg]                                       # its position in the segment
+    seg = np.searchsorted(co, order, side="right") - 1  # each chunk's segment
+    pos = order - co[seg]  # its position in the segment
     assert (np.diff(pos) >= 0).all()
     rank = {int(n): r for r, n in enumerate(lay["seq_order"])}
     keys = [(int(p), rank[int(s)]) for p, s in zip(pos, seg)]
     assert keys == sorted(keys)
-    assert order[:3].tolist() == [co[2], co[0], co[4]]          # position 0 of the 100-, 40-, 33-token segments
+    assert order[:3].tolist() == [
+        co[2],
+        co[0],
+        co[4],
+    ]  # position 0 of the 100-, 40-, 33-token segments

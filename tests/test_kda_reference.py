@@ -1,4 +1,5 @@
 """The float64 KDA references agree with each other, with a naive loop, and across state hand-over."""
+
 from __future__ import annotations
 
 import math
@@ -50,11 +51,11 @@ def test_varlen(lens, h0):
     for n, ln in enumerate(lens):
         one = ref.make_case([ln], 2, K=64, V=32, seed=0, initial_state=h0)
         for key in ("q", "k", "v", "a", "b", "qf", "kf", "vf", "af", "bf"):
-            one[key] = case[key][cu[n]:cu[n + 1]]
+            one[key] = case[key][cu[n] : cu[n + 1]]
         one["A_log"], one["dt_bias"] = case["A_log"], case["dt_bias"]
-        one["h0"] = case["h0"][n:n + 1] if h0 else None
+        one["h0"] = case["h0"][n : n + 1] if h0 else None
         o1, h1 = ref.reference(one)
-        np.testing.assert_allclose(o1, o[cu[n]:cu[n + 1]], rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(o1, o[cu[n] : cu[n + 1]], rtol=1e-12, atol=1e-13)
         np.testing.assert_allclose(h1[0], hT[n], rtol=1e-12, atol=1e-13)
         if ln == 0:  # an empty segment hands its initial state through
             np.testing.assert_array_equal(hT[n], case["h0"][n] if h0 else 0.0)
@@ -65,15 +66,26 @@ def test_chunk_sizes(C):
     assert_agree(ref.make_case([100, 29], 2, K=32, V=16, seed=C), C=C)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(a_shift=8.0), dict(a_shift=-8.0), dict(a_scale=8.0), dict(bias_scale=8.0),
-    dict(gate="canonical"), dict(gate="canonical", a_scale=8.0, bias_scale=8.0),
-    dict(gate="canonical", a_shift=8.0, a_scale=0.0, bias_scale=0.0, A_log=math.log(125.0)),  # g ~ -1000
-    dict(gate="given"),  # all-zero decay
-    dict(gate="given", g=-1000.0),
-    dict(use_qk_l2norm=False, qk_scale=0.1, gate="given", g=-0.01, v_scale=4.0),
-    dict(b_scale=8.0), dict(HV=4),  # GVA: 4 value heads over 2 q/k heads
-], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(a_shift=8.0),
+        dict(a_shift=-8.0),
+        dict(a_scale=8.0),
+        dict(bias_scale=8.0),
+        dict(gate="canonical"),
+        dict(gate="canonical", a_scale=8.0, bias_scale=8.0),
+        dict(
+            gate="canonical", a_shift=8.0, a_scale=0.0, bias_scale=0.0, A_log=math.log(125.0)
+        ),  # g ~ -1000
+        dict(gate="given"),  # all-zero decay
+        dict(gate="given", g=-1000.0),
+        dict(use_qk_l2norm=False, qk_scale=0.1, gate="given", g=-0.01, v_scale=4.0),
+        dict(b_scale=8.0),
+        dict(HV=4),  # GVA: 4 value heads over 2 q/k heads
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
 def test_gate_stress_and_variants(kw):
     kw = dict(kw)
     H = 2
@@ -132,8 +144,11 @@ def naive(case):
                 nk = math.sqrt(sum(x * x for x in kv) + 1e-6)
                 qv = [x / nq * case["scale"] for x in qv]
                 kv = [x / nk for x in kv]
-                g = [-5.0 / (1.0 + math.exp(-A * (float(case["af"][t, hv, d]) + case["dt_bias"][hv, d])))
-                     for d in range(K)]
+                g = [
+                    -5.0
+                    / (1.0 + math.exp(-A * (float(case["af"][t, hv, d]) + case["dt_bias"][hv, d])))
+                    for d in range(K)
+                ]
                 beta = 1.0 / (1.0 + math.exp(-float(case["bf"][t, hv])))
                 S = [[S[d][j] * math.exp(g[d]) for j in range(V)] for d in range(K)]
                 pred = [sum(S[d][j] * kv[d] for d in range(K)) for j in range(V)]
@@ -168,6 +183,7 @@ def test_numba_and_numpy_agree():
 
 def test_inputs_are_bf16_exact():
     from ptxbuild.dtypes import from_float, to_float
+
     case = ref.make_case([33], 2, seed=1)
     for n in ("q", "k", "v", "a", "b"):
         bits, f = case[n], case[n + "f"]
@@ -197,8 +213,13 @@ def test_chunk_intermediates_consistent():
             np.testing.assert_allclose((np.eye(m) + Lc) @ Tc, np.eye(m), atol=1e-12)
             np.testing.assert_allclose(np.cumsum(p["g"][sl, hv], 0), ch.G[sl, hv], atol=1e-12)
             S0 = ch.states[c, hv]
-            np.testing.assert_allclose(ch.U[sl, hv] - ch.W[sl, hv] @ S0.T, ch.V_new[sl, hv], atol=1e-12)
-            np.testing.assert_allclose(ch.Qg[sl, hv] @ S0.T + ch.A_qk[sl, hv, :m] @ ch.V_new[sl, hv],
-                                       ch.O[sl, hv], atol=1e-12)
+            np.testing.assert_allclose(
+                ch.U[sl, hv] - ch.W[sl, hv] @ S0.T, ch.V_new[sl, hv], atol=1e-12
+            )
+            np.testing.assert_allclose(
+                ch.Qg[sl, hv] @ S0.T + ch.A_qk[sl, hv, :m] @ ch.V_new[sl, hv],
+                ch.O[sl, hv],
+                atol=1e-12,
+            )
     np.testing.assert_array_equal(ch.chunk_start, [0, 16, 32])
     np.testing.assert_array_equal(ch.chunk_len, [16, 16, 8])

@@ -1,5 +1,6 @@
 """The prepare -> recurrence workspace layout round-trips, and the kernel's numerics (operands
 rounded to f16 / bf16, fp32 state) stay inside the 5e-3 relative RMS gate, simulated on the CPU."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,13 +1,72 @@
-"""A line budget for the tool itself: small modules with one job each stay small."""
+"""A budget in code lines for the tool itself, counted as tinygrad's sz.py counts them.
+
+Docstrings, comments and blank lines are free, so a commit that frees lines by layout alone pays
+nothing; what counts is the code a reader has to follow. Run with -s to see the per-module table.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "ptxbuild"
-TOTAL_LINES = 6000
-MODULE_LINES = 650
+TOTAL_CODE_LINES = 10_000
+MODULE_CODE_LINES = 450
+# modules still to be split by job (issue 26); each leaves this set when it is split
+SPLIT_PENDING = {"build.py", "runtime.py", "cli.py", "lessons.py", "report.py"}
+
+_FREE = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
 
 
-def test_the_package_stays_within_its_line_budget():
-    sizes = {p.relative_to(PKG).as_posix(): len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
-    assert sum(sizes.values()) <= TOTAL_LINES, f"ptxbuild/ has {sum(sizes.values())} lines (budget {TOTAL_LINES})"
-    big = {k: v for k, v in sizes.items() if v > MODULE_LINES}
-    assert not big, f"modules over {MODULE_LINES} lines: {big}; split them by job"
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Line numbers covered by module, class and function docstrings."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return lines
+
+
+def code_lines(source: str) -> int:
+    """Lines holding at least one token that is not a comment, a docstring or layout."""
+    free = _docstring_lines(ast.parse(source))
+    counted: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in _FREE:
+            continue
+        for line in range(tok.start[0], tok.end[0] + 1):
+            if line not in free:
+                counted.add(line)
+    return len(counted)
+
+
+def test_code_lines_ignore_docstrings_comments_and_blanks():
+    src = '"""Doc\nstring."""\n\n# a comment\nx = 1  # trailing\n\ndef f():\n    """Doc."""\n    return (\n        x\n    )\n'
+    assert code_lines(src) == 5  # x = 1 / def f(): / return ( / x / )
+    assert code_lines("") == 0
+
+
+def test_the_package_stays_within_its_code_line_budget():
+    sizes = {p.relative_to(PKG).as_posix(): code_lines(p.read_text()) for p in PKG.rglob("*.py")}
+    table = "\n".join(f"{v:6d}  {k}" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]))
+    print(f"\ncode lines per module (budget {MODULE_CODE_LINES} each, {TOTAL_CODE_LINES} in all)")
+    print(f"{table}\n{sum(sizes.values()):6d}  total")
+    total = sum(sizes.values())
+    assert total <= TOTAL_CODE_LINES, (
+        f"ptxbuild/ has {total} code lines (budget {TOTAL_CODE_LINES})"
+    )
+    big = {k: v for k, v in sizes.items() if v > MODULE_CODE_LINES and k not in SPLIT_PENDING}
+    assert not big, f"modules over {MODULE_CODE_LINES} code lines: {big}; split them by job"

@@ -1,4 +1,5 @@
 """kernelfile.lock: written after a build, stable text, reproduced by --locked, drift and tampering refused."""
+
 import json
 import os
 import re
@@ -11,7 +12,14 @@ from ptxbuild.build import build
 from ptxbuild.cli import main
 from ptxbuild.graph import Target
 from ptxbuild.kernelfile import load
-from ptxbuild.lockfile import LockError, build_locked, entry_digest, lock_path, read_lock, update_lock
+from ptxbuild.lockfile import (
+    LockError,
+    build_locked,
+    entry_digest,
+    lock_path,
+    read_lock,
+    update_lock,
+)
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler
@@ -25,7 +33,11 @@ def _built(proj, compiler=None):
 
 
 def _files(proj):
-    return {p.relative_to(proj).as_posix(): p.read_bytes() for p in sorted((proj / "build").rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(proj).as_posix(): p.read_bytes()
+        for p in sorted((proj / "build").rglob("*"))
+        if p.is_file()
+    }
 
 
 def _edit_lock(proj, fn, fix_digest=True):
@@ -46,7 +58,10 @@ def test_lock_records_targets_in_stable_text(proj):
     lock = read_lock(ctx.kf)
     assert sorted(lock["targets"]) == ["scale@b200", "scale@h100"]
     e = lock["targets"]["scale@h100"]
-    assert e["kernelfile_digest"] == ctx.kf.digest and e["toolchain"] == {"nvrtc": "fake-1", "nvjitlink": "fake-1"}
+    assert e["kernelfile_digest"] == ctx.kf.digest and e["toolchain"] == {
+        "nvrtc": "fake-1",
+        "nvjitlink": "fake-1",
+    }
     assert set(e["op_files"]) == {"op.py", "scale.cu"} and e["measured_on_hardware"] is False
     for d in e["dispatch"]:
         v = e["variants"][d["binary"]]
@@ -54,7 +69,9 @@ def test_lock_records_targets_in_stable_text(proj):
     # rewriting after an up-to-date build changes nothing
     again = build(make_ctx(proj))
     assert [r.status for r in again] == ["up_to_date", "up_to_date"]
-    assert update_lock(ctx.kf, again) is None   # nothing written, and said so (the CLI prints no lock line)
+    assert (
+        update_lock(ctx.kf, again) is None
+    )  # nothing written, and said so (the CLI prints no lock line)
     assert path.read_text() == text
 
 
@@ -66,9 +83,11 @@ def test_locked_rebuild_is_byte_identical_without_search(proj):
     ctx = make_ctx(proj, compiler)
     results = build_locked(ctx)
     assert [r.status for r in results] == ["built", "built"]
-    assert _files(proj) == before                     # PTX, cubin and manifest.json, byte for byte
+    assert _files(proj) == before  # PTX, cubin and manifest.json, byte for byte
     lock = read_lock(ctx.kf)
-    assert len(compiler.calls) == sum(len(e["dispatch"]) for e in lock["targets"].values())   # no search
+    assert len(compiler.calls) == sum(
+        len(e["dispatch"]) for e in lock["targets"].values()
+    )  # no search
 
 
 def test_tampered_digest_is_reported_and_nothing_written(proj):
@@ -79,9 +98,13 @@ def test_tampered_digest_is_reported_and_nothing_written(proj):
         if name == "scale@h100":
             d = entry["dispatch"][0]["binary"]
             entry["variants"][d]["ptx_sha256"] = "0" * 64
+
     _edit_lock(proj, tamper)
-    with pytest.raises(LockError, match=r"scale@h100: variant scale-\w+ .*PTX drift: expected sha256 0{64}, got "
-                                        r"[0-9a-f]{64}; artifacts not written"):
+    with pytest.raises(
+        LockError,
+        match=r"scale@h100: variant scale-\w+ .*PTX drift: expected sha256 0{64}, got "
+        r"[0-9a-f]{64}; artifacts not written",
+    ):
         build_locked(make_ctx(proj))
     assert not (proj / "build").exists()
 
@@ -96,6 +119,7 @@ def test_tampered_cubin_digest_is_reported(proj):
             if e["binary"] == old:
                 e["binary"] = "f" * 64
         entry["variants"]["f" * 64] = {**entry["variants"].pop(old), "cubin_sha256": "f" * 64}
+
     _edit_lock(proj, tamper)
     with pytest.raises(LockError, match=r"cubin drift: expected sha256 f{64}, got [0-9a-f]{64}"):
         build_locked(make_ctx(proj))
@@ -123,6 +147,7 @@ def test_drift_fails_loudly(proj, drift):
         match = r"op drift: scale/scale.cu locked sha256 \w+, now \w+; the op.s sources changed .* run `ptxbuild build scale@h100`"
     elif drift == "toolchain":
         from .fakes import FakeToolchain
+
         ctx.toolchain = FakeToolchain("fake-2")
         match = "toolchain drift"
     else:
@@ -147,7 +172,9 @@ def test_missing_or_broken_lock(proj):
 def test_lock_drops_undeclared_targets(proj):
     ctx, _, path = _built(proj)
     kf = proj / "kernelfile.toml"
-    kf.write_text(kf.read_text().replace("[gpus.b200]\n", "").replace("[gpus.h100]", "[gpus.h100]\n"))
+    kf.write_text(
+        kf.read_text().replace("[gpus.b200]\n", "").replace("[gpus.h100]", "[gpus.h100]\n")
+    )
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx))
     assert sorted(read_lock(ctx.kf)["targets"]) == ["scale@h100"]
@@ -166,9 +193,11 @@ def test_cli_locked_reproduces_real_ptx_and_cubin(proj):
         again = CliRunner().invoke(main, ["build", "--locked", "--no-gpu"])
         assert again.exit_code == 0, again.output
         assert "scale@h100: built (locked: " in again.stdout
-        assert _files(proj) == before                 # nvrtc + nvJitLink are deterministic
+        assert _files(proj) == before  # nvrtc + nvJitLink are deterministic
         assert (proj / "kernelfile.lock").read_text() == lock_text
-        _edit_lock(proj, lambda n, e: e["variants"][e["dispatch"][0]["binary"]].update(ptx_sha256="1" * 64))
+        _edit_lock(
+            proj, lambda n, e: e["variants"][e["dispatch"][0]["binary"]].update(ptx_sha256="1" * 64)
+        )
         shutil.rmtree(proj / "build")
         bad = CliRunner().invoke(main, ["build", "--locked", "--no-gpu"])
     finally:
@@ -184,6 +213,7 @@ def test_compiler_is_deterministic(proj):
     from ptxbuild.compiler import compile_kernel
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
+
     op = load_op("scale", proj)
     problem = Problem.make("scale", "bfloat16", (64, 1024))
     kernel = op.render({"threads": 256, "vec": 4}, problem, "sm_90a")
@@ -195,11 +225,17 @@ def test_editing_another_ops_section_leaves_a_lock_entry_valid(proj):
     """A lock entry depends on its own op's declaration, not on the whole kernelfile: a model repo
     adding an op does not have to re-verify every other one on its GPU."""
     from ptxbuild.graph import Target
+
     _built(proj)
     kf = proj / "kernelfile.toml"
-    kf.write_text(kf.read_text() + '\n[ops.other]\ntemplate = "scale"\ndtypes = ["float32"]\nshapes = [[8, 64]]\n')
+    kf.write_text(
+        kf.read_text()
+        + '\n[ops.other]\ntemplate = "scale"\ndtypes = ["float32"]\nshapes = [[8, 64]]\n'
+    )
     res = build_locked(make_ctx(proj), [Target("scale", "h100"), Target("scale", "b200")])
-    assert [str(r.target) for r in res] == ["scale@h100", "scale@b200"] and all(r.status == "built" for r in res)
+    assert [str(r.target) for r in res] == ["scale@h100", "scale@b200"] and all(
+        r.status == "built" for r in res
+    )
     kf.write_text(kf.read_text().replace("budget = 6", "budget = 5"))
     with pytest.raises(LockError, match=r"\[ops.scale\] in kernelfile.toml changed"):
         build_locked(make_ctx(proj), [Target("scale", "h100")])
@@ -220,7 +256,11 @@ class _CommentBlind(FakeCompiler):
     def __call__(self, kernel, arch):
         import re
         from dataclasses import replace
-        return super().__call__(replace(kernel, source=re.sub(r"\s+", " ", re.sub(r"//[^\n]*", "", kernel.source))), arch)
+
+        return super().__call__(
+            replace(kernel, source=re.sub(r"\s+", " ", re.sub(r"//[^\n]*", "", kernel.source))),
+            arch,
+        )
 
 
 def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_identical(proj):
@@ -228,6 +268,7 @@ def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_ide
     every locked config, finds the same PTX, cubin and launch, and updates only the op file
     digests; --locked then builds again."""
     from ptxbuild.lockfile import relock
+
     _built(proj, _CommentBlind())
     before = json.loads((proj / "kernelfile.lock").read_text())["targets"]
     cu = proj / "ops" / "scale" / "scale.cu"
@@ -241,8 +282,9 @@ def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_ide
     for name, e in after.items():
         assert e["op_files"]["scale.cu"] != before[name]["op_files"]["scale.cu"]
         assert e["op_files"]["op.py"] == before[name]["op_files"]["op.py"]
-        assert {k: v for k, v in e.items() if k not in ("op_files", "entry_sha256")} == \
-            {k: v for k, v in before[name].items() if k not in ("op_files", "entry_sha256")}
+        assert {k: v for k, v in e.items() if k not in ("op_files", "entry_sha256")} == {
+            k: v for k, v in before[name].items() if k not in ("op_files", "entry_sha256")
+        }
         assert e["entry_sha256"] == entry_digest(e)
     assert all(r.status == "built" for r in build_locked(make_ctx(proj, _CommentBlind())))
     assert [w for _, w in relock(make_ctx(proj, _CommentBlind()))] == ["unchanged", "unchanged"]
@@ -252,21 +294,29 @@ def test_relock_refuses_any_edit_to_the_ops_python(proj):
     """op.py computes kernel arguments, launches and outputs at run time: swapping two arguments
     leaves every binary identical, so a recompile cannot vouch for a host-code edit."""
     from ptxbuild.lockfile import relock
+
     _built(proj)
     text = (proj / "kernelfile.lock").read_text()
     opf = proj / "ops" / "scale" / "op.py"
     opf.write_text(opf.read_text() + "\n# a comment\n")
-    with pytest.raises(LockError, match="op.py changed since the lock: host code decides kernel arguments"):
+    with pytest.raises(
+        LockError, match="op.py changed since the lock: host code decides kernel arguments"
+    ):
         relock(make_ctx(proj))
-    with pytest.raises(LockError, match=r"op drift: scale/op.py .*host code changed: check out") as err:
+    with pytest.raises(
+        LockError, match=r"op drift: scale/op.py .*host code changed: check out"
+    ) as err:
         build_locked(make_ctx(proj))
     assert "relock" not in str(err.value)
     assert (proj / "kernelfile.lock").read_text() == text
 
 
 @pytest.mark.parametrize("edit", ["kernel", "version"])
-def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_the_lock(proj, edit):
+def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_the_lock(
+    proj, edit
+):
     from ptxbuild.lockfile import relock
+
     _built(proj)
     text = (proj / "kernelfile.lock").read_text()
     if edit == "kernel":
@@ -276,7 +326,8 @@ def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_
     else:
         opf = proj / "ops" / "scale" / "op.py"
         opf.write_text(opf.read_text().replace('VERSION = "1"', 'VERSION = "2"'))
-        import sys   # ops load once per process (as in the CLI): forget the loaded one
+        import sys  # ops load once per process (as in the CLI): forget the loaded one
+
         for name in [m for m in sys.modules if m.startswith("ptxbuild_ops_scale_")]:
             del sys.modules[name]
         match = "VERSION locked 1, now 2"
@@ -290,23 +341,36 @@ def test_relock_records_a_configs_own_ptx_when_its_cubin_reproduces(proj):
     cubin: --locked refuses it; relock keeps the cubin (what was verified and timed) and records the
     config's own PTX; a cubin that differs is still refused."""
     from ptxbuild.lockfile import relock
+
     _built(proj)
     first = {}
 
     def wrong_ptx(name, entry):
         first[name] = next(iter(entry["variants"]))
         entry["variants"][first[name]]["ptx_sha256"] = "0" * 64
+
     _edit_lock(proj, wrong_ptx)
     with pytest.raises(LockError, match="PTX drift"):
         build_locked(make_ctx(proj))
-    users = {t: sum(d["binary"] == first[t] for d in e["dispatch"])      # configs of that cubin
-             for t, e in read_lock(load(proj / "kernelfile.toml"))["targets"].items()}
+    users = {
+        t: sum(d["binary"] == first[t] for d in e["dispatch"])  # configs of that cubin
+        for t, e in read_lock(load(proj / "kernelfile.toml"))["targets"].items()
+    }
     done = dict(relock(make_ctx(proj)))
-    assert done == {t: f"2 variant(s) reproduce after {users[t]} PTX recorded anew (same cubin)"
-                    for t in ("scale@b200", "scale@h100")} and min(users.values()) >= 1
+    assert (
+        done
+        == {
+            t: f"2 variant(s) reproduce after {users[t]} PTX recorded anew (same cubin)"
+            for t in ("scale@b200", "scale@h100")
+        }
+        and min(users.values()) >= 1
+    )
     lock = read_lock(load(proj / "kernelfile.toml"))
-    assert all(len(lock["targets"][t]["variants"][v]["ptx_sha256"]) == 64 and
-               lock["targets"][t]["variants"][v]["ptx_sha256"] != "0" * 64 for t, v in first.items())
+    assert all(
+        len(lock["targets"][t]["variants"][v]["ptx_sha256"]) == 64
+        and lock["targets"][t]["variants"][v]["ptx_sha256"] != "0" * 64
+        for t, v in first.items()
+    )
     assert all(r.status == "built" for r in build_locked(make_ctx(proj)))
     _edit_lock(proj, lambda n, e: [v.update(cubin_sha256="1" * 64) for v in e["variants"].values()])
     with pytest.raises(LockError, match="cubin drift"):
@@ -317,23 +381,38 @@ def test_two_problems_whose_configs_share_a_cubin_each_lock_their_own_ptx(proj):
     """Problem 7x100 prefers vec 2, 64x1024 vec 4; both compile to one cubin with two PTX: the lock's
     variant holds the first's PTX, the second's entry its own digest, and --locked reproduces both;
     relock changes nothing."""
-    from .fakes import FakeGpu, fake_match
     from ptxbuild.lockfile import relock
+
+    from .fakes import FakeGpu, fake_match
 
     class Gpu(FakeGpu):
         def measure(self, op_folder, params, problem, binary, incumbent=None):
             r = super().measure(op_folder, params, problem, binary, incumbent)
-            return r if problem.shape[1] != 100 or params["vec"] != 4 else r.__class__(**{**r.__dict__, "p50_ms": 1.0})
+            return (
+                r
+                if problem.shape[1] != 100 or params["vec"] != 4
+                else r.__class__(**{**r.__dict__, "p50_ms": 1.0})
+            )
+
     kf = proj / "kernelfile.toml"
-    kf.write_text(kf.read_text().replace('dtypes = ["float32", "bfloat16"]', 'dtypes = ["float32"]'))
+    kf.write_text(
+        kf.read_text().replace('dtypes = ["float32", "bfloat16"]', 'dtypes = ["float32"]')
+    )
     ctx = make_ctx(proj, _SharedCubin(), gpu=Gpu(), gpu_match=fake_match)
     update_lock(ctx.kf, build(ctx, [Target("scale", "h100")]))
     entry = read_lock(ctx.kf)["targets"]["scale@h100"]
-    assert sorted(d["params"]["vec"] for d in entry["dispatch"]) == [2, 4] and len(entry["variants"]) == 1
+    assert (
+        sorted(d["params"]["vec"] for d in entry["dispatch"]) == [2, 4]
+        and len(entry["variants"]) == 1
+    )
     assert sum("ptx_sha256" in d for d in entry["dispatch"]) == 1
     shutil.rmtree(proj / "build")
-    assert [r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])] == ["built"]
-    assert dict(relock(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])) == {"scale@h100": "unchanged"}
+    assert [
+        r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])
+    ] == ["built"]
+    assert dict(relock(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])) == {
+        "scale@h100": "unchanged"
+    }
 
 
 def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
@@ -351,6 +430,7 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(p
     from ptxbuild.graph import Target
 
     from .fakes import FakeGpu, fake_match
+
     ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
     update_lock(ctx.kf, build(ctx, [Target("scale", "h100")]))
     measured = read_lock(ctx.kf)["targets"]["scale@h100"]
@@ -359,17 +439,24 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(p
     kf.write_text(kf.read_text().replace("search = { budget = 6 }", "search = { budget = 5 }"))
     ctx, notes = make_ctx(proj), []
     results = build(ctx, [Target("scale", "h100"), Target("scale", "b200")])
-    assert [r.status for r in results] == ["built", "built"] and not any(r.measured for r in results)
+    assert [r.status for r in results] == ["built", "built"] and not any(
+        r.measured for r in results
+    )
     update_lock(ctx.kf, results, note=notes.append)
     lock = read_lock(ctx.kf)["targets"]
     assert lock["scale@h100"] == measured
     assert lock["scale@b200"]["kernelfile_digest"] == ctx.kf.digest != measured["kernelfile_digest"]
-    assert notes == ["scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only "
-                     "(build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)"]
+    assert notes == [
+        "scale@h100 keeps its entry measured on NVIDIA H100 80GB HBM3: this build was compile-only "
+        "(build/ holds its kernels: `ptxbuild build --locked` puts the locked ones back)"
+    ]
     # and its report stays the measured one; the compile-only build's goes beside it
     report = proj / "reports/scale@h100"
     assert json.loads((report / "report.json").read_text())["summary"]["measured"] is True
-    assert json.loads((report / "compile-only/report.json").read_text())["summary"]["measured"] is False
+    assert (
+        json.loads((report / "compile-only/report.json").read_text())["summary"]["measured"]
+        is False
+    )
     assert not (proj / "reports/scale@b200/compile-only").exists()
 
 
@@ -378,21 +465,35 @@ class _SharedCubin(FakeCompiler):
     SASS), while each config's PTX differs."""
 
     def __call__(self, kernel, arch):
-        b = super().__call__(kernel.__class__(re.sub(r"#define VEC \d+", "", kernel.source), kernel.entry), arch)
+        b = super().__call__(
+            kernel.__class__(re.sub(r"#define VEC \d+", "", kernel.source), kernel.entry), arch
+        )
         return b.__class__(**{**b.__dict__, "ptx": b.ptx + "\n// " + kernel.source.split("\n")[0]})
 
 
 def test_configs_sharing_a_cubin_lock_the_winners_own_ptx(proj):
     from .fakes import FakeGpu, fake_match
-    kf = proj / "kernelfile.toml"   # the polish step compiles vec = 1, 2 after the winner (threads 256, vec 4)
-    kf.write_text(kf.read_text().replace('search = { budget = 6 }', 'search = { budget = 1, candidates = [{ threads = 256, vec = 4 }], polish = ["vec"] }'))
+
+    kf = (
+        proj / "kernelfile.toml"
+    )  # the polish step compiles vec = 1, 2 after the winner (threads 256, vec 4)
+    kf.write_text(
+        kf.read_text().replace(
+            "search = { budget = 6 }",
+            'search = { budget = 1, candidates = [{ threads = 256, vec = 4 }], polish = ["vec"] }',
+        )
+    )
     ctx = make_ctx(proj, _SharedCubin(), gpu=FakeGpu(), gpu_match=fake_match)
     results = build(ctx, [Target("scale", "h100")])
     update_lock(ctx.kf, results)
     entry = read_lock(ctx.kf)["targets"]["scale@h100"]
-    assert len({d["binary"] for d in entry["dispatch"]}) == 2 and all(d["params"]["vec"] == 4 for d in entry["dispatch"])
+    assert len({d["binary"] for d in entry["dispatch"]}) == 2 and all(
+        d["params"]["vec"] == 4 for d in entry["dispatch"]
+    )
     shutil.rmtree(proj / "build")
-    assert [r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])] == ["built"]
+    assert [
+        r.status for r in build_locked(make_ctx(proj, _SharedCubin()), [Target("scale", "h100")])
+    ] == ["built"]
     ptxs = [p.read_text() for p in (proj / "build/scale@h100").glob("*.ptx")]
     assert len(ptxs) == 2 and all(p.endswith("// #define VEC 4") for p in ptxs)
 
@@ -418,21 +519,30 @@ def test_a_rebuild_of_the_same_kernels_leaves_the_lock_entry_as_it_is(proj):
     versions, which lesson a config was traced to) and left the checkout dirty; a change to what the
     entry pins (here an op source) still rewrites it."""
     _built(proj)
-    _edit_lock(proj, lambda n, e: e["wheels"].update({"cuda-bindings": "0.0 (another machine)"}))   # not the compiler
-    _edit_lock(proj, lambda n, e: [d.update(floor_ms=d["floor_ms"] * 1.006) for d in e["dispatch"]])  # another session's
-    before = (proj / "kernelfile.lock").read_text()                                  # copy bandwidth (4.226 / 4.250 TB/s)
+    _edit_lock(
+        proj, lambda n, e: e["wheels"].update({"cuda-bindings": "0.0 (another machine)"})
+    )  # not the compiler
+    _edit_lock(
+        proj, lambda n, e: [d.update(floor_ms=d["floor_ms"] * 1.006) for d in e["dispatch"]]
+    )  # another session's
+    before = (proj / "kernelfile.lock").read_text()  # copy bandwidth (4.226 / 4.250 TB/s)
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
     assert (proj / "kernelfile.lock").read_text() == before
-    kf = proj / "kernelfile.toml"                    # a comment: the whole file's digest moves, the op's does not
+    kf = proj / "kernelfile.toml"  # a comment: the whole file's digest moves, the op's does not
     kf.write_text("# model kernels\n" + kf.read_text())
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
     assert (proj / "kernelfile.lock").read_text() == before
-    (proj / "ops/scale/scale.cu").write_text((proj / "ops/scale/scale.cu").read_text() + "\n// v2\n")
+    (proj / "ops/scale/scale.cu").write_text(
+        (proj / "ops/scale/scale.cu").read_text() + "\n// v2\n"
+    )
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx))
-    assert all(e["wheels"]["cuda-bindings"] != "0.0 (another machine)" for e in read_lock(ctx.kf)["targets"].values())
+    assert all(
+        e["wheels"]["cuda-bindings"] != "0.0 (another machine)"
+        for e in read_lock(ctx.kf)["targets"].values()
+    )
 
 
 def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monkeypatch):
@@ -442,43 +552,59 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     from ptxbuild.graph import Target
 
     from .fakes import FakeGpu, fake_match
+
     h100 = [Target("scale", "h100")]
     ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
     update_lock(ctx.kf, build(ctx, h100))
     for f in (proj / "cache").glob("*.sqlite*"):
         f.unlink()
-    shutil.rmtree(proj / "build")              # a fresh clone: no cache and no build/ either
+    shutil.rmtree(proj / "build")  # a fresh clone: no cache and no build/ either
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx, h100))
     assert read_lock(ctx.kf)["targets"]["scale@h100"]["measured_on_hardware"] is True
     monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
-    plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output   # noqa: E731
-    assert plan() == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"
-    explained = CliRunner().invoke(main, ["build", "--explain", "scale@h100"]).output   # the same judgement
-    assert "scale@h100: stale (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)" in explained
+    plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output  # noqa: E731
+    assert (
+        plan()
+        == "build      scale@h100  (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)\n"
+    )
+    explained = (
+        CliRunner().invoke(main, ["build", "--explain", "scale@h100"]).output
+    )  # the same judgement
+    assert (
+        "scale@h100: stale (build/ holds other kernels than the lock pins; run: ptxbuild build --locked)"
+        in explained
+    )
     build_locked(make_ctx(proj), h100)
     assert plan() == "up-to-date scale@h100  (up to date)\n"
 
 
-def test_a_new_compiler_wheel_or_a_hand_edited_entry_is_rewritten_even_with_the_same_kernels(proj, monkeypatch):
+def test_a_new_compiler_wheel_or_a_hand_edited_entry_is_rewritten_even_with_the_same_kernels(
+    proj, monkeypatch
+):
     """Kept entries are only those whose pins did not move: a patch release of NVRTC (same cubins) must
     still be recorded, or `--locked` on the machine that just rebuilt reports toolchain drift; and an
     entry edited by hand is replaced by the rebuild its error message recommends."""
     import ptxbuild.lockfile as lf
+
     _built(proj)
     real = lf.installed_version
-    monkeypatch.setattr(lf, "installed_version", lambda n: "13.0.99" if n == "nvidia-cuda-nvrtc" else real(n))
+    monkeypatch.setattr(
+        lf, "installed_version", lambda n: "13.0.99" if n == "nvidia-cuda-nvrtc" else real(n)
+    )
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
-    assert {e["wheels"]["nvidia-cuda-nvrtc"] for e in read_lock(ctx.kf)["targets"].values()} == {"13.0.99"}
-    build_locked(make_ctx(proj))                       # no toolchain drift
+    assert {e["wheels"]["nvidia-cuda-nvrtc"] for e in read_lock(ctx.kf)["targets"].values()} == {
+        "13.0.99"
+    }
+    build_locked(make_ctx(proj))  # no toolchain drift
     _edit_lock(proj, lambda n, e: e["wheels"].update({"cuda-bindings": "edited"}), fix_digest=False)
     with pytest.raises(LockError, match="edited"):
         build_locked(make_ctx(proj))
     ctx = make_ctx(proj, force=True)
     update_lock(ctx.kf, build(ctx))
-    build_locked(make_ctx(proj))                       # the rebuild replaced the edited entries
+    build_locked(make_ctx(proj))  # the rebuild replaced the edited entries
 
 
 def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
@@ -488,6 +614,7 @@ def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
     from ptxbuild.build import plan
 
     from .fakes import FakeGpu, fake_match
+
     h100 = [Target("scale", "h100")]
     _built(proj)
     for f in (proj / "cache").glob("*.sqlite*"):
@@ -499,7 +626,9 @@ def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
     assert plan(ctx, h100) == [(h100[0], True, "up to date (built from the lock)")]
     (res,) = build(ctx, h100)
     assert res.status == "up_to_date" and compiler.calls == []
-    assert plan(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), h100)[0][1] is False   # an H100 is here now
+    assert (
+        plan(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), h100)[0][1] is False
+    )  # an H100 is here now
     tpl = proj / "ops/scale/scale.cu"
     tpl.write_text(tpl.read_text() + "\n// edited\n")
     assert plan(make_ctx(proj), h100)[0][1] is False

@@ -1,5 +1,6 @@
 """benchmarks/mma_probe.py compiles on a machine without a GPU: one warp's chains stay independent
 (the inner loop unrolled: a multiple of `chains` mma in the PTX) and fit in registers."""
+
 import importlib.util
 from pathlib import Path
 
@@ -15,8 +16,9 @@ _spec.loader.exec_module(probe)
 def test_each_probe_kernel_has_its_chains_unrolled_and_no_spills(chains):
     pytest.importorskip("cuda.bindings", reason="needs the CUDA compiler wheels")
     from ptxbuild.compiler import compile_kernel
+
     b = compile_kernel(probe.kernel(chains), "sm_90a")
     n = b.ptx.count("mma.sync.aligned.m16n8k16")
     assert n >= chains and n % chains == 0
     assert b.spill_bytes == 0 and b.local_bytes == 0
-    assert b.registers >= 4 * chains        # every chain's accumulators live in registers
+    assert b.registers >= 4 * chains  # every chain's accumulators live in registers

@@ -1,4 +1,5 @@
 """benchmarks/rmsnorm_vs_best_known.py: issue #4's bf16 bar computed from a report's dispatch table."""
+
 import sys
 from pathlib import Path
 
@@ -9,14 +10,36 @@ import rmsnorm_vs_best_known as vs  # noqa: E402
 
 
 def _report(scale: dict, residual_fast: bool = False) -> dict:
-    rows = [{"problem": {"dtype": "bfloat16", "shape": list(s), "options": {}}, "p50_ms": b * scale.get(s, 0.96) / 1e3}
-            for s, b in vs.BEST_KNOWN_US.items()]
-    rows += [{"problem": {"dtype": "float16", "shape": [32768, 256], "options": {}}, "p50_ms": 1e-6}]
-    if residual_fast:   # a residual or rstd row of the same shape must not stand in for the plain one
-        rows.insert(0, {"problem": {"dtype": "bfloat16", "shape": [32768, 512], "options": {"residual": True}},
-                        "p50_ms": 1e-6})
-        rows.append({"problem": {"dtype": "bfloat16", "shape": [32768, 1024], "options": {"rstd": True}},
-                     "p50_ms": 1e-6})
+    rows = [
+        {
+            "problem": {"dtype": "bfloat16", "shape": list(s), "options": {}},
+            "p50_ms": b * scale.get(s, 0.96) / 1e3,
+        }
+        for s, b in vs.BEST_KNOWN_US.items()
+    ]
+    rows += [
+        {"problem": {"dtype": "float16", "shape": [32768, 256], "options": {}}, "p50_ms": 1e-6}
+    ]
+    if (
+        residual_fast
+    ):  # a residual or rstd row of the same shape must not stand in for the plain one
+        rows.insert(
+            0,
+            {
+                "problem": {
+                    "dtype": "bfloat16",
+                    "shape": [32768, 512],
+                    "options": {"residual": True},
+                },
+                "p50_ms": 1e-6,
+            },
+        )
+        rows.append(
+            {
+                "problem": {"dtype": "bfloat16", "shape": [32768, 1024], "options": {"rstd": True}},
+                "p50_ms": 1e-6,
+            }
+        )
     return {"dispatch": rows, "summary": {"run": "r"}}
 
 

@@ -1,5 +1,6 @@
 """The runtime loader without a GPU: artifact checks, dispatch, one-line errors, the reference fallback,
 and the torch custom op under torch.compile (through the fallback). Torch tests skip without torch."""
+
 import json
 import subprocess
 import sys
@@ -13,12 +14,12 @@ from ptxbuild.runtime import LoaderError, arch_runs_on, load, load_choice
 from .conftest import make_ctx
 
 # The toy op with N baked into the source (as rmsnorm's exact variants do): other N cannot reuse a binary.
-BAKED = '''
+BAKED = """
 _render = render
 def render(params, problem, arch):
     k = _render(params, problem, arch)
     return Kernel(f"#define NC {problem.shape[1]}\\n" + k.source, k.entry)
-'''
+"""
 
 
 @pytest.fixture
@@ -30,7 +31,9 @@ def built(proj):
 
 
 def _torch():
-    return pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0, CPU is enough)")
+    return pytest.importorskip(
+        "torch", reason="torch is not installed (pip install torch==2.13.0, CPU is enough)"
+    )
 
 
 def _no_gpu(torch):
@@ -45,19 +48,28 @@ def _one_line(exc):
 
 
 def test_import_needs_no_compiler_torch_or_cupy():
-    code = ("import sys, ptxbuild, ptxbuild.runtime; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'cuda') "
-            "or m in ('ptxbuild.compiler', 'ptxbuild.build')]; print(bad)")
+    code = (
+        "import sys, ptxbuild, ptxbuild.runtime; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'cuda') "
+        "or m in ('ptxbuild.compiler', 'ptxbuild.build')]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_arch_and_driver_rules():
-    assert arch_runs_on("sm_90a", 90) and not arch_runs_on("sm_90a", 100) and not arch_runs_on("sm_90a", 80)
+    assert (
+        arch_runs_on("sm_90a", 90)
+        and not arch_runs_on("sm_90a", 100)
+        and not arch_runs_on("sm_90a", 80)
+    )
     assert arch_runs_on("sm_80", 90) and not arch_runs_on("sm_100a", 90)
     assert arch_runs_on("sm_100f", 103) and not arch_runs_on("sm_100f", 120)
     assert load_choice("9.0", 13000) is None
-    assert load_choice("9.0", 12080) == "PTX ISA 9.0 needs a driver for CUDA >= 13.0, this driver supports CUDA 12.8"
+    assert (
+        load_choice("9.0", 12080)
+        == "PTX ISA 9.0 needs a driver for CUDA >= 13.0, this driver supports CUDA 12.8"
+    )
 
 
 def test_load_by_target_and_by_directory(built):
@@ -83,7 +95,9 @@ def test_tampered_cubin_is_refused(built):
     cubin.write_bytes(cubin.read_bytes() + b"\0")
     with pytest.raises(LoaderError) as exc:
         load(d)
-    assert "does not match its digest in manifest.json" in _one_line(exc) and "refusing it" in str(exc.value)
+    assert "does not match its digest in manifest.json" in _one_line(exc) and "refusing it" in str(
+        exc.value
+    )
 
 
 def test_tampered_ptx_is_refused(built):
@@ -104,11 +118,12 @@ def test_changed_op_is_refused(built):
 
 def test_select_reuses_a_binary_only_where_it_renders_the_same(built):
     from ptxbuild.problem import Problem
+
     k = load(built / "build" / "scale@h100")
     built_64 = k.select(Problem.make("scale", "float32", (64, 1024)))
     assert built_64["label"] == "float32[64x1024]"
     other_m = k.select(Problem.make("scale", "float32", (5, 1024)))
-    assert other_m["binary"] == built_64["binary"]            # N baked in, M free: reusable
+    assert other_m["binary"] == built_64["binary"]  # N baked in, M free: reusable
     assert k.select(Problem.make("scale", "float32", (5, 1000))) is None
     assert k.select(Problem.make("scale", "float16", (64, 1024))) is None
 
@@ -120,11 +135,19 @@ def test_errors_are_one_line(built):
     x = torch.randn(64, 1024)
     cases = [
         (lambda: k(x), "scale@h100: no CUDA GPU is visible"),
-        (lambda: k(x.double()), "dtype float64 of input x is not built; built dtypes: bfloat16, float32"),
+        (
+            lambda: k(x.double()),
+            "dtype float64 of input x is not built; built dtypes: bfloat16, float32",
+        ),
         (lambda: k(x.half()), "dtype float16 of input x is not built"),
-        (lambda: k(torch.randn(1024, 64).t()), "input x is not contiguous (strides (1, 64)); pass x.contiguous()"),
-        (lambda: k(torch.randn(5, 1000)), "no built variant covers float32[5x1000]; built shapes for float32: "
-                                         "64x1024, 7x100"),
+        (
+            lambda: k(torch.randn(1024, 64).t()),
+            "input x is not contiguous (strides (1, 64)); pass x.contiguous()",
+        ),
+        (
+            lambda: k(torch.randn(5, 1000)),
+            "no built variant covers float32[5x1000]; built shapes for float32: 64x1024, 7x100",
+        ),
         (lambda: k(x, x), "arguments (2 positional) match no built mode; built: (x)"),
         (lambda: k(y=x), "arguments (0 positional, y) match no built mode"),
         (lambda: k(x, alpha=3.0), "alpha=3.0) match no built mode"),
@@ -139,11 +162,24 @@ def test_errors_are_one_line(built):
 def test_wrong_input_shape_names_expected(tmp_path):
     torch = _torch()
     from ptxbuild.runtime import BuiltKernel
+
     k = BuiltKernel.__new__(BuiltKernel)
     k.target, k.dtypes, k._specs = "t@g", ["float32"], {}
-    k.op = type("Op", (), {"NAME": "t", "make_inputs": staticmethod(
-        lambda p, s, xp: {"x": xp.zeros(p.shape, xp.float32), "w": xp.zeros(p.shape[-1:], xp.float32)})})
+    k.op = type(
+        "Op",
+        (),
+        {
+            "NAME": "t",
+            "make_inputs": staticmethod(
+                lambda p, s, xp: {
+                    "x": xp.zeros(p.shape, xp.float32),
+                    "w": xp.zeros(p.shape[-1:], xp.float32),
+                }
+            ),
+        },
+    )
     from ptxbuild.runtime import _Mode
+
     mode = _Mode({}, ("x", "w"))
     with pytest.raises(LoaderError) as exc:
         k.problem_of(mode, {"x": torch.zeros(4, 8), "w": torch.zeros(7)})
@@ -155,25 +191,30 @@ def test_fallback_is_explicit_and_warned(built):
     _no_gpu(torch)
     k = load(built / "build" / "scale@h100", allow_fallback=True)
     x = torch.randn(5, 1000, dtype=torch.bfloat16)
-    with pytest.warns(RuntimeWarning, match=r"no built variant covers bfloat16\[5x1000\].*running scale's reference"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"no built variant covers bfloat16\[5x1000\].*running scale's reference",
+    ):
         y = k(x)
     assert y.dtype == torch.bfloat16 and y.shape == x.shape
     assert torch.equal(y, (x.float() * 2).bfloat16())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        k(torch.randn(5, 1000, dtype=torch.bfloat16))     # warned once per reason
+        k(torch.randn(5, 1000, dtype=torch.bfloat16))  # warned once per reason
 
 
 def test_torch_custom_op_under_compile(built):
     torch = _torch()
     _no_gpu(torch)
     from ptxbuild.torch_ops import op_name, register
+
     k = load(built / "build" / "scale@h100", allow_fallback=True)
     assert op_name(k) == "scale_h100"
     op = register(k)
     assert register(k) is op and torch.ops.ptxbuild.scale_h100 is not None
     x = torch.randn(64, 1024)
     from torch import library as torch_library
+
     torch_library.opcheck(op, (x,), test_utils=("test_schema", "test_faketensor"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -207,17 +248,21 @@ def test_launch_attributes_for_clusters_and_programmatic_dependent_launches():
     cu = pytest.importorskip("cuda.bindings.driver", reason="needs cuda-bindings")
     from ptxbuild.kernel_params import launch_attributes
     from ptxbuild.problem import Launch
+
     plain = Launch((4, 1, 1), (128, 1, 1))
     assert plain.plain and launch_attributes(cu, plain) == []
     both = Launch((4, 1, 1), (128, 1, 1), 0, (2, 1, 1), pdl=True)
     attrs = launch_attributes(cu, both)
     assert not both.plain and [a.id for a in attrs] == [
         cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+    ]
     assert (attrs[0].value.clusterDim.x, attrs[0].value.clusterDim.y) == (2, 1)
     assert attrs[1].value.programmaticStreamSerializationAllowed == 1
     pdl_only = launch_attributes(cu, Launch((4, 1, 1), (128, 1, 1), pdl=True))
-    assert [a.id for a in pdl_only] == [cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert [a.id for a in pdl_only] == [
+        cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    ]
 
 
 def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident_at_once():
@@ -241,22 +286,33 @@ def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident
     def attribute(which, fn):
         return ok, state["regs"] if which == "regs" else 1040
 
-    cu = SimpleNamespace(cuOccupancyMaxActiveClusters=occupancy, cuFuncGetAttribute=attribute,
-                         CUresult=SimpleNamespace(CUDA_SUCCESS=ok),
-                         CUfunction_attribute=SimpleNamespace(CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
-                                                              CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="smem"))
+    cu = SimpleNamespace(
+        cuOccupancyMaxActiveClusters=occupancy,
+        cuFuncGetAttribute=attribute,
+        CUresult=SimpleNamespace(CUDA_SUCCESS=ok),
+        CUfunction_attribute=SimpleNamespace(
+            CU_FUNC_ATTRIBUTE_NUM_REGS="regs", CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="smem"
+        ),
+    )
     kernel_params._RESIDENT.clear()
     geom = Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True)
     cfg = SimpleNamespace(gridDimX=128)
     assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8
-    assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8 and len(calls) == 1     # cached
-    assert kernel_params.resident_grid(cu, 7, SimpleNamespace(gridDimX=40), geom) == 40   # fewer rows
-    assert kernel_params.resident_grid(cu, 7, cfg, Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1))) == 128
-    state.update(fits=16, regs=64)                       # the same handle, another module's kernel
+    assert kernel_params.resident_grid(cu, 7, cfg, geom) == 15 * 8 and len(calls) == 1  # cached
+    assert (
+        kernel_params.resident_grid(cu, 7, SimpleNamespace(gridDimX=40), geom) == 40
+    )  # fewer rows
+    assert (
+        kernel_params.resident_grid(cu, 7, cfg, Launch((128, 1, 1), (512, 1, 1), 0, (8, 1, 1)))
+        == 128
+    )
+    state.update(fits=16, regs=64)  # the same handle, another module's kernel
     assert kernel_params.resident_grid(cu, 7, cfg, geom) == 16 * 8 and len(calls) == 2
     state["fits"] = 0
     with pytest.raises(RuntimeError, match="can be resident"):
         kernel_params.resident_grid(cu, 9, cfg, geom)
     with pytest.raises(ValueError, match="one-dimensional"):
-        kernel_params.resident_grid(cu, 7, cfg, Launch((128, 2, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True))
+        kernel_params.resident_grid(
+            cu, 7, cfg, Launch((128, 2, 1), (512, 1, 1), 0, (8, 1, 1), persistent=True)
+        )
     kernel_params._RESIDENT.clear()

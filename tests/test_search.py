@@ -1,4 +1,5 @@
 """Search strategies on a synthetic score: coverage, determinism, seeds first, budgets."""
+
 import math
 from pathlib import Path
 
@@ -30,15 +31,21 @@ def test_exhaustive_tries_every_valid_config_once():
 
 
 def test_random_is_deterministic_per_seed_and_respects_budget():
-    h1 = run_search(SPACE, evaluate, strategy="random", budget=10, seconds=10, valid=valid, rng_seed=3)
-    h2 = run_search(SPACE, evaluate, strategy="random", budget=10, seconds=10, valid=valid, rng_seed=3)
+    h1 = run_search(
+        SPACE, evaluate, strategy="random", budget=10, seconds=10, valid=valid, rng_seed=3
+    )
+    h2 = run_search(
+        SPACE, evaluate, strategy="random", budget=10, seconds=10, valid=valid, rng_seed=3
+    )
     assert [c for c, _ in h1] == [c for c, _ in h2] and len(h1) == 10
     assert all(valid(c) is None for c, _ in h1)
 
 
 def test_seeds_go_first_and_evolutionary_finds_the_optimum_from_a_near_seed():
     seed = {"a": 4, "b": 128, "c": "x"}
-    hist = run_search(SPACE, evaluate, strategy="evolutionary", budget=16, seconds=10, valid=valid, seeds=[seed])
+    hist = run_search(
+        SPACE, evaluate, strategy="evolutionary", budget=16, seconds=10, valid=valid, seeds=[seed]
+    )
     assert hist[0][0] == seed
     assert best(hist)[1] == 1.0
 
@@ -46,26 +53,41 @@ def test_seeds_go_first_and_evolutionary_finds_the_optimum_from_a_near_seed():
 def test_failed_configs_score_infinite_and_never_win():
     def ev(group):
         return [math.inf if c["c"] == "x" else score(c) for c in group]
+
     hist = run_search(SPACE, ev, strategy="exhaustive", budget=1000, seconds=10, valid=valid)
     assert best(hist) == ({"a": 8, "b": 96, "c": "y"}, 2.0)
 
 
-BIG = {f"p{i}": list(range(8)) for i in range(7)}          # 8^7 = 2.1 M combinations: sampled, not enumerated
+BIG = {
+    f"p{i}": list(range(8)) for i in range(7)
+}  # 8^7 = 2.1 M combinations: sampled, not enumerated
 
 
 def big_valid(c):
-    return None if c["p0"] == 0 and c["p1"] in (1, 2) and c["p2"] % 4 == 0 else "no"   # 1 in 128 is valid
+    return (
+        None if c["p0"] == 0 and c["p1"] in (1, 2) and c["p2"] % 4 == 0 else "no"
+    )  # 1 in 128 is valid
 
 
 @pytest.mark.parametrize("strategy", ["random", "evolutionary", "exhaustive", "auto"])
 def test_spaces_too_large_to_enumerate_are_searched_without_enumerating(strategy, monkeypatch):
     import ptxbuild.search as search
+
     assert search.valid_configs(BIG, big_valid) is None
-    monkeypatch.setattr(search, "enumerate_space", lambda space: pytest.fail("enumerated a 2 M space"))
-    hist = run_search(BIG, lambda g: [float(sum(c.values())) for c in g], strategy=strategy, budget=20,
-                      seconds=30, valid=big_valid, rng_seed=1)
+    monkeypatch.setattr(
+        search, "enumerate_space", lambda space: pytest.fail("enumerated a 2 M space")
+    )
+    hist = run_search(
+        BIG,
+        lambda g: [float(sum(c.values())) for c in g],
+        strategy=strategy,
+        budget=20,
+        seconds=30,
+        valid=big_valid,
+        rng_seed=1,
+    )
     keys = [tuple(sorted(c.items())) for c, _ in hist]
-    assert len(hist) == 20 and len(set(keys)) == 20            # budget met, nothing evaluated twice
+    assert len(hist) == 20 and len(set(keys)) == 20  # budget met, nothing evaluated twice
     assert all(big_valid(c) is None for c, _ in hist)
 
 
@@ -73,6 +95,7 @@ def test_random_valid_is_uniform_over_valid_configs():
     import random
 
     from ptxbuild.search import random_valid
+
     rng = random.Random(0)
     draws = [random_valid(BIG, big_valid, rng) for _ in range(400)]
     assert all(big_valid(c) is None for c in draws)
@@ -86,29 +109,48 @@ def test_rmsnorm_space_is_sampled_not_enumerated(monkeypatch):
     import ptxbuild.search as search
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
+
     op = load_op("rmsnorm", Path(__file__).resolve().parents[1])
     p = Problem.make("rmsnorm", "bfloat16", (32768, 4096), {})
-    monkeypatch.setattr(search, "enumerate_space", lambda space: pytest.fail("enumerated the rmsnorm space"))
-    hist = run_search(op.SPACE, lambda g: [1.0] * len(g), strategy="random", budget=24, seconds=60,
-                      valid=lambda c: op.check(c, p), rng_seed=7)
+    monkeypatch.setattr(
+        search, "enumerate_space", lambda space: pytest.fail("enumerated the rmsnorm space")
+    )
+    hist = run_search(
+        op.SPACE,
+        lambda g: [1.0] * len(g),
+        strategy="random",
+        budget=24,
+        seconds=60,
+        valid=lambda c: op.check(c, p),
+        rng_seed=7,
+    )
     assert len(hist) == 24 and all(op.check(c, p) is None for c, _ in hist)
-    assert len({c["regime"] for c, _ in hist}) >= 2            # the sample spans regimes
+    assert len({c["regime"] for c, _ in hist}) >= 2  # the sample spans regimes
 
 
 def test_random_search_of_a_large_space_ends_when_its_few_valid_configs_are_tried():
     """Fewer valid configs than the budget in a sampled space: once each is tried, every draw repeats
     one; the search must end (with each valid config tried once), not draw forever."""
     import signal
-    space = {"a": list(range(1000)), "b": list(range(200))}     # 200k combinations: sampled
-    few = lambda c: None if c["a"] < 4 and c["b"] < 25 else "no"   # 100 valid, 1 in 2000  # noqa: E731
+
+    space = {"a": list(range(1000)), "b": list(range(200))}  # 200k combinations: sampled
+    few = lambda c: None if c["a"] < 4 and c["b"] < 25 else "no"  # 100 valid, 1 in 2000  # noqa: E731
 
     def stop(*_):
         raise TimeoutError("random search did not end")
+
     old = signal.signal(signal.SIGALRM, stop)
     signal.alarm(20)
     try:
-        hist = run_search(space, lambda g: [1.0] * len(g), strategy="random", budget=150, seconds=600,
-                          valid=few, rng_seed=2)
+        hist = run_search(
+            space,
+            lambda g: [1.0] * len(g),
+            strategy="random",
+            budget=150,
+            seconds=600,
+            valid=few,
+            rng_seed=2,
+        )
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
@@ -118,6 +160,7 @@ def test_random_search_of_a_large_space_ends_when_its_few_valid_configs_are_trie
 
 def test_neighbours_move_one_declared_parameter_and_skip_tried_and_invalid_configs():
     from ptxbuild.search import neighbours
+
     cfg = {"a": 16, "b": 256, "c": "x"}
     tried = [cfg, {"a": 16, "b": 256, "c": "y"}]
     got = neighbours(cfg, SPACE, ["c", "a"], valid, tried)

@@ -5,6 +5,7 @@ torch.ops.ptxbuild.rmsnorm_h200, so the module works eagerly and under torch.com
 kernel is not built or no GPU is present, RMSNorm uses torch's own rms_norm instead, and says why
 once (`kernel_status()`); inputs the built kernel does not cover raise a one-line LoaderError.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,13 +26,20 @@ def load_kernel():
             import ptxbuild
             from ptxbuild.runtime import LoaderError
             from ptxbuild.torch_ops import register
+
             if not torch.cuda.is_available():
                 raise LoaderError("no CUDA GPU is visible")
             kernel = ptxbuild.load(TARGET, kernelfile=HERE / "kernelfile.toml")
-            _state.update(op=register(kernel), kernel=kernel, eps=kernel.modes()[0].options.get("eps"),
-                          why="using " + repr(kernel))
+            _state.update(
+                op=register(kernel),
+                kernel=kernel,
+                eps=kernel.modes()[0].options.get("eps"),
+                why="using " + repr(kernel),
+            )
         except (ImportError, LoaderError) as exc:
-            _state["why"] = f"{TARGET} not used ({exc}); falling back to torch.nn.functional.rms_norm"
+            _state["why"] = (
+                f"{TARGET} not used ({exc}); falling back to torch.nn.functional.rms_norm"
+            )
     return _state["op"], _state["kernel"]
 
 
@@ -51,7 +59,9 @@ class RMSNorm(nn.Module):
         if op is None or not x.is_cuda:
             return torch.nn.functional.rms_norm(x, (self.dim,), self.weight, self.eps)
         if _state["eps"] != self.eps:
-            raise ValueError(f"{TARGET} is built for eps={_state['eps']}, this RMSNorm has eps={self.eps}")
+            raise ValueError(
+                f"{TARGET} is built for eps={_state['eps']}, this RMSNorm has eps={self.eps}"
+            )
         y = op(x.reshape(-1, self.dim).contiguous(), self.weight)
         return y.reshape(x.shape)
 
@@ -63,8 +73,10 @@ class TinyModel(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.norms = nn.ModuleList(RMSNorm(dim, use_kernel=use_kernel) for _ in range(depth))
-        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-                                  for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+            for _ in range(depth)
+        )
         self.final = RMSNorm(dim, use_kernel=use_kernel)
         self.head = nn.Linear(dim, vocab)
 

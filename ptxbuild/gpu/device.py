@@ -1,4 +1,5 @@
 """Load a compiled candidate into the worker's CUDA context and launch it on a stream (cupy, cuda-bindings)."""
+
 from __future__ import annotations
 
 import os
@@ -6,7 +7,13 @@ import tempfile
 
 import numpy as np
 
-from ..kernel_params import PORTABLE_CLUSTER, SMEM_DEFAULT_BYTES, launch_attributes, param, resident_grid
+from ..kernel_params import (
+    PORTABLE_CLUSTER,
+    SMEM_DEFAULT_BYTES,
+    launch_attributes,
+    param,
+    resident_grid,
+)
 from ..problem import Launch
 from .errors import CudaError
 
@@ -14,6 +21,7 @@ from .errors import CudaError
 def load(entry: str, cubin: bytes, ptx: str = ""):
     """A cupy RawKernel for `entry` from the cubin, falling back to the PTX (JIT by the driver)."""
     import cupy
+
     errors = []
     for data, suffix in ((cubin, ".cubin"), (ptx.encode() if ptx else b"", ".ptx")):
         if not data:
@@ -34,6 +42,7 @@ def load(entry: str, cubin: bytes, ptx: str = ""):
 
 def _check(result) -> None:
     from cuda.bindings import driver as cu
+
     err = result[0] if isinstance(result, tuple) else result
     if err != cu.CUresult.CUDA_SUCCESS:
         raise CudaError(f"{err.name}: {cu.cuGetErrorString(err)[1]}")
@@ -49,9 +58,14 @@ def launch(kernel, geom: Launch, args: list, stream) -> None:
             kernel(tuple(geom.grid), tuple(geom.block), tuple(args), shared_mem=smem)
         return
     from cuda.bindings import driver as cu
+
     fn = cu.CUfunction(kernel.kernel.ptr)
     if int(np.prod(geom.cluster)) > PORTABLE_CLUSTER:
-        _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+        _check(
+            cu.cuFuncSetAttribute(
+                fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1
+            )
+        )
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in geom.grid)
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in geom.block)

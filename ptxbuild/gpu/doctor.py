@@ -1,4 +1,5 @@
 """What this machine has for the GPU stages, and what is missing with how to install it; never raises."""
+
 from __future__ import annotations
 
 import platform
@@ -14,21 +15,38 @@ def _version(module: str) -> str | None:
 def doctor() -> list[tuple[str, str]]:
     """(check, status) lines: python, numpy, cupy, torch, GPU + fingerprint, nvidia-smi, compiler."""
     from ..compiler import INSTALL_HINT, toolchain
-    from .fingerprint import read, smi_line
     from ..report import code_digest
-    lines = [("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
-             ("python", f"{platform.python_version()} ({platform.machine()})"),
-             ("numpy", _version("numpy") or "missing: pip install numpy")]
+    from .fingerprint import read, smi_line
+
+    lines = [
+        ("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
+        ("python", f"{platform.python_version()} ({platform.machine()})"),
+        ("numpy", _version("numpy") or "missing: pip install numpy"),
+    ]
     cupy_v = _version("cupy")
-    lines += [("cupy", cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x"),
-              ("torch", _version("torch") or "missing (optional: baselines): pip install torch"),
-              ("nvidia-smi", smi_line() or "not found (clocks and driver version come from the CUDA runtime instead)")]
+    lines += [
+        (
+            "cupy",
+            cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x",
+        ),
+        ("torch", _version("torch") or "missing (optional: baselines): pip install torch"),
+        (
+            "nvidia-smi",
+            smi_line()
+            or "not found (clocks and driver version come from the CUDA runtime instead)",
+        ),
+    ]
     if cupy_v:
         try:
             lines.append(("gpu", str(read(0))))
         except Exception as exc:  # noqa: BLE001
-            lines.append(("gpu", f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
-                                 "PTX marked 'not measured on hardware'"))
+            lines.append(
+                (
+                    "gpu",
+                    f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
+                    "PTX marked 'not measured on hardware'",
+                )
+            )
     else:
         lines.append(("gpu", "unknown (cupy missing)"))
     try:

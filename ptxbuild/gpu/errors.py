@@ -1,4 +1,5 @@
 """Map a CUDA error message to an outcome, and say whether it left the context unusable."""
+
 from __future__ import annotations
 
 import re
@@ -7,18 +8,34 @@ from ..outcome import Outcome
 
 # (pattern over the error text, outcome, sticky: the process must die and be restarted)
 _RULES = [
-    (r"ILLEGAL_ADDRESS|IllegalAddress|illegal memory access|MISALIGNED_ADDRESS|MisalignedAddress|"
-     r"misaligned address|INVALID_ADDRESS_SPACE|InvalidAddressSpace", Outcome.ILLEGAL_ADDRESS, True),
+    (
+        r"ILLEGAL_ADDRESS|IllegalAddress|illegal memory access|MISALIGNED_ADDRESS|MisalignedAddress|"
+        r"misaligned address|INVALID_ADDRESS_SPACE|InvalidAddressSpace",
+        Outcome.ILLEGAL_ADDRESS,
+        True,
+    ),
     (r"LAUNCH_TIMEOUT|LaunchTimeout", Outcome.TIMEOUT, True),
-    (r"ILLEGAL_INSTRUCTION|IllegalInstruction|INVALID_PC|InvalidPc|HARDWARE_STACK_ERROR|HardwareStackError|"
-     r"LAUNCH_FAILED|LaunchFailure|unspecified launch failure|ERROR_ASSERT|cudaErrorAssert|"
-     r"device-side assert|ECC_UNCORRECTABLE|CONTEXT_IS_DESTROYED|cudaErrorContextIsDestroyed", Outcome.LAUNCH_ERROR, True),
-    (r"OUT_OF_RESOURCES|LaunchOutOfResources|too many resources|COOPERATIVE_LAUNCH_TOO_LARGE|"
-     r"CooperativeLaunchTooLarge", Outcome.RESOURCE, False),
-    (r"INVALID_VALUE|InvalidValue|INVALID_CONFIGURATION|InvalidConfiguration|invalid argument|"
-     r"UNSUPPORTED_PTX_VERSION|UnsupportedPtxVersion|NO_BINARY_FOR_GPU|NoKernelImageForDevice|INVALID_IMAGE|"
-     r"InvalidKernelImage|INVALID_PTX|InvalidPtx|NOT_FOUND|SymbolNotFound|INVALID_HANDLE|InvalidResourceHandle|"
-     r"CLUSTER|Cluster|OUT_OF_MEMORY|MemoryAllocation|[Oo]ut of memory", Outcome.LAUNCH_ERROR, False),
+    (
+        r"ILLEGAL_INSTRUCTION|IllegalInstruction|INVALID_PC|InvalidPc|HARDWARE_STACK_ERROR|HardwareStackError|"
+        r"LAUNCH_FAILED|LaunchFailure|unspecified launch failure|ERROR_ASSERT|cudaErrorAssert|"
+        r"device-side assert|ECC_UNCORRECTABLE|CONTEXT_IS_DESTROYED|cudaErrorContextIsDestroyed",
+        Outcome.LAUNCH_ERROR,
+        True,
+    ),
+    (
+        r"OUT_OF_RESOURCES|LaunchOutOfResources|too many resources|COOPERATIVE_LAUNCH_TOO_LARGE|"
+        r"CooperativeLaunchTooLarge",
+        Outcome.RESOURCE,
+        False,
+    ),
+    (
+        r"INVALID_VALUE|InvalidValue|INVALID_CONFIGURATION|InvalidConfiguration|invalid argument|"
+        r"UNSUPPORTED_PTX_VERSION|UnsupportedPtxVersion|NO_BINARY_FOR_GPU|NoKernelImageForDevice|INVALID_IMAGE|"
+        r"InvalidKernelImage|INVALID_PTX|InvalidPtx|NOT_FOUND|SymbolNotFound|INVALID_HANDLE|InvalidResourceHandle|"
+        r"CLUSTER|Cluster|OUT_OF_MEMORY|MemoryAllocation|[Oo]ut of memory",
+        Outcome.LAUNCH_ERROR,
+        False,
+    ),
 ]
 
 

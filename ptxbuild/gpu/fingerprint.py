@@ -1,4 +1,5 @@
 """The GPU's identity (name, SMs, memory, clocks, driver, CUDA) and how it matches kernelfile GPU names."""
+
 from __future__ import annotations
 
 import re
@@ -12,16 +13,16 @@ _JOIN = {"rtx", "gtx", "titan"}
 
 @dataclass(frozen=True)
 class Fingerprint:
-    name: str                 # "NVIDIA H200"
-    cc: str                   # "sm_90"
+    name: str  # "NVIDIA H200"
+    cc: str  # "sm_90"
     sm_count: int
     memory_bytes: int
     l2_bytes: int = 0
-    sm_clock_mhz: int = 0     # max clocks (nvidia-smi), else what the runtime reports, else 0
+    sm_clock_mhz: int = 0  # max clocks (nvidia-smi), else what the runtime reports, else 0
     mem_clock_mhz: int = 0
-    driver: str = ""          # "580.95.05" (nvidia-smi), else the CUDA driver version
-    cuda_driver: str = ""     # "13.0": highest CUDA the driver supports
-    cuda_runtime: str = ""    # "13.0": the runtime cupy was built against
+    driver: str = ""  # "580.95.05" (nvidia-smi), else the CUDA driver version
+    cuda_driver: str = ""  # "13.0": highest CUDA the driver supports
+    cuda_runtime: str = ""  # "13.0": the runtime cupy was built against
 
     @property
     def model(self) -> str:
@@ -31,8 +32,10 @@ class Fingerprint:
         return asdict(self)
 
     def __str__(self) -> str:
-        return (f"{self.name} ({self.cc}, {self.sm_count} SMs, {self.memory_bytes / 2**30:.0f} GiB, "
-                f"{self.sm_clock_mhz}/{self.mem_clock_mhz} MHz, driver {self.driver}, CUDA {self.cuda_runtime})")
+        return (
+            f"{self.name} ({self.cc}, {self.sm_count} SMs, {self.memory_bytes / 2**30:.0f} GiB, "
+            f"{self.sm_clock_mhz}/{self.mem_clock_mhz} MHz, driver {self.driver}, CUDA {self.cuda_runtime})"
+        )
 
 
 def model_of(name: str) -> str:
@@ -45,7 +48,7 @@ def model_of(name: str) -> str:
 
 
 def cc_of(arch: str) -> str:
-    """"sm_90a" / "sm_100f" / "compute_90" -> "sm_90": the compute capability a binary needs."""
+    """ "sm_90a" / "sm_100f" / "compute_90" -> "sm_90": the compute capability a binary needs."""
     m = re.search(r"(\d+)", arch)
     return f"sm_{m.group(1)}" if m else ""
 
@@ -63,7 +66,9 @@ def _mhz(text: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def from_props(props: dict, driver_version: int = 0, runtime_version: int = 0, smi: str | None = None) -> Fingerprint:
+def from_props(
+    props: dict, driver_version: int = 0, runtime_version: int = 0, smi: str | None = None
+) -> Fingerprint:
     """A fingerprint from cudaGetDeviceProperties, cudaDriverGetVersion, cudaRuntimeGetVersion and smi_line()'s line."""
     name = props.get("name", b"")
     name = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
@@ -72,11 +77,23 @@ def from_props(props: dict, driver_version: int = 0, runtime_version: int = 0, s
     if smi:
         parts = [p.strip() for p in smi.split(",")]
         if len(parts) >= 4:
-            sm_mhz, mem_mhz, driver = _mhz(parts[1]) or sm_mhz, _mhz(parts[2]) or mem_mhz, parts[3] or driver
-    return Fingerprint(name=name, cc=f"sm_{props.get('major', 0)}{props.get('minor', 0)}",
-                       sm_count=int(props.get("multiProcessorCount", 0)), memory_bytes=int(props.get("totalGlobalMem", 0)),
-                       l2_bytes=int(props.get("l2CacheSize", 0)), sm_clock_mhz=int(sm_mhz), mem_clock_mhz=int(mem_mhz),
-                       driver=driver, cuda_driver=_version(driver_version), cuda_runtime=_version(runtime_version))
+            sm_mhz, mem_mhz, driver = (
+                _mhz(parts[1]) or sm_mhz,
+                _mhz(parts[2]) or mem_mhz,
+                parts[3] or driver,
+            )
+    return Fingerprint(
+        name=name,
+        cc=f"sm_{props.get('major', 0)}{props.get('minor', 0)}",
+        sm_count=int(props.get("multiProcessorCount", 0)),
+        memory_bytes=int(props.get("totalGlobalMem", 0)),
+        l2_bytes=int(props.get("l2CacheSize", 0)),
+        sm_clock_mhz=int(sm_mhz),
+        mem_clock_mhz=int(mem_mhz),
+        driver=driver,
+        cuda_driver=_version(driver_version),
+        cuda_runtime=_version(runtime_version),
+    )
 
 
 def smi_line(device: int = 0) -> str | None:
@@ -85,9 +102,22 @@ def smi_line(device: int = 0) -> str | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version",
-                              "--format=csv,noheader", f"--id={device}"], capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        out = subprocess.run(
+            [
+                exe,
+                "--query-gpu=name,clocks.max.sm,clocks.max.mem,driver_version",
+                "--format=csv,noheader",
+                f"--id={device}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        return (
+            out.stdout.strip().splitlines()[0]
+            if out.returncode == 0 and out.stdout.strip()
+            else None
+        )
     except Exception:
         return None
 
@@ -95,8 +125,14 @@ def smi_line(device: int = 0) -> str | None:
 def read(device: int = 0) -> Fingerprint:
     """The fingerprint of one GPU, read with cupy in this process (initializes CUDA)."""
     import cupy
+
     rt = cupy.cuda.runtime
-    return from_props(rt.getDeviceProperties(device), rt.driverGetVersion(), rt.runtimeGetVersion(), smi_line(device))
+    return from_props(
+        rt.getDeviceProperties(device),
+        rt.driverGetVersion(),
+        rt.runtimeGetVersion(),
+        smi_line(device),
+    )
 
 
 def match_gpu(fp: Fingerprint, gpu_name: str, catalog_entry: dict) -> str | None:
@@ -107,11 +143,15 @@ def match_gpu(fp: Fingerprint, gpu_name: str, catalog_entry: dict) -> str | None
     arch = catalog_entry.get("arch", "")
     if arch and cc_of(arch) != fp.cc:
         return None
-    models = {model_of(gpu_name)} | {model_of(m) for m in (*catalog_entry.get("models", ()), *catalog_entry.get("names", ()))}
+    models = {model_of(gpu_name)} | {
+        model_of(m) for m in (*catalog_entry.get("models", ()), *catalog_entry.get("names", ()))
+    }
     if fp.model in models:
         pins = {"sm_count": fp.sm_count, "memory_gb": round(fp.memory_bytes / 2**30)}
         pinned = [k for k in pins if k in catalog_entry]
-        same = all(abs(int(catalog_entry[k]) - pins[k]) <= (1 if k == "memory_gb" else 0) for k in pinned)
+        same = all(
+            abs(int(catalog_entry[k]) - pins[k]) <= (1 if k == "memory_gb" else 0) for k in pinned
+        )
         return "exact" if pinned and same else "model"
     return "arch" if arch else None
 

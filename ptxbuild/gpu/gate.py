@@ -8,6 +8,7 @@ The gate is one thread spinning on a word in pinned host memory (mapped into the
 the host writes the hold number there. It gives up after `max_wait_s`, so a call that synchronizes on the host cannot
 deadlock the stream (`timed_out()`: the timer retries or drops it).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,18 +30,26 @@ class Gate:
         self._mem = cp.cuda.alloc_pinned_memory(4)
         self._host = np.frombuffer(self._mem, dtype=np.uint32, count=1)
         self._host[0] = 0
-        get_dev = getattr(cp.cuda.runtime, "hostGetDevicePointer", None)   # under UVA: the same address
+        get_dev = getattr(
+            cp.cuda.runtime, "hostGetDevicePointer", None
+        )  # under UVA: the same address
         self._dev = get_dev(self._mem.ptr, 0) if get_dev else self._mem.ptr
         self._timed_out = cp.zeros(1, dtype=cp.uint32)
-        self._max_cycles = np.int64(max_wait_s * cp.cuda.Device().attributes["ClockRate"] * 1e3)   # ClockRate: kHz
+        self._max_cycles = np.int64(
+            max_wait_s * cp.cuda.Device().attributes["ClockRate"] * 1e3
+        )  # ClockRate: kHz
         self._kernel = cp.RawKernel(SRC, "ptxbuild_gate")
         self._batch = 0
 
     def hold(self, stream) -> None:
         """Enqueue a gate on `stream`: work enqueued after it waits until release()."""
         self._batch += 1
-        self._kernel((1,), (1,), (np.uint64(self._dev), np.uint32(self._batch), self._max_cycles,
-                                  self._timed_out), stream=stream)
+        self._kernel(
+            (1,),
+            (1,),
+            (np.uint64(self._dev), np.uint32(self._batch), self._max_cycles, self._timed_out),
+            stream=stream,
+        )
 
     def release(self) -> None:
         """Open the last gate held (the host has enqueued everything behind it)."""

@@ -1,4 +1,5 @@
 """A child process that answers JSON-line requests, with a deadline per request; killed on a hang."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,10 +34,19 @@ class Child:
     def start(self) -> None:
         self._close_stderr()
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     env=self.env, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=self.env,
+            text=True,
+            bufsize=1,
+        )
         self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
+        threading.Thread(
+            target=self._read, args=(self.proc.stdout, self.lines), daemon=True
+        ).start()
         self.starts += 1
 
     @staticmethod
@@ -49,7 +59,7 @@ class Child:
             stream.close()
 
     def stderr_tail(self, chars: int = 2000) -> str:
-        with contextlib.suppress(Exception):   # the child is dead (or killed) when this is read
+        with contextlib.suppress(Exception):  # the child is dead (or killed) when this is read
             self.stderr.seek(0, os.SEEK_END)
             self.stderr.seek(max(0, self.stderr.tell() - chars))
             return self.stderr.read().decode(errors="replace").strip()
@@ -65,12 +75,17 @@ class Child:
             line = self.lines.get(timeout=timeout_s)
         except queue.Empty:
             self.kill()
-            raise WorkerDied("timeout", f"no answer to {msg.get('cmd')!r} within {timeout_s:g} s; worker killed") from None
+            raise WorkerDied(
+                "timeout", f"no answer to {msg.get('cmd')!r} within {timeout_s:g} s; worker killed"
+            ) from None
         except (BrokenPipeError, OSError):
             line = None
         if line is None:
             rc = self.kill()
-            raise WorkerDied("crash", f"worker exited ({rc}) during {msg.get('cmd')!r}: {self.stderr_tail()[-1500:]}")
+            raise WorkerDied(
+                "crash",
+                f"worker exited ({rc}) during {msg.get('cmd')!r}: {self.stderr_tail()[-1500:]}",
+            )
         return json.loads(line)
 
     def kill(self) -> int | None:
@@ -80,7 +95,7 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
         rc = self.proc.wait()
-        with contextlib.suppress(Exception):   # the pipe is already broken
+        with contextlib.suppress(Exception):  # the pipe is already broken
             self.proc.stdin.close()
         return rc
 

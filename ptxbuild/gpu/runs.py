@@ -1,4 +1,5 @@
 """Inside the worker: verify, time and baseline candidates on one GPU with cupy (via check and stats)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,15 +11,20 @@ from pathlib import Path
 from ..dtypes import storage_dtype
 from ..oploader import load_op
 from ..outcome import Outcome
-from . import check, device, fingerprint as fingerprint_mod, stats
+from . import check, device, stats
+from . import fingerprint as fingerprint_mod
 from .gate import Gate
 
-ONE_SEED_ABOVE_BYTES = 512 << 20   # above this many input bytes, one full-size seed (the others run on fewer rows)
+ONE_SEED_ABOVE_BYTES = (
+    512 << 20
+)  # above this many input bytes, one full-size seed (the others run on fewer rows)
 FLUSH_MIN_BYTES = 256 << 20
 POOL_MAX_SETS = 64
-GATE_BATCH = 32                    # timed calls (each behind its own gate, gate.py) between gate checks
-UNGATED_NOTE = ("timed without the gate after it timed out twice in a row (a call that waits on the GPU "
-                "from the host, or more launches than the queue holds), so its host time counts: ")
+GATE_BATCH = 32  # timed calls (each behind its own gate, gate.py) between gate checks
+UNGATED_NOTE = (
+    "timed without the gate after it timed out twice in a row (a call that waits on the GPU "
+    "from the host, or more launches than the queue holds), so its host time counts: "
+)
 
 
 def add_detail(result: dict, note: str) -> None:
@@ -41,22 +47,25 @@ def _torch_stream(stream):
 def _as_cupy(value, cp):
     if type(value).__module__.startswith("torch") and str(value.dtype) == "torch.bfloat16":
         import torch
+
         return cp.asarray(value.contiguous().view(torch.int16)).view(cp.uint16)
     return cp.asarray(value)
 
 
-VERIFY_ROWS = 512   # extra seeds run on this many rows (same binary: rows are a runtime size)
+VERIFY_ROWS = 512  # extra seeds run on this many rows (same binary: rows are a runtime size)
 
 
 def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
     """The problems of `others` that render to the same source as `problem` with `params`: only those can the
     candidate's binary run. Problem options are often compile-time flags (KDA's initial and final state, rmsnorm's
     residual): a binary built without h0 reads past a one-element placeholder: the harness fails, not the candidate."""
+
     def source(p) -> str | None:
         try:
             return op.render(params, p, arch).source
         except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
             return None
+
     own = source(problem)
     return [p for p in others if own is not None and source(p) == own]
 
@@ -66,7 +75,11 @@ def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
     if len(problem.shape) < 2 or problem.shape[0] <= VERIFY_ROWS:
         return problem
     small = problem.with_shape((VERIFY_ROWS, *problem.shape[1:]))
-    return small if op.check(params, small) is None and same_binary(op, params, problem, [small], arch) else problem
+    return (
+        small
+        if op.check(params, small) is None and same_binary(op, params, problem, [small], arch)
+        else problem
+    )
 
 
 def _hidden_options(problem) -> str:
@@ -85,9 +98,12 @@ def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
     """The op's adversarial shapes for this config (ops may take the config), minus those it cannot
     run and those that need another binary (same_binary)."""
     import inspect
+
     takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
     shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
-    return same_binary(op, params, problem, [p for p in shapes if op.check(params, p) is None], arch)
+    return same_binary(
+        op, params, problem, [p for p in shapes if op.check(params, p) is None], arch
+    )
 
 
 class Gpu:
@@ -95,6 +111,7 @@ class Gpu:
 
     def __init__(self, index: int = 0):
         import cupy as cp
+
         self.cp, self.index = cp, index
         cp.cuda.Device(index).use()
         self.fingerprint = fingerprint_mod.read(index)
@@ -106,7 +123,7 @@ class Gpu:
         self._pool, self._pool_key = [], None
         self.gate = Gate(cp)
         self._warm_cupy()
-        self.gate.hold(self.stream)      # compile the gate kernel now, not inside the first measurement
+        self.gate.hold(self.stream)  # compile the gate kernel now, not inside the first measurement
         self.gate.release()
         self.sync()
 
@@ -117,7 +134,16 @@ class Gpu:
         for name in ("float32", "float16", "bfloat16"):
             a = cp.zeros((2, 3), dtype=storage_dtype(name, cp))
             for ref in (cp.zeros((2, 3), cp.float32), cp.zeros((2, 3), cp.float64)):
-                check.judge(name, {"x": a}, {"x": a.copy()}, {"y": a}, {"y": ref}, lambda _: (1e-3, 1e-3), cp, {"y": a.copy()})
+                check.judge(
+                    name,
+                    {"x": a},
+                    {"x": a.copy()},
+                    {"y": a},
+                    {"y": ref},
+                    lambda _: (1e-3, 1e-3),
+                    cp,
+                    {"y": a.copy()},
+                )
             check.poison(a, cp)
             check.unwritten(a, cp)
         self.sync()
@@ -129,7 +155,9 @@ class Gpu:
 
     def flush(self) -> None:
         self.flushes += 1
-        self.cp.cuda.runtime.memsetAsync(self.flush_buf.data.ptr, self.flushes & 0xFF, self.flush_buf.nbytes, self.stream.ptr)
+        self.cp.cuda.runtime.memsetAsync(
+            self.flush_buf.data.ptr, self.flushes & 0xFF, self.flush_buf.nbytes, self.stream.ptr
+        )
 
     def kernel(self, binary: dict, entry: str | None = None):
         """The function `entry` (default: the binary's own entry) of the binary's cubin."""
@@ -141,21 +169,33 @@ class Gpu:
             self.kernels[key] = device.load(entry, binary["cubin"], binary.get("ptx", ""))
         return self.kernels[key]
 
-    def launches(self, op, params: dict, problem, binary: dict, inputs: dict, outputs: dict) -> list:
+    def launches(
+        self, op, params: dict, problem, binary: dict, inputs: dict, outputs: dict
+    ) -> list:
         """[(function, geometry, args)] of one call of the op, launched in this order on our stream:
         one kernel, or every entry of a multi-kernel op (KERNELS, launches(), stage_args(); all
         entries live in the one cubin, whose own entry is the op's main kernel)."""
         if not hasattr(op, "KERNELS"):
-            return [(self.kernel(binary), op.launch(params, problem, self.fingerprint.sm_count),
-                     op.kernel_args(params, problem, inputs, outputs))]
-        geoms = op.launches(params, problem, self.fingerprint.sm_count)   # this config's entries, in order
-        return [(self.kernel(binary, e), geoms[e], op.stage_args(e, params, problem, inputs, outputs)) for e in geoms]
+            return [
+                (
+                    self.kernel(binary),
+                    op.launch(params, problem, self.fingerprint.sm_count),
+                    op.kernel_args(params, problem, inputs, outputs),
+                )
+            ]
+        geoms = op.launches(
+            params, problem, self.fingerprint.sm_count
+        )  # this config's entries, in order
+        return [
+            (self.kernel(binary, e), geoms[e], op.stage_args(e, params, problem, inputs, outputs))
+            for e in geoms
+        ]
 
     def release(self) -> None:
         self.cp.get_default_memory_pool().free_all_blocks()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()          # baselines allocate through torch's own caching allocator
+            torch.cuda.empty_cache()  # baselines allocate through torch's own caching allocator
 
     def drop_pool(self, above_bytes: int = 0) -> None:
         """Free the timing pool if its sets exceed `above_bytes` (a 2^31-element problem's pool plus a
@@ -202,7 +242,15 @@ class Gpu:
         scratch = set(getattr(op, "SCRATCH", ()))
         return {k: v for k, v in outputs.items() if k not in scratch}
 
-    def verify(self, op_folder: str, root: str, params: dict, problem, binary: dict, seeds: list | None = None) -> dict:
+    def verify(
+        self,
+        op_folder: str,
+        root: str,
+        params: dict,
+        problem,
+        binary: dict,
+        seeds: list | None = None,
+    ) -> dict:
         cp, op = self.cp, load_op(op_folder, Path(root))
         det = getattr(op, "DETERMINISTIC", True)
         det = det(params) if callable(det) else bool(det)
@@ -212,7 +260,9 @@ class Gpu:
         arch = binary.get("arch") or "sm_90a"
         plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params, arch), seeds[1:])]
         plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params, arch)]
-        big_seen = set()   # one seed per problem above ONE_SEED_ABOVE_BYTES, also when fewer_rows cannot shrink it
+        big_seen = (
+            set()
+        )  # one seed per problem above ONE_SEED_ABOVE_BYTES, also when fewer_rows cannot shrink it
         with self.stream:
             for prob, prob_seeds in plan:
                 for seed in prob_seeds:
@@ -223,21 +273,42 @@ class Gpu:
                     ref = op.reference(prob, {k: v.copy() for k, v in inputs.items()}, cp)
                     first = self.run_once(op, binary, params, prob, inputs)
                     again = self.run_once(op, binary, params, prob, inputs) if det else None
-                    outcome, detail, a, r = check.judge(prob.dtype, inputs, before, first, ref,
-                                                        lambda name, p=prob: op.tolerance(p, name), cp, again,
-                                                        custom_compare(op, prob, cp))
+                    outcome, detail, a, r = check.judge(
+                        prob.dtype,
+                        inputs,
+                        before,
+                        first,
+                        ref,
+                        lambda name, p=prob: op.tolerance(p, name),
+                        cp,
+                        again,
+                        custom_compare(op, prob, cp),
+                    )
                     cases, max_abs, max_rel = cases + 1, max(max_abs, a), max(max_rel, r)
                     tols = tols or {name: list(op.tolerance(problem, name)) for name in ref}
                     big = nbytes(inputs) > ONE_SEED_ABOVE_BYTES
                     del inputs, before, ref, first, again
                     self.release()
                     if outcome is not Outcome.OK:
-                        return {"outcome": outcome.value, "detail": f"{detail} [{prob.label()}{_hidden_options(prob)}, seed {seed}]",
-                                "max_abs_err": max_abs, "max_rel_err": max_rel, "cases": cases, "seeds": seeds}
+                        return {
+                            "outcome": outcome.value,
+                            "detail": f"{detail} [{prob.label()}{_hidden_options(prob)}, seed {seed}]",
+                            "max_abs_err": max_abs,
+                            "max_rel_err": max_rel,
+                            "cases": cases,
+                            "seeds": seeds,
+                        }
                     if big:
                         big_seen.add(prob)
-        return {"outcome": Outcome.OK.value, "detail": "", "max_abs_err": max_abs, "max_rel_err": max_rel,
-                "cases": cases, "seeds": seeds, "tolerances": tols}
+        return {
+            "outcome": Outcome.OK.value,
+            "detail": "",
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
+            "cases": cases,
+            "seeds": seeds,
+            "tolerances": tols,
+        }
 
     def pool(self, op, problem) -> list:
         """Input/output sets to rotate through: more bytes than 2x L2, at most half the free memory."""
@@ -249,9 +320,14 @@ class Gpu:
             first = (op.make_inputs(problem, 1_000_003, cp), op.make_outputs(problem, cp))
             size = max(1, nbytes(first[0]) + nbytes(first[1]))
             free, _ = cp.cuda.runtime.memGetInfo()
-            n = max(1, min(POOL_MAX_SETS, math.ceil(2 * self.l2_bytes / size) + 1, int(free // 2 // size)))
-            self._pool = [first] + [(op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
-                                    for i in range(1, n)]
+            n = max(
+                1,
+                min(POOL_MAX_SETS, math.ceil(2 * self.l2_bytes / size) + 1, int(free // 2 // size)),
+            )
+            self._pool = [first] + [
+                (op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
+                for i in range(1, n)
+            ]
             self._pool_key = key
         return self._pool
 
@@ -306,6 +382,7 @@ class Gpu:
                         times = batch(name, k, False)
                 out += times
             return out
+
         timer.ungated = ungated
         return timer
 
@@ -315,10 +392,21 @@ class Gpu:
         def run(i):
             for kern, geom, args in calls[i]:
                 device.launch(kern, geom, args, self.stream)
+
         return run, len(pool)
 
-    def measure(self, op_folder: str, root: str, params: dict, problem, binary: dict, incumbent=None,
-                copy_tbps: float = 0.0, warmup_ms: float = 30.0, budget_ms: float = 200.0) -> dict:
+    def measure(
+        self,
+        op_folder: str,
+        root: str,
+        params: dict,
+        problem,
+        binary: dict,
+        incumbent=None,
+        copy_tbps: float = 0.0,
+        warmup_ms: float = 30.0,
+        budget_ms: float = 200.0,
+    ) -> dict:
         op = load_op(op_folder, Path(root))
         pool = self.pool(op, problem)
         runners = {"candidate": self._runner(op, params, problem, binary, pool)}
@@ -326,25 +414,43 @@ class Gpu:
             runners["incumbent"] = self._runner(op, incumbent[0], problem, incumbent[1], pool)
         timer = self._timer(runners)
         with self.stream:
-            res = stats.run(timer, incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms)
-        out = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"])
+            res = stats.run(
+                timer, incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms
+            )
+        out = stats.summarize(
+            res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"]
+        )
         if res["remeasured"]:
             add_detail(out, "beat the incumbent by >10%: re-timed alone, slower kept")
         if ungated := getattr(timer, "ungated", ()):
             add_detail(out, UNGATED_NOTE + ", ".join(sorted(ungated)))
         return out
 
-    def baselines(self, op_folder: str, root: str, problem, copy_tbps: float = 0.0,
-                  warmup_ms: float = 30.0, budget_ms: float = 200.0, winner=None) -> dict:
+    def baselines(
+        self,
+        op_folder: str,
+        root: str,
+        problem,
+        copy_tbps: float = 0.0,
+        warmup_ms: float = 30.0,
+        budget_ms: float = 200.0,
+        winner=None,
+    ) -> dict:
         """Each baseline checked against the reference, then timed; with `winner` (params, binary), in the winner's
         window, alternating (verification.md timing rule 4): the winner's p50 there comes back as incumbent_p50_ms."""
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}
         for name in list(fns):
-            fn = fns.pop(name)   # a timed baseline's closure goes, and the torch views of inputs it cached
-            inputs = before = ref = got = pool = runners = timer = None   # nothing of the last baseline stays
-            self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)   # the previous baseline's timing rebuilt it
+            fn = fns.pop(
+                name
+            )  # a timed baseline's closure goes, and the torch views of inputs it cached
+            inputs = before = ref = got = pool = runners = timer = (
+                None  # nothing of the last baseline stays
+            )
+            self.drop_pool(
+                above_bytes=ONE_SEED_ABOVE_BYTES
+            )  # the previous baseline's timing rebuilt it
             try:
                 with self.stream, _torch_stream(self.stream):
                     inputs = op.make_inputs(problem, secrets.randbelow(2**31), cp)
@@ -356,10 +462,20 @@ class Gpu:
                     got = {k: _as_cupy(v, cp) for k, v in fn(inputs).items()}
                     self.sync()
                     missing = [k for k in ref if k not in got]
-                    outcome, detail, _, _ = ((Outcome.WRONG_RESULT, f"baseline returned no {missing}", 0, 0) if missing else
-                                             check.judge(problem.dtype, inputs, before, got, ref,
-                                                         lambda o: op.tolerance(problem, o), cp,
-                                                         custom=custom_compare(op, problem, cp)))
+                    outcome, detail, _, _ = (
+                        (Outcome.WRONG_RESULT, f"baseline returned no {missing}", 0, 0)
+                        if missing
+                        else check.judge(
+                            problem.dtype,
+                            inputs,
+                            before,
+                            got,
+                            ref,
+                            lambda o: op.tolerance(problem, o),
+                            cp,
+                            custom=custom_compare(op, problem, cp),
+                        )
+                    )
                     del inputs, before, ref, got
                     if outcome is not Outcome.OK:
                         results[name] = {"outcome": outcome.value, "detail": detail}
@@ -369,16 +485,33 @@ class Gpu:
                 if winner:
                     runners["incumbent"] = self._runner(op, winner[0], problem, winner[1], pool)
                 timer = self._timer(runners)
-                with self.stream, _torch_stream(self.stream):   # torch may have been imported by the check
-                    res = stats.run(timer, incumbent=bool(winner), warmup_ms=warmup_ms, budget_ms=budget_ms, guard=False)
-                results[name] = stats.summarize(res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps),
-                                                res["incumbent"], rounds=stats.ROUNDS if winner else 0)
+                with (
+                    self.stream,
+                    _torch_stream(self.stream),
+                ):  # torch may have been imported by the check
+                    res = stats.run(
+                        timer,
+                        incumbent=bool(winner),
+                        warmup_ms=warmup_ms,
+                        budget_ms=budget_ms,
+                        guard=False,
+                    )
+                results[name] = stats.summarize(
+                    res["candidate"],
+                    stats.floor_ms(op.bytes_moved(problem), copy_tbps),
+                    res["incumbent"],
+                    rounds=stats.ROUNDS if winner else 0,
+                )
                 if getattr(timer, "ungated", ()):
                     add_detail(results[name], UNGATED_NOTE + name)
             except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not raised
                 from .errors import classify, is_cuda_error
+
                 if is_cuda_error(exc) and classify(str(exc))[1]:
                     raise
-                results[name] = {"outcome": Outcome.LAUNCH_ERROR.value, "detail": f"{type(exc).__name__}: {exc}"}
+                results[name] = {
+                    "outcome": Outcome.LAUNCH_ERROR.value,
+                    "detail": f"{type(exc).__name__}: {exc}",
+                }
         self.release()
         return results

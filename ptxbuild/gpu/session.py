@@ -1,4 +1,5 @@
 """GpuSession: the build's handle on one GPU worker; crashes and hangs come back as outcomes."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,9 @@ class VerifyResult:
     cases: int = 0
     seconds: float = 0.0
     seeds: tuple = ()
-    tolerances: dict = field(default_factory=dict)   # output -> [atol, rtol]: part of the verdict's cache key
+    tolerances: dict = field(
+        default_factory=dict
+    )  # output -> [atol, rtol]: part of the verdict's cache key
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,9 @@ class MeasureResult:
     p80_ms: float = float("nan")
     samples: int = 0
     floor_ms: float = 0.0
-    fraction_of_floor: float = 0.0        # floor_ms / p50_ms: 1.0 is copy bandwidth
+    fraction_of_floor: float = 0.0  # floor_ms / p50_ms: 1.0 is copy bandwidth
     incumbent_p50_ms: float | None = None
-    round_ratios: tuple = ()             # beside an incumbent: p50 / its p50, round by round
+    round_ratios: tuple = ()  # beside an incumbent: p50 / its p50, round by round
     detail: str = ""
     fingerprint: Fingerprint | None = None
 
@@ -61,19 +64,37 @@ class GpuSession:
     """Owns one worker process bound to one GPU. Every call returns a result; a crash or hang is recorded
     (ILLEGAL_ADDRESS / TIMEOUT / WORKER_CRASH), the worker is killed and the next call starts a fresh one."""
 
-    def __init__(self, device: int = 0, timeout_s: float = 60.0, *, root: str | Path | None = None,
-                 argv: list[str] | None = None, startup_timeout_s: float = 180.0, measure_copy: bool = True):
+    def __init__(
+        self,
+        device: int = 0,
+        timeout_s: float = 60.0,
+        *,
+        root: str | Path | None = None,
+        argv: list[str] | None = None,
+        startup_timeout_s: float = 180.0,
+        measure_copy: bool = True,
+    ):
         self.device, self.timeout_s, self.startup_timeout_s = device, timeout_s, startup_timeout_s
         self.root = str(Path(root or os.getcwd()).resolve())
-        self.child = Child(argv or [sys.executable, "-m", "ptxbuild.gpu.worker", "--device", str(device)], env=_worker_env())
+        self.child = Child(
+            argv or [sys.executable, "-m", "ptxbuild.gpu.worker", "--device", str(device)],
+            env=_worker_env(),
+        )
         self.restarts = 0
         try:
             hello = self._call("hello", {}, startup_timeout_s)
-            copy = self._call("copy_bandwidth", {}, startup_timeout_s) if measure_copy else {"tbps": 0.0}
+            copy = (
+                self._call("copy_bandwidth", {}, startup_timeout_s)
+                if measure_copy
+                else {"tbps": 0.0}
+            )
             for r in (hello, copy):
                 if "cuda_error" in r:
                     raise GpuError(r["cuda_error"]["detail"])
-            self.fingerprint, self.copy_tbps = Fingerprint(**hello["fingerprint"]), float(copy["tbps"])
+            self.fingerprint, self.copy_tbps = (
+                Fingerprint(**hello["fingerprint"]),
+                float(copy["tbps"]),
+            )
         except (WorkerDied, GpuError) as exc:
             self.child.close()
             raise GpuError(f"the GPU worker did not start ({exc}); run `ptxbuild doctor`") from None
@@ -82,7 +103,7 @@ class GpuSession:
         """One request. Raises WorkerDied (crash/timeout) or GpuError; a CUDA error comes back as {"cuda_error"}."""
         if not self.child.alive and self.child.starts:
             self.restarts += 1
-            try:   # start the replacement outside the candidate's deadline
+            try:  # start the replacement outside the candidate's deadline
                 self.child.request({"cmd": "hello", "args": {}}, self.startup_timeout_s)
             except WorkerDied as exc:
                 raise GpuError(f"the GPU worker does not restart: {exc}") from None
@@ -106,46 +127,107 @@ class GpuSession:
                 r = {"outcome": Outcome.TIMEOUT.value, "detail": exc.detail}
             else:
                 illegal = "illegal memory access" in exc.detail or "ILLEGAL_ADDRESS" in exc.detail
-                r = {"outcome": (Outcome.ILLEGAL_ADDRESS if illegal else Outcome.WORKER_CRASH).value, "detail": exc.detail}
+                r = {
+                    "outcome": (Outcome.ILLEGAL_ADDRESS if illegal else Outcome.WORKER_CRASH).value,
+                    "detail": exc.detail,
+                }
         return r, time.perf_counter() - t0
 
     def _folder(self, op_folder: str) -> str:
         p = Path(op_folder)
         return str(p.resolve()) if p.is_dir() else op_folder
 
-    def verify(self, op_folder: str, params: dict, problem: Problem, binary: Binary, seeds: list | None = None) -> VerifyResult:
-        r, s = self._run("verify", {"op_folder": self._folder(op_folder), "root": self.root, "params": params,
-                                    "problem": encode_problem(problem), "binary": encode_binary(binary), "seeds": seeds})
-        return VerifyResult(outcome=Outcome(r["outcome"]), detail=r.get("detail", ""), max_abs_err=r.get("max_abs_err", 0.0),
-                            max_rel_err=r.get("max_rel_err", 0.0), cases=r.get("cases", 0), seconds=s,
-                            seeds=tuple(r.get("seeds", ())), tolerances=r.get("tolerances", {}))
+    def verify(
+        self,
+        op_folder: str,
+        params: dict,
+        problem: Problem,
+        binary: Binary,
+        seeds: list | None = None,
+    ) -> VerifyResult:
+        r, s = self._run(
+            "verify",
+            {
+                "op_folder": self._folder(op_folder),
+                "root": self.root,
+                "params": params,
+                "problem": encode_problem(problem),
+                "binary": encode_binary(binary),
+                "seeds": seeds,
+            },
+        )
+        return VerifyResult(
+            outcome=Outcome(r["outcome"]),
+            detail=r.get("detail", ""),
+            max_abs_err=r.get("max_abs_err", 0.0),
+            max_rel_err=r.get("max_rel_err", 0.0),
+            cases=r.get("cases", 0),
+            seconds=s,
+            seeds=tuple(r.get("seeds", ())),
+            tolerances=r.get("tolerances", {}),
+        )
 
     def _measure_result(self, r: dict) -> MeasureResult:
         keys = MeasureResult.__dataclass_fields__.keys() - {"outcome", "fingerprint"}
-        return MeasureResult(outcome=Outcome(r["outcome"]), fingerprint=self.fingerprint, **{k: r[k] for k in keys if k in r})
+        return MeasureResult(
+            outcome=Outcome(r["outcome"]),
+            fingerprint=self.fingerprint,
+            **{k: r[k] for k in keys if k in r},
+        )
 
-    def measure(self, op_folder: str, params: dict, problem: Problem, binary: Binary,
-                incumbent: tuple[dict, Binary] | None = None, warmup_ms: float = 20.0, budget_ms: float = 100.0) -> MeasureResult:
-        args = {"op_folder": self._folder(op_folder), "root": self.root, "params": params, "problem": encode_problem(problem),
-                "binary": encode_binary(binary), "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
-                "incumbent": encode_config(incumbent)}
+    def measure(
+        self,
+        op_folder: str,
+        params: dict,
+        problem: Problem,
+        binary: Binary,
+        incumbent: tuple[dict, Binary] | None = None,
+        warmup_ms: float = 20.0,
+        budget_ms: float = 100.0,
+    ) -> MeasureResult:
+        args = {
+            "op_folder": self._folder(op_folder),
+            "root": self.root,
+            "params": params,
+            "problem": encode_problem(problem),
+            "binary": encode_binary(binary),
+            "copy_tbps": self.copy_tbps,
+            "warmup_ms": warmup_ms,
+            "budget_ms": budget_ms,
+            "incumbent": encode_config(incumbent),
+        }
         return self._measure_result(self._run("measure", args)[0])
 
-    def baselines(self, op_folder: str, problem: Problem, winner: tuple[dict, Binary] | None = None,
-                  warmup_ms: float = 20.0, budget_ms: float = 100.0) -> dict[str, MeasureResult]:
+    def baselines(
+        self,
+        op_folder: str,
+        problem: Problem,
+        winner: tuple[dict, Binary] | None = None,
+        warmup_ms: float = 20.0,
+        budget_ms: float = 100.0,
+    ) -> dict[str, MeasureResult]:
         """Baselines timed; with `winner`, each in one window with the winner (incumbent_p50_ms: the winner's)."""
-        r, _ = self._run("baselines", {"op_folder": self._folder(op_folder), "root": self.root, "problem": encode_problem(problem),
-                                       "copy_tbps": self.copy_tbps, "warmup_ms": warmup_ms, "budget_ms": budget_ms,
-                                       "winner": encode_config(winner)},
-                         max(self.timeout_s, BASELINES_TIMEOUT_S))
-        if "outcome" in r and isinstance(r["outcome"], str):   # the whole call crashed or hung
+        r, _ = self._run(
+            "baselines",
+            {
+                "op_folder": self._folder(op_folder),
+                "root": self.root,
+                "problem": encode_problem(problem),
+                "copy_tbps": self.copy_tbps,
+                "warmup_ms": warmup_ms,
+                "budget_ms": budget_ms,
+                "winner": encode_config(winner),
+            },
+            max(self.timeout_s, BASELINES_TIMEOUT_S),
+        )
+        if "outcome" in r and isinstance(r["outcome"], str):  # the whole call crashed or hung
             return {"*": self._measure_result(r)}
         return {name: self._measure_result(v) for name, v in r.items()}
 
     def close(self) -> None:
         self.child.close()
 
-    def __enter__(self) -> "GpuSession":
+    def __enter__(self) -> GpuSession:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,18 +1,21 @@
 """The timing protocol as pure logic over a timer: warm-up, sample counts, interleaving, re-measure, floor."""
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from ..outcome import Outcome
 
-PROTOCOL_VERSION = "3"      # bump when how a timing is taken changes (re-measures); keys.py has the same
-                            # 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py)
-SUSPICIOUS_BELOW = 0.97     # p50 under this fraction of the roofline floor is never a win
-REMEASURE_MARGIN = 0.10     # a candidate beating the incumbent by more than this is re-timed alone
-ROUNDS = 10                 # a candidate and its incumbent alternate over this many rounds
+PROTOCOL_VERSION = (
+    "3"  # bump when how a timing is taken changes (re-measures); keys.py has the same
+)
+# 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py)
+SUSPICIOUS_BELOW = 0.97  # p50 under this fraction of the roofline floor is never a win
+REMEASURE_MARGIN = 0.10  # a candidate beating the incumbent by more than this is re-timed alone
+ROUNDS = 10  # a candidate and its incumbent alternate over this many rounds
 
-Timer = Callable[[str, int], list]   # timer(name, n) -> n consecutive timed calls of `name`, in ms
+Timer = Callable[[str, int], list]  # timer(name, n) -> n consecutive timed calls of `name`, in ms
 
 
 def quantile(samples, q: float) -> float:
@@ -50,11 +53,19 @@ def warm_up(timer: Timer, name: str, warmup_ms: float, max_calls: int = 2000) ->
     t: list = []
     while sum(t) < warmup_ms and len(t) < max_calls:
         t += timer(name, max(1, len(t)))
-    return quantile(t[len(t) // 2:], 0.5)
+    return quantile(t[len(t) // 2 :], 0.5)
 
 
-def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_ms: float = 200.0,
-        rounds: int = ROUNDS, lo: int = 10, hi: int = 1000, guard: bool = True) -> dict:
+def run(
+    timer: Timer,
+    incumbent: bool = False,
+    warmup_ms: float = 30.0,
+    budget_ms: float = 200.0,
+    rounds: int = ROUNDS,
+    lo: int = 10,
+    hi: int = 1000,
+    guard: bool = True,
+) -> dict:
     """Time "candidate" (and "incumbent" in the same window, alternating which goes first each round).
     With `guard`, a candidate faster than the incumbent by more than REMEASURE_MARGIN is re-timed alone
     and the slower of the two timings kept (a baseline beside the winner is not guarded: the rule
@@ -65,9 +76,13 @@ def run(timer: Timer, incumbent: bool = False, warmup_ms: float = 30.0, budget_m
     k = rounds if incumbent else 1
     samples: dict = {n: [] for n in names}
     for r in range(k):
-        for n in (names if r % 2 == 0 else names[::-1]):
+        for n in names if r % 2 == 0 else names[::-1]:
             samples[n] += timer(n, math.ceil(count[n] / k))
-    out = {"candidate": samples["candidate"], "incumbent": samples.get("incumbent"), "remeasured": False}
+    out = {
+        "candidate": samples["candidate"],
+        "incumbent": samples.get("incumbent"),
+        "remeasured": False,
+    }
     if incumbent and guard:
         p50_c, p50_i = quantile(samples["candidate"], 0.5), quantile(samples["incumbent"], 0.5)
         if p50_c < (1 - REMEASURE_MARGIN) * p50_i:
@@ -85,17 +100,28 @@ def round_ratios(samples, incumbent_samples, rounds: int) -> list[float]:
     if rounds < 2 or not n or not m or n % rounds or m % rounds:
         return []
     a, b = n // rounds, m // rounds
-    return [quantile(samples[i * a:(i + 1) * a], 0.5) / quantile(incumbent_samples[i * b:(i + 1) * b], 0.5)
-            for i in range(rounds)]
+    return [
+        quantile(samples[i * a : (i + 1) * a], 0.5)
+        / quantile(incumbent_samples[i * b : (i + 1) * b], 0.5)
+        for i in range(rounds)
+    ]
 
 
 def summarize(samples, floor: float, incumbent_samples=None, rounds: int = 0) -> dict:
     """MeasureResult fields from samples: quantiles, count, floor, fraction of floor, outcome; with
     `rounds` (an alternating run, not re-measured), the ratio to the incumbent round by round."""
     p20, p50, p80 = quantiles(samples)
-    return {"outcome": judge(p50, floor).value, "p50_ms": p50, "p20_ms": p20, "p80_ms": p80,
-            "samples": len(samples), "floor_ms": floor, "fraction_of_floor": floor / p50 if p50 > 0 else 0.0,
-            "incumbent_p50_ms": quantile(incumbent_samples, 0.5) if incumbent_samples else None,
-            "round_ratios": round_ratios(samples, incumbent_samples, rounds),
-            "detail": f"p50 {p50:.4g} ms is under {SUSPICIOUS_BELOW:g} x the floor {floor:.4g} ms"
-                      if judge(p50, floor) is Outcome.SUSPICIOUS else ""}
+    return {
+        "outcome": judge(p50, floor).value,
+        "p50_ms": p50,
+        "p20_ms": p20,
+        "p80_ms": p80,
+        "samples": len(samples),
+        "floor_ms": floor,
+        "fraction_of_floor": floor / p50 if p50 > 0 else 0.0,
+        "incumbent_p50_ms": quantile(incumbent_samples, 0.5) if incumbent_samples else None,
+        "round_ratios": round_ratios(samples, incumbent_samples, rounds),
+        "detail": f"p50 {p50:.4g} ms is under {SUSPICIOUS_BELOW:g} x the floor {floor:.4g} ms"
+        if judge(p50, floor) is Outcome.SUSPICIOUS
+        else "",
+    }

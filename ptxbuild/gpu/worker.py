@@ -1,4 +1,5 @@
 """The worker process: reads JSON-line requests on stdin, runs them on one GPU, answers on stdout."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,15 +15,28 @@ from . import errors
 
 
 def encode_problem(p: Problem) -> dict:
-    return {"op": p.op, "dtype": p.dtype, "shape": list(p.shape), "options": [list(kv) for kv in p.options]}
+    return {
+        "op": p.op,
+        "dtype": p.dtype,
+        "shape": list(p.shape),
+        "options": [list(kv) for kv in p.options],
+    }
 
 
 def decode_problem(d: dict) -> Problem:
-    return Problem.make(d["op"], d["dtype"], d["shape"], dict(tuple(kv) for kv in d["options"]))   # frozen options
+    return Problem.make(
+        d["op"], d["dtype"], d["shape"], dict(tuple(kv) for kv in d["options"])
+    )  # frozen options
 
 
 def encode_binary(b: Binary) -> dict:
-    return {"entry": b.entry, "digest": b.digest, "arch": b.arch, "ptx": b.ptx, "cubin": base64.b64encode(b.cubin).decode()}
+    return {
+        "entry": b.entry,
+        "digest": b.digest,
+        "arch": b.arch,
+        "ptx": b.ptx,
+        "cubin": base64.b64encode(b.cubin).decode(),
+    }
 
 
 def decode_binary(d: dict) -> dict:
@@ -44,15 +58,36 @@ def handle(gpu, cmd: str, a: dict):
     if cmd == "copy_bandwidth":
         return {"tbps": gpu.copy_bandwidth(**a)}
     if cmd == "verify":
-        return gpu.verify(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]),
-                          decode_binary(a["binary"]), a.get("seeds"))
+        return gpu.verify(
+            a["op_folder"],
+            a["root"],
+            a["params"],
+            decode_problem(a["problem"]),
+            decode_binary(a["binary"]),
+            a.get("seeds"),
+        )
     if cmd == "measure":
-        return gpu.measure(a["op_folder"], a["root"], a["params"], decode_problem(a["problem"]), decode_binary(a["binary"]),
-                           decode_config(a.get("incumbent")), a.get("copy_tbps", 0.0),
-                           a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0))
+        return gpu.measure(
+            a["op_folder"],
+            a["root"],
+            a["params"],
+            decode_problem(a["problem"]),
+            decode_binary(a["binary"]),
+            decode_config(a.get("incumbent")),
+            a.get("copy_tbps", 0.0),
+            a.get("warmup_ms", 30.0),
+            a.get("budget_ms", 200.0),
+        )
     if cmd == "baselines":
-        return gpu.baselines(a["op_folder"], a["root"], decode_problem(a["problem"]), a.get("copy_tbps", 0.0),
-                             a.get("warmup_ms", 30.0), a.get("budget_ms", 200.0), decode_config(a.get("winner")))
+        return gpu.baselines(
+            a["op_folder"],
+            a["root"],
+            decode_problem(a["problem"]),
+            a.get("copy_tbps", 0.0),
+            a.get("warmup_ms", 30.0),
+            a.get("budget_ms", 200.0),
+            decode_config(a.get("winner")),
+        )
     raise ValueError(f"unknown request {cmd!r}")
 
 
@@ -77,8 +112,14 @@ def serve(device: int, make_gpu=None, stdin=None) -> int:
         except Exception as exc:  # noqa: BLE001 - everything goes back to the parent as data
             if errors.is_cuda_error(exc):
                 outcome, fatal = errors.classify(str(exc))
-                reply = {"ok": False, "fatal": fatal,
-                         "cuda_error": {"outcome": outcome.value, "detail": f"{type(exc).__name__}: {exc}"}}
+                reply = {
+                    "ok": False,
+                    "fatal": fatal,
+                    "cuda_error": {
+                        "outcome": outcome.value,
+                        "detail": f"{type(exc).__name__}: {exc}",
+                    },
+                }
             else:
                 reply = {"ok": False, "error": traceback.format_exc()}
         proto.write(json.dumps(reply) + "\n")

@@ -5,6 +5,7 @@ into x), nondet (flips the last bit by the clock), hang (spins on a volatile rea
 1<<40 elements past y), skip (does nothing when y already holds a value: passes verification, whose
 outputs are poisoned, but times impossibly fast on reused outputs).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -106,4 +107,7 @@ def verify_problems(problem):
 
 
 def baselines(problem):
-    return {"xp_2x": lambda inputs: {"y": inputs["x"] * 2}, "wrong_copy": lambda inputs: {"y": inputs["x"].copy()}}
+    return {
+        "xp_2x": lambda inputs: {"y": inputs["x"] * 2},
+        "wrong_copy": lambda inputs: {"y": inputs["x"].copy()},
+    }
