@@ -6,3 +6,11 @@ def load(target, **kwargs):
     from .runtime import load as _load
 
     return _load(target, **kwargs)
+
+
+def patch_rmsnorm(model, target="rmsnorm@h200", **kwargs):
+    """Swap every RMSNorm module of a torch model for one running the built `target`; see
+    ptxbuild.integrations.patch_rmsnorm (imports torch, which ptxbuild itself never does)."""
+    from .integrations import patch_rmsnorm as _patch
+
+    return _patch(model, target, **kwargs)
