@@ -16,7 +16,7 @@ call by call. Rows run in this order (eager, CUDA graph, KDA, torch.compile, tra
 time budget (--budget-s) is spent; the rest are written as skipped. The report is rewritten after
 every row, so a run stopped part-way still leaves what it measured.
 
-    ptxbuild build --locked --no-gpu rmsnorm@h200; python benchmarks/model_bench.py --quick
+    ptxbuild build --locked --no-gpu rmsnorm@h200 kda@h200; python benchmarks/model_bench.py --quick
 
 writes reports/model/report.json {"environment", "rows": [{"model", "phase", "mode", "shape",
 "stock_ms", "ptxbuild_ms", ...}]} and report.md (a row where ptxbuild is slower says why, if known).
@@ -30,6 +30,7 @@ import contextlib
 import copy
 import inspect
 import json
+import os
 import statistics
 import sys
 import time
@@ -506,26 +507,28 @@ def train_row(args, clock, config, stock, ptx, model_name, budget):
 
 
 # ----------------------------------------------------------------------------- (b) KDA
-def kda_dropin():
-    """ptxbuild's drop-in for fla's chunk_kda (runtime, issue 28 item 2), or (None, why)."""
-    tried = []
-    for mod, attr in (
-        ("ptxbuild.runtime.fla", "chunk_kda"),
-        ("ptxbuild.runtime.kda", "chunk_kda"),
-        ("ptxbuild.fla", "chunk_kda"),
-        ("ptxbuild.torch_ops", "chunk_kda"),
-    ):
-        try:
-            return getattr(__import__(mod, fromlist=[attr]), attr), None
-        except (ImportError, AttributeError) as exc:
-            tried.append(f"{mod}.{attr}: {exc}")
-    return None, "no ptxbuild drop-in for chunk_kda found (" + "; ".join(tried) + ")"
+def kda_dropin(target: str):
+    """ptxbuild's drop-in for fla's chunk_kda on the built `target` (issue 28, item 2), with no
+    fallback (a call the build does not cover raises, rather than timing fla against itself), or
+    (None, why)."""
+    try:
+        from ptxbuild.runtime.fla import chunk_kda_from
+    except ImportError as exc:
+        return None, f"ptxbuild has no drop-in for fla's chunk_kda here ({_err(exc)})"
+    import ptxbuild
+
+    try:
+        return chunk_kda_from(ptxbuild.load(target)), None
+    except Exception as exc:
+        return None, f"cannot load {target}: {_err(exc)}"
 
 
 def kda_rows(args, clock, budget, emit):
     import torch
 
     shape_of = lambda h, lengths: [1, sum(lengths), h]  # noqa: E731
+    # fla's own Triton kernels as stock, as ops/kda/baselines.py times them (not FlashKDA's)
+    os.environ.setdefault("FLA_FLASH_KDA", "0")
     try:
         import fla.layers.kda as fla_kda
     except Exception as exc:
@@ -533,7 +536,7 @@ def kda_rows(args, clock, budget, emit):
             emit(row("fla-kda", "prefill", "eager", shape_of(h, lengths), scenario=name,
                      skipped=f"flash-linear-attention's KDA layer is not importable ({_err(exc)})"))  # fmt: skip
         return
-    dropin, why = kda_dropin()
+    dropin, why = kda_dropin(args.kda_target)
     for h, name, lengths in KDA_SCENARIOS:
         base = dict(scenario=name, hidden_size=args.kda_hidden)
         shape = shape_of(h, lengths)
@@ -605,7 +608,8 @@ def parse_args(argv=None):
     ap.add_argument("--intermediate", type=int, default=14336, help="11008 (Llama 2) or 14336")
     ap.add_argument("--ctx", type=int, default=1024, help="tokens in the KV cache at decode")
     ap.add_argument("--eps", type=float, default=1e-6)
-    ap.add_argument("--kda-hidden", type=int, default=2048)
+    ap.add_argument("--kda-target", default="kda@h200", help="the built KDA target")
+    ap.add_argument("--kda-hidden", type=int, default=2048, help="the KDA layer's model width")
     ap.add_argument("--train-tokens", type=int, default=4096)
     ap.add_argument("--modes", default="eager,cudagraph,kda,compile,train",
                     help="comma-separated subset of eager,cudagraph,kda,compile,train")  # fmt: skip
