@@ -56,7 +56,7 @@ def configs(op):
 
 def compile_one(job):
     problem, params, arch = job
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     op = load_op("rmsnorm", ROOT)
     b = compile_kernel(op.render(params, problem, arch), arch)

@@ -65,7 +65,7 @@ def kernel(chains: int, iters: int = ITERS) -> Kernel:
 def run(args) -> list[dict]:
     import cupy as cp
 
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.gpu import device
 
     dev = cp.cuda.Device()

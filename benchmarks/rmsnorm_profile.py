@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     import torch
     from selftest_gpu import arch_of
 
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.gpu import device
     from ptxbuild.oploader import load_op
 

@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     from event_timing import spinner
     from selftest_gpu import arch_of
 
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.gpu import device
     from ptxbuild.oploader import load_op
 
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         launched by cupy: tells its code from torch's launch path."""
         import numpy as np
 
-        from ptxbuild.compiler import ptx_to_cubin
+        from ptxbuild.compile.compiler import ptx_to_cubin
 
         files = dict(v.split("=", 1) for v in a.triton_ptx)
         if str(n) not in files:

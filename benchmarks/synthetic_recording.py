@@ -5,7 +5,7 @@
 Timings come from a model (bandwidth floor x penalties for launch shape, vector width, rows per block,
 unroll, cache hints; optimum moves with N and differs a little between GPUs; 0.4% noise), with planted
 failure regions (spills, resource limits, a compile error). The attempts go through the cache and
-`ptxbuild.replay.export_recording`, like a real build's. Not evidence about real kernels.
+`ptxbuild.search.replay.export_recording`, like a real build's. Not evidence about real kernels.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ptxbuild import replay  # noqa: E402
-from ptxbuild.cache import Cache  # noqa: E402
-from ptxbuild.search import enumerate_space  # noqa: E402
+from ptxbuild.search import replay  # noqa: E402
+from ptxbuild.search.strategies import enumerate_space  # noqa: E402
+from ptxbuild.store.cache import Cache  # noqa: E402
 
 SPACE = {
     "threads": [64, 128, 256, 512, 1024],

@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ptxbuild import lessons, replay  # noqa: E402
-from ptxbuild.lessons_io import parse_lessons  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
+from ptxbuild.search import replay  # noqa: E402
+from ptxbuild.store import lessons  # noqa: E402
+from ptxbuild.store.lessons_io import parse_lessons  # noqa: E402
 
 BAR = 0.25  # warm must reach within 2% in at most this fraction of cold's evaluations (median over shapes)
 

@@ -116,7 +116,7 @@ def patch_rmsnorm(
             "and variance_epsilon or eps)"
         )
     if kernel is None:
-        from . import load
+        from .runtime import load  # what ptxbuild.load calls
 
         kernel = load(target, **({"kernelfile": kernelfile} if kernelfile else {}))
     eps_built = built_eps(kernel) if check_eps else None

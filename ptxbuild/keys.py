@@ -1,6 +1,8 @@
-"""Content keys of the four cached steps: compile, verify, measure, build."""
+"""Content keys of the four cached steps: compile, verify, measure, build; the versions they name."""
 
 from __future__ import annotations
+
+from importlib import metadata
 
 from .problem import Kernel, Problem, digest
 
@@ -30,3 +32,11 @@ def build_key(
     hardware: dict | None,
 ) -> str:
     return digest("build", PIPELINE_VERSION, op_files, config, gpu, toolchain, deps, hardware)
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of the Python distribution `name` (a compiler wheel, a package), or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

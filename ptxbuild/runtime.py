@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernel_params import (
+from .launch import (
     PORTABLE_CLUSTER,
     SMEM_DEFAULT_BYTES,
     launch_attributes,
@@ -131,8 +131,8 @@ def load(
 
 
 def _load_kernelfile(kfp: Path, what: str):
-    from .kernelfile import KernelfileError
-    from .kernelfile import load as load_kf
+    from .declare.kernelfile import KernelfileError
+    from .declare.kernelfile import load as load_kf
 
     try:
         return load_kf(kfp)

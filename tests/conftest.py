@@ -1,8 +1,8 @@
 import pytest
 
-from ptxbuild.build import Context
-from ptxbuild.cache import Cache
-from ptxbuild.kernelfile import load
+from ptxbuild.build.target import Context
+from ptxbuild.declare.kernelfile import load
+from ptxbuild.store.cache import Cache
 
 from .fakes import FakeCompiler, FakeToolchain, toy_project
 

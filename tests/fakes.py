@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ptxbuild.compiler import CompileError
+from ptxbuild.compile.compiler import CompileError
 from ptxbuild.gpu.session import MeasureResult, VerifyResult
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Binary

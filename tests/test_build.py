@@ -5,12 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from ptxbuild import build as build_mod
 from ptxbuild import cli
-from ptxbuild.build import Context, build, plan
-from ptxbuild.cache import Cache
-from ptxbuild.graph import Target
-from ptxbuild.kernelfile import load
+from ptxbuild.build import target as build_mod
+from ptxbuild.build.target import Context, build, plan
+from ptxbuild.declare.graph import Target
+from ptxbuild.declare.kernelfile import load
+from ptxbuild.store.cache import Cache
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler, FakeGpu, FakeToolchain, fake_match
@@ -258,7 +258,7 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     """Gates judge a build and never change it: a stricter gate must not throw away a 30-minute GPU search
     (it did: gates were part of the build key). The target stays up to date, and the build, the report
     and `ptxbuild report` all judge it by the gate as it is now; a miss exits 1 but stays built and locked."""
-    from ptxbuild.lockfile import read_lock
+    from ptxbuild.outputs.lockfile import read_lock
 
     kf = proj / "kernelfile.toml"
     kf.write_text(
@@ -338,7 +338,7 @@ def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(pr
     import os
     import signal
 
-    import ptxbuild.build as build_mod
+    import ptxbuild.build.target as build_mod
 
     class Interrupting(FakeCompiler):
         def __call__(self, kernel, arch):
@@ -390,7 +390,7 @@ def test_a_first_sigint_while_a_finished_build_is_saved_keeps_its_record_and_rep
     import os
     import signal
 
-    import ptxbuild.build as build_mod
+    import ptxbuild.build.target as build_mod
 
     real = build_mod.write_artifacts
 
@@ -682,7 +682,7 @@ def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(pr
     still has the results table (the dispatch travels in the build's summary)."""
     import shutil
 
-    from ptxbuild.report import write_report
+    from ptxbuild.outputs.report import write_report
 
     ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
     build(ctx, [Target("scale", "h100")])
@@ -697,7 +697,7 @@ def test_a_report_can_be_rewritten_from_the_cache_where_the_artifacts_are_not(pr
 def test_a_stale_manifest_on_this_machine_does_not_replace_the_builds_own_results(proj):
     """The GPU machine's build comes back in the cache; build/ here holds an older local build's
     manifest with other winners. The rewritten report shows the GPU build's results."""
-    from ptxbuild.report import write_report
+    from ptxbuild.outputs.report import write_report
 
     ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
     build(ctx, [Target("scale", "h100")])
@@ -759,8 +759,8 @@ def test_a_declared_candidate_with_an_unknown_parameter_names_the_key(proj, monk
 def test_a_declared_candidate_value_outside_the_space_is_an_error(proj, entry, shown):
     """Values are compared with their type: 2.0 == 2 and True == 1 in Python, but they would render
     and key differently from the op's own values."""
-    from ptxbuild.build import check_declaration
-    from ptxbuild.kernelfile import KernelfileError
+    from ptxbuild.declare.checks import check_declaration
+    from ptxbuild.declare.kernelfile import KernelfileError
     from ptxbuild.oploader import load_op
 
     _declare_candidates(proj, f"[{{ {entry} }}]")
@@ -1019,7 +1019,7 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
 
 
 def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
-    from ptxbuild import gates
+    from ptxbuild.outputs import gates
 
     row = {
         "label": "bfloat16[32768x512]",
@@ -1173,7 +1173,7 @@ def test_a_playoff_times_near_ties_in_one_window_and_keeps_the_faster_there(proj
     assert all(
         d["p50_ms"] == 0.0099 for d in manifest["dispatch"]
     )  # the p50 of the window that chose it
-    from ptxbuild import lessons
+    from ptxbuild.store import lessons
 
     best_lessons = [r for r in lessons.listing(make_ctx(proj).cache) if r["kind"] == "best"]
     assert len(best_lessons) == len(
@@ -1298,7 +1298,7 @@ def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
     kernels: the playoff holds their bout (it once compared the main launch only and skipped it)."""
     from types import SimpleNamespace as NS
 
-    from ptxbuild.build import _Evaluator
+    from ptxbuild.build.target import _Evaluator
     from ptxbuild.gpu.session import MeasureResult
     from ptxbuild.outcome import Outcome
     from ptxbuild.problem import Launch, Problem
@@ -1338,15 +1338,17 @@ def test_the_report_names_ptxbuilds_code_by_content(proj, tmp_path):
     import shutil
     from pathlib import Path
 
-    from ptxbuild import report
+    from ptxbuild.outputs import environment as report
 
     build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
     md = (proj / "reports/scale@h100/report.md").read_text()
     assert f"; ptxbuild code `{report.code_digest()}`" in md and len(report.code_digest()) == 12
     pkg = tmp_path / "pkg"
-    shutil.copytree(Path(report.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(report.__file__).parents[1], pkg, ignore=shutil.ignore_patterns("__pycache__")
+    )
     assert report.code_digest(pkg) == report.code_digest()
-    (pkg / "gates.py").write_text((pkg / "gates.py").read_text() + "\n")
+    (pkg / "outputs/gates.py").write_text((pkg / "outputs/gates.py").read_text() + "\n")
     assert report.code_digest(pkg) != report.code_digest()
     assert (
         report.code_digest(tmp_path / "empty") == ""
@@ -1387,7 +1389,7 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(
     target must not cost the first one, finished and reported, its lock entry (a dependency built
     for twenty minutes, then the dependent interrupted, was left unlocked)."""
     from ptxbuild.gpu.session import GpuError
-    from ptxbuild.lockfile import read_lock
+    from ptxbuild.outputs.lockfile import read_lock
 
     real, seen = build_mod._build_target_signals_held, []
 
@@ -1412,7 +1414,7 @@ def test_a_stop_held_while_a_finished_target_is_saved_still_locks_it(proj, monke
     import os
     import signal
 
-    from ptxbuild.lockfile import read_lock
+    from ptxbuild.outputs.lockfile import read_lock
 
     real, calls = build_mod.write_report, []
 

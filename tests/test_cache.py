@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from ptxbuild.cache import SCHEMA_VERSION, Cache
+from ptxbuild.store.cache import SCHEMA_VERSION, Cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_migrates_a_v1_database_without_dropping_rows(tmp_path):
 
     import sqlite_utils
 
-    from ptxbuild.cache import MIGRATIONS
+    from ptxbuild.store.cache import MIGRATIONS
 
     db = sqlite_utils.Database(sqlite3.connect(tmp_path / "c.sqlite"))
     MIGRATIONS[1](db)
@@ -49,7 +49,7 @@ def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
 
     import sqlite_utils
 
-    from ptxbuild.cache import MIGRATIONS
+    from ptxbuild.store.cache import MIGRATIONS
 
     db = sqlite_utils.Database(sqlite3.connect(tmp_path / "c.sqlite"))
     MIGRATIONS[1](db)
@@ -87,7 +87,7 @@ def _v3_cache_with_a_compile(path, ptx: str, cubin: bytes):
 
     import sqlite_utils
 
-    from ptxbuild.cache import MIGRATIONS
+    from ptxbuild.store.cache import MIGRATIONS
 
     db = sqlite_utils.Database(sqlite3.connect(path))
     for v in (1, 2, 3):
@@ -219,7 +219,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.fakes import FakeCompiler
     from tests.conftest import make_ctx
-    from ptxbuild.build import build
+    from ptxbuild.build.target import build
     from pathlib import Path
     comp = FakeCompiler(delay_s=float(sys.argv[2]))
     build(make_ctx(Path(sys.argv[1]), comp))

@@ -9,7 +9,7 @@ from ptxbuild import cli
 
 
 def test_missing_compiler_is_a_tool_error_not_a_failed_build(proj, monkeypatch):
-    from ptxbuild import compiler
+    from ptxbuild.compile import compiler
 
     def missing():
         raise compiler.ToolchainMissing(
@@ -72,9 +72,9 @@ def test_inputs_that_used_to_succeed_silently_are_errors_that_name_the_input(pro
     )
     res = run("lessons", "show", "nosuchop")
     assert res.exit_code == 0 and "no lessons yet" in res.output  # an empty cache: the generic hint
-    from ptxbuild import lessons
-    from ptxbuild.cache import Cache
     from ptxbuild.problem import Problem
+    from ptxbuild.store import lessons
+    from ptxbuild.store.cache import Cache
 
     scope = lessons._scope("h100", "sm_90a", Problem.make("scale", "float32", (64, 1024)).key())
     Cache(proj / "cache/ptxbuild.sqlite").db["lessons"].insert(
@@ -229,8 +229,8 @@ def test_plan_stops_the_gpu_worker_it_started(proj, monkeypatch):
 def test_a_stopped_build_still_prints_the_gate_misses_of_the_targets_it_finished(proj, monkeypatch):
     """Ctrl-C after a target finished: it is locked, and the gate misses it was judged with are printed
     as after a whole build (they were not: the user saw only "interrupted")."""
-    from ptxbuild import build as build_mod
-    from ptxbuild.graph import Target
+    from ptxbuild.build import target as build_mod
+    from ptxbuild.declare.graph import Target
 
     from .conftest import make_ctx
 

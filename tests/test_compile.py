@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from ptxbuild.cli import main
-from ptxbuild.compiler import CompileError, compile_kernel, parse_resources
+from ptxbuild.compile.compiler import CompileError, compile_kernel, parse_resources
 from ptxbuild.problem import Kernel
 
 pytestmark = pytest.mark.compile
@@ -37,7 +37,7 @@ TWO = (
 
 @pytest.mark.parametrize("entry", ["small", "big"])
 def test_the_cubin_carries_the_registers_and_stack_ptxas_reported(entry):
-    from ptxbuild import cubin
+    from ptxbuild.compile import cubin
 
     b = compile_kernel(Kernel(TWO, entry), "sm_90a")
     assert cubin.resources(b.cubin, entry) == {"registers": b.registers, "stack": b.local_bytes}
@@ -49,7 +49,7 @@ def test_a_link_log_without_resources_falls_back_to_the_cubin(monkeypatch, entry
     """Seen on the H200 machine: identical PTX linked a second time gave a log with no resource
     report, so registers and spills read 0. The cubin's figures are used instead; a stack frame
     counts as spilled, so the spill filter still rejects the kernel."""
-    from ptxbuild import compiler
+    from ptxbuild.compile import compiler
 
     want = compile_kernel(Kernel(TWO, entry), "sm_90a")
     real = compiler.ptx_to_cubin
@@ -74,7 +74,7 @@ CALLS = (
 def test_a_callees_stack_counts_in_the_cubin_fallback():
     """A __noinline__ helper's locals are not in the kernel's own frame size (EIATTR_FRAME_SIZE = 0)
     but in its minimum stack size: the fallback must see them, or the kernel looks clean."""
-    from ptxbuild import cubin
+    from ptxbuild.compile import cubin
 
     b = compile_kernel(Kernel(CALLS, "k"), "sm_90a")
     found = cubin.resources(b.cubin, "k")
@@ -86,7 +86,7 @@ def test_a_cached_binary_without_a_resource_report_is_repaired_from_its_cubin():
     report; reading them back fills the figures in from the cubin."""
     from dataclasses import replace
 
-    from ptxbuild.compiler import with_resources
+    from ptxbuild.compile.compiler import with_resources
 
     good = compile_kernel(Kernel(TWO, "big"), "sm_90a")
     stale = replace(good, registers=0, spill_bytes=0, local_bytes=0, log="")
@@ -102,7 +102,7 @@ def test_a_cached_binary_without_a_resource_report_is_repaired_from_its_cubin():
 
 
 def test_a_cubin_that_is_not_elf_is_refused():
-    from ptxbuild import cubin
+    from ptxbuild.compile import cubin
 
     with pytest.raises(cubin.CubinError, match="not a 64-bit"):
         cubin.resources(b"MZ\x90\x00" * 16, "k")

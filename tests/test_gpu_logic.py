@@ -477,7 +477,7 @@ def test_planted_op_honours_the_contract_on_cpu():
 @pytest.mark.compile
 def test_planted_kernels_compile():
     pytest.importorskip("cuda.bindings.nvjitlink")
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.oploader import load_op
 
     op = load_op(str(Path(__file__).with_name("planted_op")), Path("."))

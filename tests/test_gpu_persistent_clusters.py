@@ -24,8 +24,9 @@ def test_runtime_launches_persistent_clusters_no_more_than_fit(monkeypatch):
     grid to the clusters that fit, and those clusters must still compute every row."""
     import cupy as cp
 
-    from ptxbuild import kernel_params, runtime
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild import launch as kernel_params
+    from ptxbuild import runtime
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
 

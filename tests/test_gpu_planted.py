@@ -34,7 +34,7 @@ def session():
 
 @cache
 def build(bad: str, cc: str):
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     op = load_op(OP, Path("."))
     params = {**op.default_params(SMALL), "BAD": bad}

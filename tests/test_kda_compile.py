@@ -30,7 +30,7 @@ def op():
 )
 @pytest.mark.parametrize("split,stages,op_dtype", [(1, 2, "f16"), (2, 3, "bf16"), (4, 2, "f16")])
 def test_compiles_without_spills(op, opts, split, stages, op_dtype):
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
     params = dict(split=split, stages=stages, op_dtype=op_dtype, prep_threads=128)
@@ -132,7 +132,7 @@ def test_every_prepare_config_compiles_without_spills(opts, op_dtype):
     """kda_prepare's whole SPACE (both variants) on the kernelfile's H = 96 shape and variations."""
     import itertools
 
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.oploader import load_op
 
     prep = load_op("kda_prepare", ROOT)
@@ -147,7 +147,7 @@ def test_every_prepare_config_compiles_without_spills(opts, op_dtype):
 
 
 def test_bundled_op_with_the_fast_prepare(op):
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96))
     params = {**op.default_params(pr), "prep_variant": 1}
@@ -167,7 +167,7 @@ def test_bundled_op_with_the_fast_prepare(op):
 @pytest.mark.parametrize("split,op_dtype", [(1, "f16"), (2, "bf16"), (8, "f16")])
 def test_the_fused_kernel_compiles_without_spills_and_fits_its_block(op, opts, split, op_dtype):
     """prep_variant 2: one entry, kda_fused; its registers must fit consumers + the 128 producer threads."""
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
     params = dict(split=split, stages=2, op_dtype=op_dtype, prep_threads=128, prep_variant=2)
@@ -185,7 +185,7 @@ def test_the_kernels_measured_on_the_h200_still_build_from_this_source(op):
     changes none of them needs no new GPU run). Skipped with another compiler build."""
     import json
 
-    from ptxbuild.compiler import compile_kernel, toolchain
+    from ptxbuild.compile.compiler import compile_kernel, toolchain
 
     lock = json.loads((ROOT / "kernelfile.lock").read_text())["targets"]["kda@h200"]
     if {k: v for k, v in toolchain().__dict__.items() if k in lock["toolchain"]} != lock[
@@ -207,7 +207,7 @@ def test_the_bulk_copy_and_row_store_recurrence_compiles(op, opts, split, stages
     """rec_copy="bulk" (two cp.async.bulk per stage on an mbarrier, one issuing thread) and
     o_store="rows" (bf16 pairs): no spills, the instructions they stand for are in the PTX, and the
     per-thread cp.async loop is gone."""
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
     params = {**op.default_params(pr), "split": split, "stages": stages}
@@ -253,7 +253,7 @@ def test_new_options_absent_render_the_measured_sources(op):
 def test_the_overlapped_prepare_compiles_and_publishes_its_flags(op):
     """prep_variant 3: kda_prepare_ovl clears its flags and triggers the dependent launch before any
     task, release-stores one flag per task; the recurrence acquires before each stage copy."""
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.problem import Kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96))
@@ -282,7 +282,7 @@ def test_the_compact_prepare_fits_six_blocks_per_sm(op, opts):
     """prep_compact=1 lays Km over the k and a rows: static smem and registers let 6 blocks of 128
     threads share an H100/H200 SM (228 KB, 1 KB reserved per block; 64K registers, 8-register
     allocation granules); the default layout stays at 5. Only prepare variant 1 has it."""
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.problem import Kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
@@ -314,7 +314,7 @@ def test_the_ksplit_recurrence_compiles_with_half_the_mma_per_warp(op, opts, spl
     mma.sync instead of 50 per warp, the pair syncs on its own named barrier (bar.sync 1 + pair, 64
     threads), twice the threads per block, the exchange buffers counted in the dynamic smem; only
     with bulk copies and O rows."""
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
     base = {**op.default_params(pr), "split": split, "stages": 3}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ptxbuild.kernelfile import load as load_kernelfile
+from ptxbuild.declare.kernelfile import load as load_kernelfile
 from ptxbuild.oploader import load_op, source_files
 from ptxbuild.problem import Problem
 
@@ -81,7 +81,7 @@ def test_inputs_outputs_args_reference(op, opts):
 
 def test_kernelfile_problems_accept_default_params():
     kf = load_kernelfile(ROOT / "kernelfile.toml")
-    from ptxbuild.build import problems_of
+    from ptxbuild.build.target import problems_of
 
     for name in STAGES:
         op = load_op(kf.ops[name].template, ROOT)
@@ -173,7 +173,7 @@ def test_build_key_follows_the_shared_sources(tmp_path):
         shutil.copytree(
             ROOT / "ops" / sub, tmp_path / "ops" / sub, ignore=shutil.ignore_patterns("__pycache__")
         )
-    from ptxbuild.build import _file_digests
+    from ptxbuild.build.target import _file_digests
 
     for name, shared in (
         ("kda_prepare", "kda_prepare.cu"),
@@ -209,7 +209,7 @@ def test_plan_lists_prepare_first():
 @pytest.mark.parametrize("name", STAGES)
 def test_default_config_compiles_without_spills(name):
     pytest.importorskip("cuda.bindings", reason="needs the CUDA compiler wheels")
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     op = load_op(name, ROOT)
     pr = Problem.make(name, "bfloat16", (8192, 96))

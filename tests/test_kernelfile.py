@@ -123,7 +123,7 @@ def test_unknown_target_did_you_mean(proj):
 def test_gates_and_the_metric_leave_the_op_config_as_locks_recorded_it(proj):
     """Gates and the metric judge a build, they do not change it: declaring or editing them keeps the config
     (and so every lock's declaration digest, written with the defaults) as it was."""
-    from ptxbuild.kernelfile import KernelfileError, load
+    from ptxbuild.declare.kernelfile import KernelfileError, load
 
     (proj / "kernelfile.toml").write_text(GOOD)
     before = load(proj / "kernelfile.toml").ops["scale"].config()

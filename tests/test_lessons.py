@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from ptxbuild import lessons
-from ptxbuild.build import build
-from ptxbuild.cache import Cache
-from ptxbuild.catalog import CATALOG
-from ptxbuild.graph import Target
+from ptxbuild.build.target import build
+from ptxbuild.declare.catalog import CATALOG
+from ptxbuild.declare.graph import Target
 from ptxbuild.problem import Problem
+from ptxbuild.store import lessons
+from ptxbuild.store.cache import Cache
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler, FakeGpu, fake_match
@@ -239,7 +239,7 @@ def test_a_scope_keeps_one_live_best_the_latest_run_that_measured_it_wins(tmp_pa
         } == {k: v for k, v in changed[-1].items() if k != "confidence"}
     else:
         assert sorted(r["id"] for r in live) == sorted([old["id"], new["id"]]) and again == []
-    from ptxbuild.lessons_io import (  # the retired one exports and parses back
+    from ptxbuild.store.lessons_io import (  # the retired one exports and parses back
         export_lessons,
         parse_lessons,
     )
@@ -356,7 +356,7 @@ def test_compile_only_target_picks_its_config_from_a_transferred_lesson_and_says
 
 
 def test_measured_search_tries_an_exact_scope_lesson_then_the_default_then_nearer_scopes():
-    from ptxbuild.lessons import order_seeds
+    from ptxbuild.store.lessons import order_seeds
 
     exact, near, far, default = {"a": 1}, {"a": 2}, {"a": 3}, {"a": 9}
     used = [{"distance": 0}, {"distance": 0.5}, {"distance": 3.0}]
@@ -367,7 +367,7 @@ def test_measured_search_tries_an_exact_scope_lesson_then_the_default_then_neare
 
 
 def test_in_run_seeds_are_the_winners_of_earlier_problems_only(proj):
-    from ptxbuild.kernelfile import load
+    from ptxbuild.declare.kernelfile import load
     from ptxbuild.oploader import load_op
 
     ctx = make_ctx(proj)

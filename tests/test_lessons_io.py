@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ptxbuild import lessons_io
-from ptxbuild.build import build
-from ptxbuild.cache import Cache
+from ptxbuild.build.target import build
 from ptxbuild.cli import main
-from ptxbuild.graph import Target
-from ptxbuild.lessons_io import LessonsFileError, export_lessons, import_lessons
+from ptxbuild.declare.graph import Target
+from ptxbuild.store import lessons_io
+from ptxbuild.store.cache import Cache
+from ptxbuild.store.lessons_io import LessonsFileError, export_lessons, import_lessons
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler, FakeGpu, fake_match

@@ -8,13 +8,13 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from ptxbuild.build import build
+from ptxbuild.build.locked import build_locked
+from ptxbuild.build.target import build
 from ptxbuild.cli import main
-from ptxbuild.graph import Target
-from ptxbuild.kernelfile import load
-from ptxbuild.lockfile import (
+from ptxbuild.declare.graph import Target
+from ptxbuild.declare.kernelfile import load
+from ptxbuild.outputs.lockfile import (
     LockError,
-    build_locked,
     entry_digest,
     lock_path,
     read_lock,
@@ -210,7 +210,7 @@ def test_cli_locked_reproduces_real_ptx_and_cubin(proj):
 
 @pytest.mark.compile
 def test_compiler_is_deterministic(proj):
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
 
@@ -224,7 +224,7 @@ def test_compiler_is_deterministic(proj):
 def test_editing_another_ops_section_leaves_a_lock_entry_valid(proj):
     """A lock entry depends on its own op's declaration, not on the whole kernelfile: a model repo
     adding an op does not have to re-verify every other one on its GPU."""
-    from ptxbuild.graph import Target
+    from ptxbuild.declare.graph import Target
 
     _built(proj)
     kf = proj / "kernelfile.toml"
@@ -267,7 +267,7 @@ def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_ide
     """A comment in the kernel source changes the op's digest, not a kernel: `relock` recompiles
     every locked config, finds the same PTX, cubin and launch, and updates only the op file
     digests; --locked then builds again."""
-    from ptxbuild.lockfile import relock
+    from ptxbuild.build.locked import relock
 
     _built(proj, _CommentBlind())
     before = json.loads((proj / "kernelfile.lock").read_text())["targets"]
@@ -293,7 +293,7 @@ def test_relock_accepts_a_kernel_source_edit_that_leaves_every_locked_binary_ide
 def test_relock_refuses_any_edit_to_the_ops_python(proj):
     """op.py computes kernel arguments, launches and outputs at run time: swapping two arguments
     leaves every binary identical, so a recompile cannot vouch for a host-code edit."""
-    from ptxbuild.lockfile import relock
+    from ptxbuild.build.locked import relock
 
     _built(proj)
     text = (proj / "kernelfile.lock").read_text()
@@ -315,7 +315,7 @@ def test_relock_refuses_any_edit_to_the_ops_python(proj):
 def test_relock_refuses_an_edit_that_changes_a_kernel_or_the_version_and_leaves_the_lock(
     proj, edit
 ):
-    from ptxbuild.lockfile import relock
+    from ptxbuild.build.locked import relock
 
     _built(proj)
     text = (proj / "kernelfile.lock").read_text()
@@ -340,7 +340,7 @@ def test_relock_records_a_configs_own_ptx_when_its_cubin_reproduces(proj):
     """A lock written before the per-config fix could pin the PTX of another config with the same
     cubin: --locked refuses it; relock keeps the cubin (what was verified and timed) and records the
     config's own PTX; a cubin that differs is still refused."""
-    from ptxbuild.lockfile import relock
+    from ptxbuild.build.locked import relock
 
     _built(proj)
     first = {}
@@ -381,7 +381,7 @@ def test_two_problems_whose_configs_share_a_cubin_each_lock_their_own_ptx(proj):
     """Problem 7x100 prefers vec 2, 64x1024 vec 4; both compile to one cubin with two PTX: the lock's
     variant holds the first's PTX, the second's entry its own digest, and --locked reproduces both;
     relock changes nothing."""
-    from ptxbuild.lockfile import relock
+    from ptxbuild.build.locked import relock
 
     from .fakes import FakeGpu, fake_match
 
@@ -427,7 +427,7 @@ def test_a_compile_only_build_does_not_replace_a_measured_lock_entry_or_report(p
     """A kernelfile edit makes the target stale everywhere; rebuilding it on a machine without its GPU
     must not downgrade the lock's measured entry to an unmeasured one (it stays, and drifts, until
     a build on the GPU)."""
-    from ptxbuild.graph import Target
+    from ptxbuild.declare.graph import Target
 
     from .fakes import FakeGpu, fake_match
 
@@ -549,7 +549,7 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     """A fresh clone (no cache) built without the GPU: the measured lock entry stays, but build/ holds the
     op's default kernels, and `plan` called that up to date while `ptxbuild.load` would run them."""
     from ptxbuild import cli
-    from ptxbuild.graph import Target
+    from ptxbuild.declare.graph import Target
 
     from .fakes import FakeGpu, fake_match
 
@@ -586,7 +586,7 @@ def test_a_new_compiler_wheel_or_a_hand_edited_entry_is_rewritten_even_with_the_
     """Kept entries are only those whose pins did not move: a patch release of NVRTC (same cubins) must
     still be recorded, or `--locked` on the machine that just rebuilt reports toolchain drift; and an
     entry edited by hand is replaced by the rebuild its error message recommends."""
-    import ptxbuild.lockfile as lf
+    import ptxbuild.outputs.lockfile as lf
 
     _built(proj)
     real = lf.installed_version
@@ -611,7 +611,7 @@ def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
     """`build --locked` records no cache build, so on a fresh clone `plan` said "never built" after it and a
     plain `build` searched again. build/ holding what a valid lock entry pins is up to date; an input the
     lock pins changing, or the target's GPU appearing for a compile-only entry, makes it stale again."""
-    from ptxbuild.build import plan
+    from ptxbuild.build.target import plan
 
     from .fakes import FakeGpu, fake_match
 

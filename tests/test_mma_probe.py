@@ -15,7 +15,7 @@ _spec.loader.exec_module(probe)
 @pytest.mark.parametrize("chains", probe.CHAINS)
 def test_each_probe_kernel_has_its_chains_unrolled_and_no_spills(chains):
     pytest.importorskip("cuda.bindings", reason="needs the CUDA compiler wheels")
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     b = compile_kernel(probe.kernel(chains), "sm_90a")
     n = b.ptx.count("mma.sync.aligned.m16n8k16")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ptxbuild import replay
-from ptxbuild.build import build
-from ptxbuild.graph import Target
+from ptxbuild.build.target import build
+from ptxbuild.declare.graph import Target
+from ptxbuild.search import replay
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler, FakeGpu, fake_match

@@ -691,7 +691,7 @@ REPRESENTATIVE = [
 def test_bulk_copies_the_part_in_four_pieces_and_holds_no_row_in_registers():
     """stage=bulk: one cp.async.bulk per quarter of the CTA's part (x and residual: 8), four mbarriers,
     and far fewer registers than the register-resident kernel of the same row (which holds the part)."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("bfloat16", (8192, 262144), residual=True)
     bulk = op._full(
         {"regime": "cluster", "threads": 512, "cluster": 8, "stage": "bulk", "unroll": 2}
@@ -710,7 +710,7 @@ def test_bulk_copies_the_part_in_four_pieces_and_holds_no_row_in_registers():
 def test_bulk_register_tail_halves_shared_memory_and_fits_the_register_cap():
     """bulk_reg=8 at cluster 2 x 1024 threads (bf16 256K: 256 KB per CTA): 128 KB bulk-copied in 4
     parts, 8 vectors per lane (128 KB) loaded into registers, no spills at the 64-register cap."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("bfloat16", (8192, 262144))
     hybrid = op._full(
         {
@@ -734,7 +734,7 @@ def test_bulk_register_tail_halves_shared_memory_and_fits_the_register_cap():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("case", REPRESENTATIVE, ids=lambda c: f"{c[3]['regime']}-{c[0]}-{c[1][1]}")
 def test_compiles_without_spills(arch, case):
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     dtype, shape, opts, params = case
     p = prob(dtype, shape, **opts)
     params = op._full(params)
@@ -751,7 +751,7 @@ def test_compiles_without_spills(arch, case):
 def test_nc_ef_streams_x_with_an_evict_first_policy_and_keeps_the_late_weight(arch):
     """load_hint=nc_ef: x (and residual) loads carry an L2 evict_first cache policy, the late weight
     loads an evict_last one; other hints emit no policy. Same registers as "nc"."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("float32", (32768, 8192), residual=True)
     base = op._full({"regime": "block", "threads": 512, "weight_load": "late"})
     ef = compiler.compile_kernel(op.render({**base, "load_hint": "nc_ef"}, p, arch), arch)
@@ -776,7 +776,7 @@ def test_chunk_reads_the_row_twice_and_h_back_from_residual_out(residual):
     does; pass 2 loads x again with evict_first, or with a residual reads h back from residual_out with
     a coherent ld.global (never .nc: this kernel wrote it), plus the weight (evict_last). Two loops of
     one vector per lane, so ~24 registers, not the row."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("float32", (32768, 8192), residual=residual)
     cfg = op._full(
         {"regime": "block", "threads": 512, "stage": "chunk", "min_blocks": 3, "load_hint": "l2"}
@@ -803,7 +803,7 @@ def test_chunk_reads_the_row_twice_and_h_back_from_residual_out(residual):
 def test_chunk_unroll_8_is_one_pass_1_batch_and_two_pass_2_rounds():
     """Triton's shape at fp32 32K: all 8 vectors of a lane in flight in pass 1, then pass 2 in two
     rounds of 4 (x re-read with evict_first, weight, y stored), so 1024 threads fit without spills."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("float32", (32768, 32768))
     cfg = op._full(
         {"regime": "block", "threads": 1024, "stage": "chunk", "unroll": 8, "load_hint": "l2"}
@@ -881,7 +881,7 @@ def test_warp_pipe_launches_min_blocks_persistent_blocks_per_sm():
 def test_warp_pipe_loads_the_next_group_before_it_stores_this_one():
     """Loads of the next row group are issued before the current group's reduction and stores: in
     the loop body, the first x load comes before the first shuffle and the first y store."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("bfloat16", (32768, 512))
     cfg = op._full(
         {"regime": "warp", "threads": 256, "rows_per_group": 2, "stage": "pipe", "min_blocks": 2}
@@ -897,7 +897,7 @@ def test_warp_pipe_loads_the_next_group_before_it_stores_this_one():
 
 @pytest.mark.compile
 def test_pipe_fetches_rows_with_bulk_copies_on_two_mbarriers():
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("float32", (32768, 8192), residual=True)
     cfg = op._full({"regime": "block", "threads": 512, "stage": "pipe"})
     b = compiler.compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
@@ -911,7 +911,7 @@ def test_pipe_fetches_rows_with_bulk_copies_on_two_mbarriers():
 @pytest.mark.compile
 def test_default_params_compile_for_the_matrix_on_sm90a():
     """Every matrix problem's default compiles with 0 spills (distinct sources only: ~50)."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     seen = {}
     for p in matrix():
         k = op.render(op.default_params(p), p, "sm_90a")
@@ -948,7 +948,7 @@ def test_cluster_sum_pushes_partials_with_st_async_and_one_cluster_barrier(stage
     """The cluster regime reduces one-way: each CTA pushes its partial into every CTA's slot with
     st.async (complete_tx on that CTA's mbarrier) and waits on its own mbarrier; the only cluster
     barrier is the start-up one (arrive at kernel start, wait before the first push), none at exit."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("bfloat16", (16384, 131072), residual=True)
     extra = {"unroll": 4} if stage == "smem" else {}
     cfg = op._full({"regime": "cluster", "cluster": 4, "threads": 512, "stage": stage, **extra})
@@ -983,7 +983,7 @@ def test_fast_front_and_w_el_render_only_when_on_and_change_the_warp_kernel():
     """fast_front / w_el (FAST_FRONT / W_EL in rmsnorm.cu, runs 17f-g, 18e): off, the source is the
     one rendered before they existed (no define; defining them 0 changes nothing); fast_front adds
     the 32-bit unpredicated path (a second copy of the loads), w_el asks L1 to keep the weight."""
-    compiler = pytest.importorskip("ptxbuild.compiler")
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
     p = prob("bfloat16", (32768, 512))
     cfg = op._full(
         {

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from ptxbuild.build import build
+from ptxbuild.build.target import build
 from ptxbuild.runtime import LoaderError, arch_runs_on, load, load_choice
 
 from .conftest import make_ctx
@@ -51,7 +51,7 @@ def test_import_needs_no_compiler_torch_or_cupy():
     code = (
         "import sys, ptxbuild, ptxbuild.runtime; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'cuda') "
-        "or m in ('ptxbuild.compiler', 'ptxbuild.build')]; print(bad)"
+        "or m in ('ptxbuild.compile.compiler', 'ptxbuild.build.target')]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -246,7 +246,7 @@ def test_launch_attributes_for_clusters_and_programmatic_dependent_launches():
     """cuLaunchKernelEx's attributes of a Launch: none for a plain one (cuLaunchKernel does), the
     cluster shape, and programmatic stream serialization for pdl=True (KDA's prep_variant 3)."""
     cu = pytest.importorskip("cuda.bindings.driver", reason="needs cuda-bindings")
-    from ptxbuild.kernel_params import launch_attributes
+    from ptxbuild.launch import launch_attributes
     from ptxbuild.problem import Launch
 
     plain = Launch((4, 1, 1), (128, 1, 1))
@@ -272,7 +272,7 @@ def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident
     cluster fits is an error, not a hang; a persistent launch must be one-dimensional."""
     from types import SimpleNamespace
 
-    from ptxbuild import kernel_params
+    from ptxbuild import launch as kernel_params
     from ptxbuild.problem import Launch
 
     calls = []

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxbuild.search import best, enumerate_space, run_search
+from ptxbuild.search.strategies import best, enumerate_space, run_search
 
 SPACE = {"a": [1, 2, 4, 8, 16, 32], "b": [32, 64, 96, 128, 256, 512], "c": ["x", "y"]}
 
@@ -71,7 +71,7 @@ def big_valid(c):
 
 @pytest.mark.parametrize("strategy", ["random", "evolutionary", "exhaustive", "auto"])
 def test_spaces_too_large_to_enumerate_are_searched_without_enumerating(strategy, monkeypatch):
-    import ptxbuild.search as search
+    import ptxbuild.search.strategies as search
 
     assert search.valid_configs(BIG, big_valid) is None
     monkeypatch.setattr(
@@ -94,7 +94,7 @@ def test_spaces_too_large_to_enumerate_are_searched_without_enumerating(strategy
 def test_random_valid_is_uniform_over_valid_configs():
     import random
 
-    from ptxbuild.search import random_valid
+    from ptxbuild.search.strategies import random_valid
 
     rng = random.Random(0)
     draws = [random_valid(BIG, big_valid, rng) for _ in range(400)]
@@ -106,7 +106,7 @@ def test_random_valid_is_uniform_over_valid_configs():
 def test_rmsnorm_space_is_sampled_not_enumerated(monkeypatch):
     """The rmsnorm space (2.5 M combinations) is not checked config by config before a search
     (that cost ~15 s per problem on the H200 builds); a random search still finds valid configs."""
-    import ptxbuild.search as search
+    import ptxbuild.search.strategies as search
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
 
@@ -159,7 +159,7 @@ def test_random_search_of_a_large_space_ends_when_its_few_valid_configs_are_trie
 
 
 def test_neighbours_move_one_declared_parameter_and_skip_tried_and_invalid_configs():
-    from ptxbuild.search import neighbours
+    from ptxbuild.search.strategies import neighbours
 
     cfg = {"a": 16, "b": 256, "c": "x"}
     tried = [cfg, {"a": 16, "b": 256, "c": "y"}]

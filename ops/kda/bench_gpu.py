@@ -59,7 +59,7 @@ _MODULES: dict = {}  # rendered source -> (cupy module, compile info); T does no
 
 def load_module(cp, kernel, params: dict, problem: Problem):
     try:
-        from ptxbuild.compiler import ToolchainMissing, compile_kernel
+        from ptxbuild.compile.compiler import ToolchainMissing, compile_kernel
     except ImportError:
         compile_kernel = None
     if compile_kernel is not None:

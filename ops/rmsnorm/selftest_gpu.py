@@ -2,7 +2,7 @@
 
     python3 ops/rmsnorm/selftest_gpu.py [-k substring] [-D NAME=VALUE ...]
 
-Needs cupy and cuda-bindings. Compiles with ptxbuild.compiler for this GPU's arch, launches with
+Needs cupy and cuda-bindings. Compiles with ptxbuild.compile.compiler for this GPU's arch, launches with
 cuLaunchKernelEx (cluster dims as a launch attribute), compares with op.reference(), prints one
 line per case; the exit code is the number of failures (capped at 1). -D NAME=VALUE compiles every
 case with that macro: a path of rmsnorm.cu that op.py does not select yet (e.g. -D FAST_FRONT=1) is
@@ -21,9 +21,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ptxbuild.compiler import compile_kernel  # noqa: E402
+from ptxbuild.compile.compiler import compile_kernel  # noqa: E402
 from ptxbuild.gpu import check  # noqa: E402
-from ptxbuild.kernel_params import resident_grid  # noqa: E402
+from ptxbuild.launch import resident_grid  # noqa: E402
 from ptxbuild.oploader import load_op  # noqa: E402
 from ptxbuild.problem import Problem  # noqa: E402
 

@@ -7,7 +7,7 @@ import tempfile
 
 import numpy as np
 
-from ..kernel_params import (
+from ..launch import (
     PORTABLE_CLUSTER,
     SMEM_DEFAULT_BYTES,
     launch_attributes,

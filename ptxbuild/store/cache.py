@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlite_utils
 
-from .problem import Binary
+from ..problem import Binary
 
 SCHEMA_VERSION = 4
 _ELF = b"\x7fELF"

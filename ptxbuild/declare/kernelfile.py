@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..dtypes import ALIASES, DTYPES
 from .catalog import ARCHES, CATALOG, Gpu, did_you_mean
-from .dtypes import ALIASES, DTYPES
 
 
 class KernelfileError(Exception):
@@ -236,7 +236,7 @@ def parse(text: str, path: Path) -> Kernelfile:
                     f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]"
                 )
         template = op.template or name
-        from .oploader import op_dir
+        from ..oploader import op_dir
 
         if not (op_dir(template, root) / "op.py").is_file():
             known = sorted(p.parent.name for p in (root / "ops").glob("*/op.py"))

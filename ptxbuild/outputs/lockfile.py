@@ -1,31 +1,23 @@
-"""kernelfile.lock: what a build chose, pinned, and `ptxbuild build --locked` that reproduces it.
+"""kernelfile.lock: what a build chose, pinned (`ptxbuild build --locked` is build/locked.py).
 
 The lock sits beside kernelfile.toml as JSON with sorted keys (one stable text form). Per target it records the
 kernelfile digest, the op's files, the toolchain (versions and wheel versions), the GPU spec, the hardware fingerprint
 the numbers were measured on (or null), every chosen variant with its PTX and cubin sha256, and the dispatch table with
 the measured numbers (an entry whose config shares its variant's cubin, not its PTX, has its own ptx_sha256). Each
 target entry carries the sha256 of its own canonical form, so a hand edit is reported rather than used.
-
-A locked build renders exactly the locked configs, compiles them, and compares both digests with the lock; any drift
-(kernelfile, op files, toolchain, PTX, cubin, or a failed verification on a GPU of the target's model) is a LockError
-naming the target, the variant, expected and got, and nothing of that build is written.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
-from .artifacts import pin_ptx, target_dir, write_artifacts
-from .build import TargetResult, hardware_for
-from .compiler import installed_version
-from .graph import all_targets, build_order
-from .oploader import load_op, source_files
-from .problem import Binary, Launch, Problem, canonical_json
-from .report import rejudge
+from ..declare.graph import all_targets
+from ..keys import installed_version
+from ..oploader import load_op, source_files
+from ..problem import canonical_json
+from .manifest import target_dir
 
 LOCK_VERSION = 1
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
@@ -47,18 +39,18 @@ def wheel_versions() -> dict[str, str | None]:
     return {name: installed_version(name) for name in WHEELS}
 
 
-def _sha(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
 def declaration_digest(spec) -> str:
     """sha256 of an op's own section of the kernelfile (OpSpec.config()): what a lock entry depends on;
     editing another op's section leaves it valid."""
-    return _sha(canonical_json(spec.config()).encode())
+    return sha256(canonical_json(spec.config()).encode())
 
 
 def entry_digest(entry: dict) -> str:
-    return _sha(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}).encode())
+    return sha256(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}).encode())
 
 
 def dumps(lock: dict) -> str:
@@ -94,7 +86,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
     for digest, v in sorted(m["variants"].items()):
         cubin = (manifest_path.parent / v["cubin"]).read_bytes()
         ptx = (manifest_path.parent / v["ptx"]).read_bytes()
-        if _sha(cubin) != digest:
+        if sha256(cubin) != digest:
             raise LockError(
                 f"{target}: {v['cubin']} does not match its manifest digest; rebuild before locking"
             )
@@ -102,7 +94,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
             "entry": v["entry"],
             "arch": v["arch"],
             "cubin_sha256": digest,
-            "ptx_sha256": _sha(ptx),
+            "ptx_sha256": sha256(ptx),
             "ptx_isa": v.get("ptx_isa"),
             "registers": v.get("registers"),
             "spill_bytes": v.get("spill_bytes"),
@@ -119,7 +111,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
         "gpu": m["gpu"],
         "toolchain": m["toolchain"],
         "wheels": wheel_versions(),
-        "op_files": {p.name: _sha(p.read_bytes()) for p in source_files(op)},
+        "op_files": {p.name: sha256(p.read_bytes()) for p in source_files(op)},
         "measured_on_hardware": m["measured_on_hardware"],
         "hardware": m.get("hardware"),
         "variants": variants,
@@ -160,7 +152,7 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
             ):  # same kernels: left as is
                 targets[str(r.target)] = new
     declared = {str(t) for t in all_targets(kf)}
-    return _write(path, {k: v for k, v in targets.items() if k in declared})
+    return write_lock(path, {k: v for k, v in targets.items() if k in declared})
 
 
 def pinned_binaries(kf) -> dict[str, list[str]]:
@@ -194,7 +186,7 @@ def _pins(entry: dict) -> str:
     )
 
 
-def _write(path: Path, targets: dict) -> Path | None:
+def write_lock(path: Path, targets: dict) -> Path | None:
     text = dumps(
         {
             "lock_version": LOCK_VERSION,
@@ -210,7 +202,7 @@ def _write(path: Path, targets: dict) -> Path | None:
     return path
 
 
-def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
+def check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
     kf = ctx.kf
     if entry is None:
         raise LockError(
@@ -252,13 +244,13 @@ def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
                 f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
                 f"run: pip install '{name}=={want}'"
             )
-    files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
+    files = {p.name: sha256(p.read_bytes()) for p in source_files(op)}
     for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
         if files.get(name) != entry["op_files"].get(name):
             how = (
-                _RELOCK
+                RELOCK
                 if name.endswith(KERNEL_SOURCE_SUFFIXES)
-                else "the op's host code changed: " + _RELOCK_GPU
+                else "the op's host code changed: " + RELOCK_GPU
             )
             raise LockError(
                 f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
@@ -266,179 +258,17 @@ def _check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
             )
     if entry["op_version"] != op.VERSION:
         raise LockError(
-            f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {_RELOCK.format(t=t)}"
+            f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {RELOCK.format(t=t)}"
         )
 
 
 KERNEL_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".ptx")  # what relock may accept edits to
-_RELOCK_GPU = (
+RELOCK_GPU = (
     "check out the locked revision, or run `ptxbuild build {t}` (on the target's GPU when it was "
     "measured) to search, verify and lock again"
 )
-_RELOCK = (
+RELOCK = (
     "the op's sources changed since the lock was written: run `ptxbuild relock {t}` if only kernel "
     "sources changed and the edit cannot alter the kernels (it checks that every locked binary "
-    "reproduces); otherwise " + _RELOCK_GPU
+    "reproduces); otherwise " + RELOCK_GPU
 )
-
-
-def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict]:
-    """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts.
-    `ptx_of` (relock, no GPU): dispatch index -> each config's PTX sha256; a PTX that alone differs is not refused."""
-    gpu = ctx.kf.gpus[t.gpu]
-    chosen = []
-    for i, d in enumerate(entry["dispatch"]):
-        problem = Problem.make(**d["problem"])
-        want = entry["variants"].get(d["binary"])
-        if want is None:
-            raise LockError(
-                f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
-                f"does not list"
-            )
-        b = ctx.compile_fn(op.render(d["params"], problem, gpu.arch), gpu.arch)
-        got_ptx, got_cubin = _sha(b.ptx.encode()), b.digest
-        name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
-        want_ptx = d.get(
-            "ptx_sha256", want["ptx_sha256"]
-        )  # its own, where another config has this cubin
-        if ptx_of is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
-            ptx_of[i] = got_ptx
-        elif got_ptx != want_ptx:
-            raise LockError(
-                f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
-                f"artifacts not written"
-            )
-        if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
-            raise LockError(
-                f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
-                f"artifacts not written"
-            )
-        b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
-        chosen.append({**d, "_binary": b, "_problem": problem})
-    if ptx_of is None and hardware_for(ctx, gpu) is not None:
-        for c in chosen:
-            v = ctx.gpu.verify(str(op.FOLDER), c["params"], c["_problem"], c["_binary"])
-            if v.outcome.value != "ok":
-                raise LockError(
-                    f"{t}: variant {c['binary'][:12]} ({c['label']}) failed verification on this GPU: "
-                    f"{v.outcome.value} {v.detail}; artifacts not written"
-                )
-    return [{k: v for k, v in c.items() if k != "_problem"} for c in chosen]
-
-
-def build_locked(ctx, targets=None) -> list[TargetResult]:
-    """Rebuild exactly the locked artifacts (compile, compare, verify; no search); any drift leaves build/ as it was."""
-    lock = read_lock(ctx.kf)
-    order = [
-        (t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
-        for t in build_order(ctx.kf, targets)
-    ]
-    for (
-        t,
-        entry,
-        op,
-    ) in order:  # every entry first: a missing or drifted one fails before anything compiles
-        _check_entry(ctx, t, entry, op)
-    plan = []
-    for t, entry, op in order:
-        ctx.report("target_start", target=t, reason="locked")
-        plan.append((t, entry, op, _reproduce(ctx, t, entry, op)))
-    results = []
-    for t, entry, op, chosen in plan:
-        manifest = write_artifacts(
-            ctx.kf,
-            t,
-            ctx.kf.gpus[t.gpu],
-            op,
-            chosen,
-            {
-                "measured": entry["measured_on_hardware"],
-                "toolchain": entry["toolchain"],
-                "hardware": entry.get("hardware"),
-            },
-        )
-        results.append(
-            TargetResult(
-                t,
-                "built",
-                f"locked: {len(entry['variants'])} variant(s) reproduced",
-                entry["measured_on_hardware"],
-                manifest,
-                rejudge(ctx.kf, t, entry),
-            )
-        )
-    return results
-
-
-_LAUNCH_DEFAULTS = json.loads(
-    canonical_json(
-        {
-            f.name: f.default
-            for f in dataclasses.fields(Launch)
-            if f.default is not dataclasses.MISSING
-        }
-    )
-)
-
-
-def relock(ctx, targets=None) -> list[tuple[str, str]]:
-    """Accept edits to an op's kernel sources that cannot change what a lock pins: for a target whose only
-    drift is in kernel source files (same VERSION, declaration, GPU spec, toolchain, Python files), every
-    locked config must compile to the locked PTX and cubin byte for byte with the same launch; then the op
-    file digests are updated. With no source edit since the lock, a PTX that alone differs is recorded
-    anew (see pin_ptx). No GPU. All targets are checked before the lock is written. Returns [(target, what)]."""
-    entries = dict(read_lock(ctx.kf)["targets"])
-    done = []
-    for t in build_order(ctx.kf, targets):
-        entry = entries.get(str(t))
-        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
-        _check_entry(ctx, t, entry, op, op_files=False)
-        files = {p.name: _sha(p.read_bytes()) for p in source_files(op)}
-        changed = sorted(
-            n
-            for n in set(files) | set(entry["op_files"])
-            if files.get(n) != entry["op_files"].get(n)
-        )
-        if host := [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]:
-            raise LockError(
-                f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "
-                f"launches and outputs, which a recompile cannot check; {_RELOCK_GPU.format(t=t)}"
-            )
-        gpu = ctx.kf.gpus[t.gpu]
-        for d in entry["dispatch"]:
-            now = json.loads(
-                canonical_json(
-                    op.launch(d["params"], Problem.make(**d["problem"]), gpu.sm_count).__dict__
-                )
-            )
-            want = {
-                **_LAUNCH_DEFAULTS,
-                **d.get("launch", now),
-            }  # fields added since: their defaults
-            if now != want:
-                raise LockError(
-                    f"{t}: {d['label']}: launch drift: locked {canonical_json(want)}, now "
-                    f"{canonical_json(now)}; rebuild unlocked to relock"
-                )
-        # no source edit since the lock: a PTX that alone differs was mis-recorded (cubins are what was verified)
-        ptx_of: dict[int, str] = {}
-        _reproduce(ctx, t, entry, op, None if changed else ptx_of)
-        variants, dispatch = copy.deepcopy(entry["variants"]), copy.deepcopy(entry["dispatch"])
-        if ptx_of:
-            pin_ptx(dispatch, [ptx_of[i] for i in range(len(dispatch))], variants)
-        fixed = sum(
-            d.get("ptx_sha256", variants[d["binary"]]["ptx_sha256"])
-            != o.get("ptx_sha256", entry["variants"][o["binary"]]["ptx_sha256"])
-            for d, o in zip(dispatch, entry["dispatch"])
-        )
-        if not changed and not fixed:
-            done.append((str(t), "unchanged"))
-            continue
-        entry = {**entry, "op_files": files, "variants": variants, "dispatch": dispatch}
-        entries[str(t)] = {**entry, "entry_sha256": entry_digest(entry)}
-        what = [f"edits to {', '.join(changed)}"] * bool(changed) + [
-            f"{fixed} PTX recorded anew (same cubin)"
-        ] * bool(fixed)
-        done.append((str(t), f"{len(variants)} variant(s) reproduce after {'; '.join(what)}"))
-    _write(lock_path(ctx.kf), entries)
-    return done

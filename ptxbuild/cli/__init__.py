@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .cache import Cache
+from ..store.cache import Cache
 
 EXIT_BUILD_FAILED = 1
 EXIT_CONFIG = 2
@@ -31,10 +31,10 @@ class ConfigError(click.ClickException):
 
 
 def _kernelfile(path: str, ops: bool = True):
-    from .build import check_declaration
-    from .graph import TargetError
-    from .kernelfile import KernelfileError, load
-    from .oploader import OpError, load_op
+    from ..declare.checks import check_declaration
+    from ..declare.graph import TargetError
+    from ..declare.kernelfile import KernelfileError, load
+    from ..oploader import OpError, load_op
 
     try:
         kf = load(path)
@@ -48,7 +48,7 @@ def _kernelfile(path: str, ops: bool = True):
 
 
 def _targets(kf, names):
-    from .graph import TargetError, parse_target
+    from ..declare.graph import TargetError, parse_target
 
     try:
         return [t for n in names for t in parse_target(n, kf)] if names else None
@@ -57,8 +57,8 @@ def _targets(kf, names):
 
 
 def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
-    from .build import Context
-    from .compiler import ToolchainMissing, toolchain
+    from ..build.target import Context
+    from ..compile.compiler import ToolchainMissing, toolchain
 
     try:
         tc = toolchain()
@@ -74,7 +74,7 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
         report=progress,
         command="ptxbuild " + " ".join(sys.argv[1:]),
     )
-    from .lessons_io import LessonsFileError, import_shared
+    from ..store.lessons_io import LessonsFileError, import_shared
 
     shared = kf.cache_path.parent / "lessons.jsonl"
     try:
@@ -90,8 +90,8 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
         ctx.jobs = jobs
     if use_gpu:
         try:
-            from .gpu import GpuSession, gpu_available, match_gpu
-            from .gpu.session import GpuError
+            from ..gpu import GpuSession, gpu_available, match_gpu
+            from ..gpu.session import GpuError
         except ImportError:
             return ctx
         if gpu_available():
@@ -217,7 +217,7 @@ def check(kernelfile):
 
     Example: ptxbuild check
     """
-    from .graph import all_targets
+    from ..declare.graph import all_targets
 
     kf = _kernelfile(kernelfile)
     targets = all_targets(kf)
@@ -236,7 +236,7 @@ def plan(kernelfile, targets, no_gpu):
 
     Example: ptxbuild plan rmsnorm@b200
     """
-    from .build import plan as do_plan
+    from ..build.target import plan as do_plan
 
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, not no_gpu, lambda *a, **k: None, dry=True)
@@ -315,10 +315,10 @@ def build(
 
     Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
     """
-    from .build import build as do_build
-    from .build import plan as do_plan
-    from .build import problems_of
-    from .graph import all_targets
+    from ..build.target import build as do_build
+    from ..build.target import plan as do_plan
+    from ..declare.checks import problems_of
+    from ..declare.graph import all_targets
 
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
@@ -349,8 +349,9 @@ def build(
             click.echo(
                 f"{t}: {why}" if fresh else f"{t}: stale ({why})"
             )  # a fresh why starts "up to date"
-    from .gpu.session import GpuError
-    from .lockfile import LockError, build_locked, update_lock
+    from ..build.locked import build_locked
+    from ..gpu.session import GpuError
+    from ..outputs.lockfile import LockError, update_lock
 
     def say_missed(
         r,
@@ -429,9 +430,9 @@ def relock(kernelfile, targets):
 
     Example: ptxbuild relock rmsnorm@h200
     """
-    from .compiler import CompileError
-    from .lockfile import LockError
-    from .lockfile import relock as do_relock
+    from ..build.locked import relock as do_relock
+    from ..compile.compiler import CompileError
+    from ..outputs.lockfile import LockError
 
     kf = _kernelfile(kernelfile)
     ctx = _context(kf, None, False, Progress(True))
@@ -458,9 +459,9 @@ def report(kernelfile, targets):
 
     Example: ptxbuild report rmsnorm@h200
     """
-    from .graph import all_targets
-    from .lockfile import pinned_binaries
-    from .report import HEAD, collect, rejudge, table_rows, write_report
+    from ..declare.graph import all_targets
+    from ..outputs.lockfile import pinned_binaries
+    from ..outputs.report import HEAD, collect, rejudge, table_rows, write_report
 
     kf = _kernelfile(kernelfile, ops=False)
     cache, locked = Cache(kf.cache_path), pinned_binaries(kf)
@@ -508,7 +509,7 @@ def doctor():
 
     Example: ptxbuild doctor
     """
-    from .gpu.doctor import doctor as run_doctor
+    from ..build.doctor import doctor as run_doctor
 
     for name, status in run_doctor():
         click.echo(f"{name:12} {status}")
@@ -524,7 +525,7 @@ class _ShowByDefault(click.Group):
 
 
 def _gpu(kf, name):
-    from .catalog import CATALOG, did_you_mean
+    from ..declare.catalog import CATALOG, did_you_mean
 
     if name is None:
         return None
@@ -601,7 +602,7 @@ def lessons_show(kernelfile, op, gpu, show_all):
 
     Example: ptxbuild lessons show rmsnorm --gpu h100
     """
-    from .lessons import listing
+    from ..store.lessons import listing
 
     kf = _kernelfile(kernelfile, ops=False)
     rows = listing(Cache(kf.cache_path), op, _gpu(kf, gpu), show_all)
@@ -636,7 +637,7 @@ def lessons_export(kernelfile, out, op, gpu, retired):
 
     Example: ptxbuild lessons export cache/lessons.jsonl --op rmsnorm
     """
-    from .lessons_io import export_lessons
+    from ..store.lessons_io import export_lessons
 
     kf = _kernelfile(kernelfile, ops=False)
     _gpu(kf, gpu)
@@ -659,7 +660,7 @@ def lessons_import(kernelfile, file):
 
     Example: ptxbuild lessons import cache/lessons.jsonl
     """
-    from .lessons_io import LessonsFileError, import_lessons
+    from ..store.lessons_io import LessonsFileError, import_lessons
 
     kf = _kernelfile(kernelfile, ops=False)
     try:
@@ -682,11 +683,11 @@ def record(kernelfile, out, op, gpu):
 
     Example: ptxbuild record recordings/rmsnorm-h200.jsonl --op rmsnorm
     """
-    from .replay import export_recording
+    from ..search.replay import export_recording
 
     kf = _kernelfile(kernelfile)
-    from .build import problems_of
-    from .oploader import load_op
+    from ..declare.checks import problems_of
+    from ..oploader import load_op
 
     spaces, defaults = {}, {}
     for name, spec in kf.ops.items():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from importlib import metadata
 
-from .problem import Binary, Kernel
+from ..keys import installed_version
+from ..problem import Binary, Kernel
 
 
 class CompileError(Exception):
@@ -52,14 +52,6 @@ class Toolchain:
 
     def __str__(self) -> str:
         return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
-
-
-def installed_version(name: str) -> str | None:
-    """The installed version of the Python distribution `name` (a compiler wheel, a package), or None."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def toolchain() -> Toolchain:

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from .oploader import source_files
+from ..oploader import source_files
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import lessons
-from .catalog import CATALOG
-from .problem import Problem
-from .search import run_search
+from ..declare.catalog import CATALOG
+from ..problem import Problem
+from ..store import lessons
+from .strategies import run_search
 
 FORMAT = "ptxbuild-recording/1"
 NEAR_BEST = lessons.NEAR_BEST
@@ -139,7 +139,7 @@ def load_recording(path) -> Recording:
     if magic.startswith(b"SQLite format 3"):
         import tempfile
 
-        from .cache import Cache
+        from ..store.cache import Cache
 
         with tempfile.TemporaryDirectory() as tmp:
             export_recording(Cache(path), Path(tmp) / "rec.jsonl")
@@ -165,7 +165,7 @@ def gpu_of(rec: Recording, name: str):
 
 def lessons_cache(rec: Recording, op: str, keep, extra_lessons: list | None = None):
     """An in-memory cache holding the lessons derived from the recorded rows `keep(row)` selects."""
-    from .cache import Cache
+    from ..store.cache import Cache
 
     cache = Cache(":memory:")
     attempts = [

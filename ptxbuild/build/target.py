@@ -16,16 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import gates, keys, lessons
-from .artifacts import target_dir, write_artifacts
-from .compiler import CompileError, compile_kernel, with_resources
-from .gpu.session import GpuError
-from .graph import Target, build_order, dependencies
-from .oploader import load_op, source_files
-from .outcome import Outcome
-from .problem import Binary, Kernel, Problem, digest
-from .report import environment, rejudge, utc_time, write_report
-from .search import best, neighbours, run_search
+from .. import keys
+from ..compile.compiler import CompileError, compile_kernel, with_resources
+from ..declare.checks import check_declaration, declared_candidates, problems_of
+from ..declare.graph import Target, build_order, dependencies
+from ..gpu.session import GpuError
+from ..oploader import load_op, source_files
+from ..outcome import Outcome
+from ..outputs import gates
+from ..outputs.environment import environment, utc_time
+from ..outputs.lockfile import LockError, check_entry, pinned_binaries, read_lock
+from ..outputs.manifest import target_dir, write_artifacts
+from ..outputs.report import rejudge, write_report
+from ..problem import Binary, Kernel, Problem, digest
+from ..search.strategies import best, neighbours, run_search
+from ..store import lessons
 
 REGISTERS_PER_SM = 65536
 
@@ -63,17 +68,6 @@ class TargetResult:
     measured: bool = False
     manifest: Path | None = None
     missed: tuple = ()  # gates.judge's failures: built (and locked), but the declared bar is not met
-
-
-def problems_of(spec) -> list[Problem]:
-    """Every (dtype, mode, shape) the op declares, ordered so neighbours follow each other."""
-    shapes = sorted(spec.shapes, key=lambda s: (s[-1], s))
-    return [
-        Problem.make(spec.name, dtype, shape, {**dict(spec.options), **dict(mode)})
-        for dtype in spec.dtypes
-        for mode in spec.modes
-        for shape in shapes
-    ]
 
 
 def _file_digests(op) -> dict[str, str]:
@@ -140,11 +134,9 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
 def _as_locked(ctx: Context, t: Target) -> bool:
     """build/ holds the kernels kernelfile.lock pins for `t`, its entry holds for today's inputs, and it was measured
     on hardware unless none of the target's GPU is here (a compile-only entry on that GPU is searched there)."""
-    from .lockfile import LockError, _check_entry, read_lock  # lockfile imports this module
-
     try:
         entry = read_lock(ctx.kf)["targets"].get(str(t))
-        _check_entry(ctx, t, entry, load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
+        check_entry(ctx, t, entry, load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
         m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
     except (LockError, OSError, ValueError, KeyError):
         return False
@@ -175,8 +167,6 @@ def _inputs(ctx: Context, t: Target) -> dict[str, str]:
 
 def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool, str]]:
     """(target, up to date?, why) for plan / --explain; up to date also needs build/ to hold what the lock pins."""
-    from .lockfile import pinned_binaries  # lockfile imports this module
-
     done: dict[Target, str] = {}
     out, pinned = [], pinned_binaries(ctx.kf)
     for t in build_order(ctx.kf, targets):
@@ -554,78 +544,6 @@ def _compile_one(compile_fn, kernel: Kernel, arch: str):
         return compile_fn(kernel, arch), "", time.perf_counter() - t0
     except CompileError as exc:
         return None, str(exc)[:4000], time.perf_counter() - t0
-
-
-def check_declaration(spec, op) -> None:
-    """Raise KernelfileError, naming the key, when `search.candidates` or `search.polish` uses a parameter the op lacks,
-    or a candidate a value outside its space; when `options` or a mode names an option the op lacks or gives it a value
-    of another type than the op's default (a misspelled key used to build the op's plain kernel under the wrong label);
-    when the op has no config at all for a declared problem (a shape of the wrong rank)."""
-    from .catalog import did_you_mean
-    from .kernelfile import KernelfileError
-
-    for where, opts in [("options", spec.options)] + [
-        (f"modes[{i}]", m) for i, m in enumerate(spec.modes)
-    ]:
-        for k, v in dict(opts).items():
-            d = op.OPTIONS.get(k, ...)
-            if d is ...:
-                raise KernelfileError(
-                    f"ops.{spec.name}.{where}: unknown option {k!r}{did_you_mean(k, op.OPTIONS)}; "
-                    f"the op's options are {', '.join(sorted(op.OPTIONS))}"
-                )
-            if (
-                None not in (d, v)
-                and type(v) is not type(d)
-                and not (type(d) is float and type(v) is int)
-            ):
-                raise KernelfileError(
-                    f"ops.{spec.name}.{where}: {k} = {v!r} is not a {type(d).__name__} "
-                    f"(the op's default is {d!r})"
-                )
-    for p in problems_of(spec):
-        try:
-            op.default_params(p)
-        except Exception as exc:  # noqa: BLE001 - the op's own code, on a problem the kernelfile declares
-            i = [tuple(s) for s in spec.shapes].index(tuple(p.shape))
-            raise KernelfileError(
-                f"ops.{spec.name}.shapes[{i}] = {list(p.shape)}: the op cannot build "
-                f"{p.label()} ({exc})"
-            ) from None
-    for i, name in enumerate(spec.search.get("polish") or ()):
-        if name not in op.SPACE:
-            raise KernelfileError(
-                f"ops.{spec.name}.search.polish[{i}]: unknown parameter {name!r}"
-                f"{did_you_mean(name, op.SPACE)}; the op's parameters are {', '.join(sorted(op.SPACE))}"
-            )
-    for i, entry in enumerate(spec.search.get("candidates") or ()):
-        where = f"ops.{spec.name}.search.candidates[{i}]"
-        unknown = sorted(k for k in entry if k not in op.SPACE)
-        if unknown:
-            raise KernelfileError(
-                f"{where}: unknown parameter(s) {', '.join(unknown)}; "
-                f"the op's parameters are {', '.join(sorted(op.SPACE))}"
-            )
-        for k, v in entry.items():
-            # typed: True == 1 and 2.0 == 2 in Python, but they render and key differently
-            if not any(type(v) is type(s) and v == s for s in op.SPACE[k]):
-                raise KernelfileError(f"{where}: {k} = {v!r} is not one of {op.SPACE[k]}")
-
-
-def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dict]:
-    """The kernelfile's `search.candidates` for one problem (validated by check_declaration first):
-    each entry merged over the op's default, those the op's check() rejects for this problem left
-    out, each with its reason passed to `note`."""
-    out = []
-    for i, entry in enumerate(spec.search.get("candidates") or ()):
-        cfg = {**default, **entry}
-        reason = op.check(cfg, problem)
-        if reason is not None:
-            if note:
-                note(f"{problem.label()}: ops.{spec.name}.search.candidates[{i}] skipped: {reason}")
-        elif cfg not in out:
-            out.append(cfg)
-    return out
 
 
 def _build_target_signals_held(

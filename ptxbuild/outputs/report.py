@@ -2,83 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
-import subprocess
-import sys
 import time
 from collections import Counter
 from contextlib import suppress
 from pathlib import Path
 
-from .compiler import installed_version
+from ..problem import Problem
+from .environment import environment, utc_time
 from .gates import closest_baseline, failures, judge
-from .problem import Problem
 
-PACKAGES = (
-    "ptxbuild",
-    "cuda-bindings",
-    "nvidia-cuda-nvrtc",
-    "nvidia-nvjitlink",
-    "numpy",
-    "cupy-cuda13x",
-    "torch",
-    "pydantic",
-    "sqlite-utils",
-    "click",
-)
 EVERY_ROUND = {
     "min_speedup": 1.0,
     "speedup_evidence": "every_round",
 }  # the gate that judges it, one logic
-
-
-def code_digest(pkg: Path = Path(__file__).parent) -> str:
-    """ptxbuild's own code, by content (each .py file's path and bytes): names the tool that built a
-    report where git cannot (an installed package; a copy whose git metadata is stale)."""
-    files = sorted(pkg.rglob("*.py"))  # none where the package is read from a zip: no name then
-    return (
-        hashlib.sha256(
-            b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() for f in files)
-        ).hexdigest()[:12]
-        if files
-        else ""
-    )
-
-
-def environment(root: Path) -> dict:
-    versions = {p: v for p in PACKAGES if (v := installed_version(p)) is not None}
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-        )
-    except (OSError, subprocess.SubprocessError):
-        rev, dirty = "", False
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "packages": versions,
-        "git_revision": rev + ("-dirty" if dirty else ""),
-        "ptxbuild_code": code_digest(),
-    }
-
-
-def utc_time(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
 def _hm(ts: float | None) -> str:

@@ -9,8 +9,8 @@ import time
 from collections import defaultdict
 from statistics import mean
 
-from .catalog import CATALOG
-from .problem import Problem, digest
+from ..declare.catalog import CATALOG
+from ..problem import Problem, digest
 
 FAIL_OUTCOMES = (
     "compile_error",

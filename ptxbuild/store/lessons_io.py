@@ -25,11 +25,11 @@ from pydantic import (
     model_validator,
 )
 
-from .catalog import ARCHES, CATALOG
-from .compiler import installed_version
-from .dtypes import DTYPES
+from ..declare.catalog import ARCHES, CATALOG
+from ..dtypes import DTYPES
+from ..keys import installed_version
+from ..outcome import Outcome
 from .lessons import FAIL_OUTCOMES, lesson_id, lesson_rows
-from .outcome import Outcome
 
 FORMAT = "ptxbuild-lesson/1"
 MAX_FILE_BYTES = 8 * 1024 * 1024

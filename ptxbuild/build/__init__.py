@@ -1,0 +1,1 @@
+"""The build: plan, evaluate candidates, build targets, locked builds."""

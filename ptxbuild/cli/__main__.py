@@ -1,0 +1,5 @@
+"""Run ptxbuild's CLI as `python -m ptxbuild.cli`."""
+
+from . import main
+
+main()

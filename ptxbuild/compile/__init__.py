@@ -1,0 +1,1 @@
+"""The compile stage: CUDA C++ -> PTX -> cubin with the NVRTC/nvJitLink wheels."""

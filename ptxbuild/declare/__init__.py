@@ -1,0 +1,1 @@
+"""Declarations: the kernelfile, the target graph, the GPU catalog, declaration checks."""

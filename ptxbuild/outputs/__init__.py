@@ -1,0 +1,1 @@
+"""What a build leaves behind: manifest and artifacts, lockfile, gates, reports."""

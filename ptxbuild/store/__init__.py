@@ -1,0 +1,1 @@
+"""The SQLite store: the cache of compiles, verdicts, timings and builds; lessons."""
