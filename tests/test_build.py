@@ -1110,6 +1110,37 @@ def test_baselines_are_timed_beside_the_winner_and_the_report_compares_that_wind
     assert "| bfloat16[7x100] | compiled | ok | 10.0 | 9.9 | 9.9-10.1 | 10 |" in md
 
 
+def test_a_baseline_not_run_here_says_why_in_the_report_and_is_cached(proj):
+    """A baseline the op did not run (FlashKDA not built on this machine) is a row saying why, no
+    timings, no speed-up; the entry is cached like a timing (the op's BASELINES_VERSION says which
+    baselines it saw), so the next build times nothing again."""
+    from ptxbuild.gpu.session import MeasureResult
+    from ptxbuild.outcome import Outcome
+
+    from .fakes import _M
+
+    why = "FlashKDA: not built on this machine (see benchmarks/flashkda_prepare.py | x)"
+
+    class Absent(FakeGpu):
+        calls = 0
+
+        def baselines(self, op_folder, problem, **kw):
+            Absent.calls += 1
+            return {
+                "eager": _M(Outcome.OK, 0.05, 0.049, 0.051),
+                "flashkda": MeasureResult(Outcome.INVALID, detail=why),
+            }
+
+    build(make_ctx(proj, gpu=Absent(), gpu_match=fake_match), [Target("scale", "h100")])
+    md = (proj / "reports/scale@h100/report.md").read_text()
+    row = "| bfloat16[7x100] | flashkda | invalid: FlashKDA: not built on this machine "
+    assert row + "(see benchmarks/flashkda_prepare.py / x) | - | - | --- | 0 |" in md
+    assert "x flashkda" not in md  # no speed-up against it
+    first = Absent.calls
+    build(make_ctx(proj, gpu=Absent(), gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert Absent.calls == first
+
+
 def test_the_report_lists_a_loss_that_its_rounded_speed_up_hides(proj):
     """A baseline 0.2% faster than the winner shows as 1.00x in the table; the losses section is
     judged on the timings and names it with its exact ratio."""

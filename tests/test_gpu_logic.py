@@ -551,6 +551,51 @@ def _run_baselines(monkeypatch, g, fns: dict, winner=None, run=None, summarize=N
     return g.baselines("ops/x", ".", SimpleNamespace(dtype="float32"), winner=winner)
 
 
+def test_a_baseline_the_op_cannot_run_here_is_reported_with_its_reason(monkeypatch):
+    """op.baselines may name a baseline with the reason it is not run (FlashKDA not built): recorded
+    as invalid with that detail, nothing called; the others are checked and timed as before."""
+    called, g = [], _bare_gpu()
+    g.pool = lambda op, problem: [({"x": np.ones(4, dtype=np.float32)}, {})]
+    res = _run_baselines(
+        monkeypatch,
+        g,
+        {
+            "absent": "FlashKDA: not built on this machine",
+            "eager": lambda ins: called.append(1) or {"y": np.full(4, 2.0)},
+        },
+    )
+    assert res == {
+        "absent": {"outcome": "invalid", "detail": "FlashKDA: not built on this machine"},
+        "eager": {"outcome": "ok"},
+    }
+    assert called == [1]
+
+
+def test_a_baseline_with_its_own_compare_is_judged_by_it_not_by_the_ops_tolerance(monkeypatch):
+    """FlashKDA misses the KDA op's accuracy gate by design (a bf16 state); it brings its own verdict,
+    which decides alone: 2.5 against 2.0 passes it, and a verdict that fails is a wrong result."""
+    seen = []
+
+    def loose(ins):
+        return {"y": np.full(4, 2.5)}
+
+    loose.compare = lambda name, got, want: seen.append(name) or (True, "close enough")
+
+    def strict(ins):
+        return {"y": np.full(4, 2.0)}
+
+    strict.compare = lambda name, got, want: (False, "relative RMS 1 (gate 0.02)")
+    g = _bare_gpu()
+    g.pool = lambda op, problem: [({"x": np.ones(4, dtype=np.float32)}, {})]
+    res = _run_baselines(
+        monkeypatch, g, {"loose": loose, "strict": strict, "plain": lambda ins: loose(ins)}
+    )
+    assert res["loose"] == {"outcome": "ok"} and seen == ["y"]
+    assert res["strict"]["outcome"] == "wrong_result"
+    assert res["strict"]["detail"] == "output y: relative RMS 1 (gate 0.02)"
+    assert res["plain"]["outcome"] == "wrong_result"  # no compare of its own: the op's tolerance
+
+
 def test_each_baseline_is_timed_in_one_window_with_the_winner(monkeypatch):
     """With the build's winner, a baseline's timer runs both (the winner on the same input sets),
     alternating, without the re-measure guard; the winner's p50 there comes back beside it."""

@@ -437,7 +437,9 @@ class Gpu:
         winner=None,
     ) -> dict:
         """Each baseline checked against the reference, then timed; with `winner` (params, binary), in the winner's
-        window, alternating (verification.md timing rule 4): the winner's p50 there comes back as incumbent_p50_ms."""
+        window, alternating (verification.md timing rule 4): the winner's p50 there comes back as incumbent_p50_ms.
+        op.baselines(problem) maps a name to a callable (its `compare(name, got, want)`, if any, judges it
+        instead of the op's) or to a str: why it is not run here (outcome invalid, that detail)."""
         cp, op = self.cp, load_op(op_folder, Path(root))
         fns = op.baselines(problem) if hasattr(op, "baselines") else {}
         results = {}
@@ -445,6 +447,9 @@ class Gpu:
             fn = fns.pop(
                 name
             )  # a timed baseline's closure goes, and the torch views of inputs it cached
+            if isinstance(fn, str):  # the op says why it is not run here (not built, not its case)
+                results[name] = {"outcome": Outcome.INVALID.value, "detail": fn}
+                continue
             inputs = before = ref = got = pool = runners = timer = (
                 None  # nothing of the last baseline stays
             )
@@ -473,7 +478,9 @@ class Gpu:
                             ref,
                             lambda o: op.tolerance(problem, o),
                             cp,
-                            custom=custom_compare(op, problem, cp),
+                            # a baseline may bring its own verdict (one less accurate than
+                            # the op's gate is still timed as what it is)
+                            custom=getattr(fn, "compare", None) or custom_compare(op, problem, cp),
                         )
                     )
                     del inputs, before, ref, got

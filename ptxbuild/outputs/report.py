@@ -98,7 +98,13 @@ def timed_candidates(attempts) -> list[dict]:
 
 
 def _ms(v) -> str:
-    return "-" if v is None else f"{v * 1000:.1f}"
+    return "-" if v is None or v != v else f"{v * 1000:.1f}"  # NaN: a baseline never timed
+
+
+def _baseline_outcome(b: dict) -> str:
+    """A baseline's outcome; one not ok with the first line of its detail (why it was not timed)."""
+    why = (b.get("detail") or "").split("\n")[0].replace("|", "/")
+    return b["outcome"] if b["outcome"] == "ok" or not why else f"{b['outcome']}: {why}"
 
 
 def table_rows(data: dict) -> list[list[str]]:
@@ -253,7 +259,7 @@ def markdown(data: dict) -> str:
             "|---|---|---|---:|---:|---:|---:|" + ("---|" if timed else ""),
         ]
         lines += [
-            f"| {lbl} | {n} | {b['outcome']} | {_ms(b['p50_ms'])} | {_ms(b.get('winner_p50_ms'))} | "
+            f"| {lbl} | {n} | {_baseline_outcome(b)} | {_ms(b['p50_ms'])} | {_ms(b.get('winner_p50_ms'))} | "
             f"{_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
             + (f" {_hm(b.get('timed_at'))} |" if timed else "")
             for lbl, n, b in base_rows
