@@ -86,3 +86,77 @@ def test_fla_baseline_without_fla_is_a_clear_runtime_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "fla", None)
     with pytest.raises(RuntimeError, match="fla-core"):
         op.baselines(P)["fla_chunk_kda"](op.make_inputs(P, 1, np))
+
+
+def test_flashkda_baseline_passes_views_in_its_layout_once_per_input_set(tmp_path, monkeypatch):
+    """FlashKDA (a stand-in flash_kda here): q, k, v, a, b, h0, cu_seqlens are views of the op's
+    inputs in flash_kda.fwd's layout; out and final_state are allocated once per input set."""
+    calls, made = [], []
+
+    def fwd(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale,
+        out,
+        A_log,
+        dt_bias,
+        lower_bound,
+        initial_state=None,
+        final_state=None,
+        cu_seqlens=None,
+    ):
+        calls.append(
+            dict(
+                q=q,
+                g=g,
+                beta=beta,
+                scale=scale,
+                out=out,
+                lb=lower_bound,
+                h0=initial_state,
+                hT=final_state,
+                cu=cu_seqlens,
+                dt_bias=dt_bias,
+            )
+        )
+        out.fill_(1.0)
+        final_state.copy_(initial_state)
+
+    mod = types.ModuleType("flash_kda")
+    mod.fwd = fwd
+    monkeypatch.setitem(sys.modules, "flash_kda", mod)
+    bmod = sys.modules[op.__name__ + "_baselines"]
+    monkeypatch.setattr(bmod, "flashkda_built", lambda root=None: {"path": str(tmp_path)})
+    monkeypatch.setattr(
+        bmod,
+        "flashkda_call",
+        lambda p, ins, b, f=bmod.flashkda_call: made.append(1) or f(p, ins, b),
+    )
+    fn = op.baselines(P)["flashkda"]
+    sets = [op.make_inputs(P, s, np) for s in (1, 2)]
+    for ins in sets + sets:
+        out = fn(ins)
+    assert len(made) == 2 and len(calls) == 4
+    d, c, ins = op.dims(P), calls[-1], sets[1]
+    assert out["o"].dtype == torch.bfloat16 and tuple(out["o"].shape) == (d["T"], d["HV"], d["V"])
+    assert bool((out["o"] == 1).all()) and np.array_equal(out["hT"].numpy(), ins["h0"])
+    bits = lambda x: x.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    assert tuple(c["q"].shape) == (1, d["T"], d["H"], d["K"]) and np.array_equal(
+        bits(c["q"][0]), ins["q"]
+    )
+    assert np.array_equal(bits(c["g"][0]), ins["a"]) and tuple(c["beta"].shape) == (
+        1,
+        d["T"],
+        d["H"],
+    )
+    assert c["h0"].data_ptr() == ins["h0"].ctypes.data  # the op's V-first state as it is: no copy
+    assert c["cu"].dtype == torch.int64 and c["cu"].tolist() == [0, 17, 37]
+    assert (
+        c["lb"] == -5.0
+        and c["scale"] == 128**-0.5
+        and tuple(c["dt_bias"].shape) == (d["H"], d["K"])
+    )
+    assert calls[1]["out"] is not calls[0]["out"] and calls[2]["out"] is calls[0]["out"]
