@@ -29,13 +29,43 @@ class OpError(Exception):
     """An op folder is missing or does not honour the op contract."""
 
 
+def shipped(in_wheel: str, in_tree: str) -> Path | None:
+    """A file or folder this ptxbuild ships: ptxbuild/<in_wheel> in an installed wheel (setup.py
+    copies it there), <in_tree> of the checkout when ptxbuild runs from its source tree (an
+    editable install); None if neither exists."""
+    pkg = Path(__file__).resolve().parent
+    if (pkg / in_wheel).exists():
+        return pkg / in_wheel
+    src = pkg.parent / in_tree
+    return src if src.exists() and (pkg.parent / "pyproject.toml").is_file() else None
+
+
+def shipped_ops() -> Path | None:
+    """The folder of the ops ptxbuild ships (ops/ of this repository)."""
+    return shipped("_ops", "ops")
+
+
+def from_shipped(template: str, root: Path) -> bool:
+    """Whether `template` resolves to one of the ops ptxbuild ships (not the kernelfile's own)."""
+    own = shipped_ops()
+    return own is not None and op_dir(template, root).resolve().is_relative_to(own.resolve())
+
+
 def op_dir(template: str, root: Path) -> Path:
-    """`template` is an op name under <root>/ops or a path to an op folder."""
+    """`template` is an op name under <root>/ops, else one of the ops ptxbuild ships (shipped_ops),
+    or a path to an op folder. The folder's files, not its place, enter the build key."""
     p = Path(template)
-    cand = p if (p.is_absolute() or "/" in template) else root / "ops" / template
-    if not cand.is_absolute():
-        cand = root / cand
-    return cand
+    if p.is_absolute() or "/" in template:
+        return p if p.is_absolute() else root / p
+    local = root / "ops" / template
+    shipped = shipped_ops()
+    if (
+        (local / "op.py").is_file()
+        or shipped is None
+        or not (shipped / template / "op.py").is_file()
+    ):
+        return local
+    return shipped / template
 
 
 def load_module(path: Path, name: str) -> ModuleType:

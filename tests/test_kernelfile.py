@@ -44,7 +44,8 @@ CASES = [
     (
         "unknown op template",
         GOOD.replace("[ops.scale]", "[ops.scael]"),
-        "error: kernelfile.toml: ops.scael.template: no op.py in ops/scael (did you mean 'scale'?); ops/ holds: scale",
+        "error: kernelfile.toml: ops.scael.template: no op.py in ops/scael (did you mean 'scale'?); ops/ holds: scale; "
+        "ptxbuild ships: kda, kda_prepare, kda_recurrence, rmsnorm",
     ),
     (
         "empty shapes",

@@ -308,9 +308,36 @@ def test_a_fresh_cache_starts_from_the_checked_in_lessons(exported, proj):
     n = len(exported.read_text().splitlines())
     assert lessons_io.import_shared(
         Cache(proj / "cache/fresh.sqlite"), proj / "cache/lessons.jsonl"
-    ) == {"read": n, "added": n, "already_present": 0, "duplicates_in_file": 0}
+    ) == {
+        "read": n,
+        "added": n,
+        "already_present": 0,
+        "duplicates_in_file": 0,
+        "from": str(proj / "cache/lessons.jsonl"),
+    }
     # a cache that already has lessons is left alone
     assert (
         lessons_io.import_shared(Cache(proj / "cache/fresh.sqlite"), proj / "cache/lessons.jsonl")
         is None
     )
+
+
+def test_a_fresh_cache_without_a_lessons_file_starts_from_the_shipped_ones(proj):
+    """A model repository's first build: no cache/lessons.jsonl of its own, so the lessons ptxbuild
+    ships (in a checkout: this repository's cache/lessons.jsonl) are imported, marked as shipped."""
+    shipped, origin = lessons_io.shipped_lessons()
+    repo_file = Path(__file__).resolve().parents[1] / "cache" / "lessons.jsonl"
+    assert shipped.read_bytes() == repo_file.read_bytes()
+    assert origin.startswith("ptxbuild ") and origin.endswith("(shipped with ptxbuild)")
+    cache = Cache(proj / "cache/fresh.sqlite")
+    # the repo has no lessons file; its kernelfile uses no shipped op: nothing is imported
+    assert lessons_io.import_shared(cache, proj / "cache/lessons.jsonl") is None
+    counts = lessons_io.import_shared(cache, proj / "cache/lessons.jsonl", shipped=True)
+    assert counts["from"] == origin
+    assert counts["read"] == len(shipped.read_text().splitlines()) > 0
+    assert counts["added"] == cache.db["lessons"].count > 0
+    ids = [r["id"] for r in cache.db.query("select id from lessons limit 5")]
+    assert lessons_io.shipped_among(cache, ids + ids[:2] + ["not-a-lesson"]) == 5
+    other = Cache(proj / "cache/other.sqlite")
+    import_lessons(other, shipped)  # the same file imported by hand is not "shipped"
+    assert lessons_io.shipped_among(other, ids) == 0

@@ -31,6 +31,7 @@ from ..outputs.report import rejudge, write_report
 from ..problem import Binary, Kernel, Problem, digest
 from ..search.strategies import best, neighbours, run_search
 from ..store import lessons
+from ..store.lessons_io import shipped_among
 
 REGISTERS_PER_SM = 65536
 
@@ -721,6 +722,7 @@ def _build_target_signals_held(
         else None,  # the manifest says so too
         "copy_tbps": ctx.gpu.copy_tbps if hw else None,
         "lessons_used": used_lessons,
+        "lessons_shipped": shipped_among(ctx.cache, [u["lesson"] for u in used_lessons]),
         "remeasured": bool(hw) and ctx.remeasure,
         "problems_done": f"{len(chosen)}/{len(probs)}",
         "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],

@@ -74,18 +74,19 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
         report=progress,
         command="ptxbuild " + " ".join(sys.argv[1:]),
     )
+    from ..oploader import from_shipped
     from ..store.lessons_io import LessonsFileError, import_shared
 
     shared = kf.cache_path.parent / "lessons.jsonl"
     try:
-        counts = None if dry else import_shared(ctx.cache, shared)
+        shipped = any(from_shipped(spec.template, kf.root) for spec in kf.ops.values())
+        counts = None if dry else import_shared(ctx.cache, shared, shipped)
     except LessonsFileError as exc:
         raise ConfigError(f"{exc}; fix or remove {shared.name}") from None
     if counts:
-        click.echo(
-            f"lessons: imported {counts['added']} from {shared.relative_to(kf.root)} into a new cache",
-            err=True,
-        )
+        src = Path(counts["from"])
+        where = src.relative_to(kf.root) if src.is_relative_to(kf.root) else counts["from"]
+        click.echo(f"lessons: imported {counts['added']} from {where} into a new cache", err=True)
     if jobs:
         ctx.jobs = jobs
     if use_gpu:

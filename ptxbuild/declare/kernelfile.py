@@ -236,13 +236,17 @@ def parse(text: str, path: Path) -> Kernelfile:
                     f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]"
                 )
         template = op.template or name
-        from ..oploader import op_dir
+        from ..oploader import op_dir, shipped_ops
 
         if not (op_dir(template, root) / "op.py").is_file():
-            known = sorted(p.parent.name for p in (root / "ops").glob("*/op.py"))
+            local, own = (
+                sorted(p.parent.name for p in d.glob("*/op.py")) if d else []
+                for d in (root / "ops", shipped_ops())
+            )
             raise KernelfileError(
                 f"{path.name}: ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
-                f"{did_you_mean(template, known)}; ops/ holds: {', '.join(known) or 'none'}"
+                f"{did_you_mean(template, local + own)}; ops/ holds: {', '.join(local) or 'none'}"
+                + (f"; ptxbuild ships: {', '.join(own)}" if own else "")
             )
         ops[name] = OpSpec(
             name=name,

@@ -341,6 +341,11 @@ def lessons_section(s: dict, data: dict) -> list[str]:
         f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
         f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}",
     ]
+    if n := s.get("lessons_shipped"):
+        lines.append(
+            f"- shipped with ptxbuild: {n} of the {len(used)} used (its packaged lessons, imported "
+            "into this new cache: the build starts from ptxbuild's own evidence)"
+        )
     for u in used[:12]:
         sc = u["scope"]
         if u.get("kind") == "fails":

@@ -28,6 +28,7 @@ from pydantic import (
 from ..declare.catalog import ARCHES, CATALOG
 from ..dtypes import DTYPES
 from ..keys import installed_version
+from ..oploader import shipped
 from ..outcome import Outcome
 from .lessons import FAIL_OUTCOMES, lesson_id, lesson_rows
 
@@ -303,9 +304,10 @@ def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
     return records
 
 
-def import_lessons(cache, path: str | Path) -> dict:
+def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
     """Validate every record of `path`, then merge them in one transaction: all or nothing. Returns counts:
-    {"read", "added", "already_present", "duplicates_in_file"}."""
+    {"read", "added", "already_present", "duplicates_in_file"}. `origin`: what each lesson's source
+    records it was imported from (default: the file's name)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -332,7 +334,7 @@ def import_lessons(cache, path: str | Path) -> dict:
             source = json.dumps(
                 {
                     "provenance": rec.provenance.model_dump(),
-                    "imported_from": path.name,
+                    "imported_from": origin or path.name,
                     "imported_at": now,
                 },
                 sort_keys=True,
@@ -358,7 +360,39 @@ def import_lessons(cache, path: str | Path) -> dict:
     return counts
 
 
-def import_shared(cache, path: str | Path) -> dict | None:
-    """On a cache with no lessons yet, import the repository's checked-in lessons file (if any)."""
+SHIPPED = "shipped with ptxbuild"  # how the source of a lesson from shipped_lessons() ends
+
+
+def shipped_lessons() -> tuple[Path, str] | None:
+    """(file, origin) of the lessons this ptxbuild ships (this repository's cache/lessons.jsonl)."""
+    f = shipped("_lessons/lessons.jsonl", "cache/lessons.jsonl")
+    return (
+        None
+        if f is None
+        else (f, f"ptxbuild {installed_version('ptxbuild') or 'source'} ({SHIPPED})")
+    )
+
+
+def import_shared(cache, path: str | Path, shipped: bool = False) -> dict | None:
+    """On a cache with no lessons yet, import the repository's checked-in lessons file (if any), else,
+    with `shipped` (the kernelfile uses an op ptxbuild ships), the lessons ptxbuild ships: a model
+    repository's first build starts from this repository's evidence. Returns import_lessons' counts
+    plus "from" (the file's path, or the shipped lessons' origin)."""
     path = Path(path)
-    return None if not path.is_file() or cache.db["lessons"].count else import_lessons(cache, path)
+    if cache.db["lessons"].count:
+        return None
+    if path.is_file():
+        return {**import_lessons(cache, path), "from": str(path)}
+    if not shipped or (own := shipped_lessons()) is None:
+        return None
+    return {**import_lessons(cache, own[0], origin=own[1]), "from": own[1]}
+
+
+def shipped_among(cache, ids) -> int:
+    """How many of the lessons `ids` came from the lessons ptxbuild ships (their source says so)."""
+    ids = sorted(set(ids))
+    if not ids:
+        return 0
+    marks = ", ".join("?" * len(ids))
+    sql = f"select count(*) as n from lessons where id in ({marks}) and source like ?"
+    return next(cache.db.query(sql, [*ids, f'%"imported_from": "%({SHIPPED})"%']))["n"]
