@@ -543,7 +543,7 @@ def kda_rows(args, clock, budget, emit):
         if dropin is None:
             emit(row("fla-kda", "prefill", "eager", shape, **base, skipped=why))
             continue
-        if budget.left() < 20:
+        if budget.left() < 30:
             emit(row("fla-kda", "prefill", "eager", shape, **base, skipped="time budget spent"))
             continue
         try:
