@@ -7,7 +7,8 @@ from importlib import metadata
 from .problem import Kernel, Problem, digest
 
 PIPELINE_VERSION = "1"  # bump when the build pipeline changes what it produces
-PROTOCOL_VERSION = "3"  # bump when the timing protocol changes (history: gpu/stats.py)
+PROTOCOL_VERSION = "4"  # bump when the timing protocol changes (history: gpu/stats.py)
+SUITE_VERSION = "2"  # the worker's own checks beside the op's (history: gpu/runs.py SUITE_VERSION)
 
 
 def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:
@@ -16,7 +17,8 @@ def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:
 
 def verify_key(binary_digest: str, suite_version: str, problem: Problem, params: dict) -> str:
     # params change the launch geometry, so they are part of what was verified
-    return digest("verify", binary_digest, suite_version, problem.key(), params)
+    # the worker's suite too: verdicts taken before its checks changed are taken again
+    return digest("verify", binary_digest, suite_version, SUITE_VERSION, problem.key(), params)
 
 
 def measure_key(binary_digest: str, fingerprint: dict, problem: Problem, params: dict) -> str:

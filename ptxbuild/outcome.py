@@ -21,6 +21,12 @@ class Outcome(str, Enum):
     NONDETERMINISTIC = "nondeterministic"
     SUSPICIOUS = "suspicious"  # faster than the roofline floor
     WORKER_CRASH = "worker_crash"
+    STATEFUL = (
+        "stateful"  # right on fresh poison, wrong after earlier calls (state kept between calls)
+    )
+    MEMCHECK = (
+        "memcheck"  # compute-sanitizer memcheck reported an error (an out-of-bounds read, ...)
+    )
 
     @property
     def failed(self) -> bool:

@@ -1581,3 +1581,41 @@ def test_a_verify_or_measure_timeout_is_asked_again_next_build(proj, slow):
     )  # each timed-out candidate asked again, not served from the cache
     manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
     assert all(d["p50_ms"] > 0 for d in manifest["dispatch"])
+
+
+class _MemcheckGpu(FakeGpu):
+    """memcheck reports an error in every config with vec=4 (the fastest ones)."""
+
+    def memcheck(self, op_folder, params, problem, binary):
+        from ptxbuild.outcome import Outcome
+
+        self.memchecked = getattr(self, "memchecked", []) + [(params, problem.shape)]
+        if params["vec"] == 4:
+            return Outcome.MEMCHECK, "Invalid __global__ read of size 16 bytes"
+        return Outcome.OK, ""
+
+
+def test_a_winner_memcheck_rejects_is_replaced_by_the_next_fastest(proj):
+    """Issue 27: every winner of a GPU build runs under memcheck; an error there is the outcome
+    `memcheck` (the report line its evidence) and the next-fastest config that passes wins."""
+    gpu = _MemcheckGpu()
+    ctx = make_ctx(proj, gpu=gpu, gpu_match=fake_match)
+    res = build(ctx, [Target("scale", "h100")])
+    assert res[0].status == "built"
+    manifest = json.loads((proj / "build/scale@h100/manifest.json").read_text())
+    assert all(d["params"]["vec"] != 4 for d in manifest["dispatch"])
+    rejected = [a for a in ctx.cache.attempts("scale@h100") if a["outcome"] == "memcheck"]
+    assert rejected and all("Invalid __global__ read" in a["detail"] for a in rejected)
+    report = (proj / "reports/scale@h100/report.md").read_text()
+    assert "memcheck: 4 of 4 winners clean" in report
+    # the verdicts are cached: a forced rebuild asks memcheck nothing again
+    gpu2 = _MemcheckGpu()
+    build(make_ctx(proj, gpu=gpu2, gpu_match=fake_match, force=True), [Target("scale", "h100")])
+    assert getattr(gpu2, "memchecked", []) == []
+
+
+def test_a_gpu_build_without_memcheck_says_so_in_the_report(proj):
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [Target("scale", "h100")])
+    report = (proj / "reports/scale@h100/report.md").read_text()
+    assert "- memcheck: not run (this GPU session cannot)" in report

@@ -25,11 +25,14 @@ xp = np
 TOL = lambda name: (1e-5, 1e-5)  # noqa: E731
 
 
-def run(out, ref=None, inputs=None, before=None, again=None, dtype="float32", tol=TOL):
+def run(out, ref=None, inputs=None, before=None, again=None, dtype="float32", tol=TOL, scale=None):
     inputs = inputs if inputs is not None else {"x": np.arange(4, dtype=np.float32)}
     before = before if before is not None else {k: v.copy() for k, v in inputs.items()}
     ref = ref if ref is not None else {"y": np.full(out["y"].shape, 2.0)}
-    return check.judge(dtype, inputs, before, out, ref, tol, xp, again)
+    return check.judge(dtype, inputs, before, out, ref, tol, xp, again, scale=scale)
+
+
+NO_L2 = lambda name, kind: float("inf")  # noqa: E731 - the band alone (relative L2 switched off)
 
 
 # --- poison and classification -------------------------------------------------------------------
@@ -76,7 +79,9 @@ def test_tolerance_boundary_and_worst_index():
     ref = {"y": np.array([1.0, 100.0, -4.0, 8.0])}
     atol, rtol = 0.5, 0.01
     y = np.array([1.5, 101.0, -4.0, 8.0], dtype=np.float64)  # exactly on the bound: passes
-    assert run({"y": y}, ref, tol=lambda n: (atol, rtol))[0] is Outcome.OK
+    assert run({"y": y}, ref, tol=lambda n: (atol, rtol), scale=NO_L2)[0] is Outcome.OK
+    # ... the band, not relative L2 (1.1e-2 here, over float32's limit)
+    assert "relative L2 0.011" in run({"y": y}, ref, tol=lambda n: (atol, rtol))[1]
     y = np.array([1.5, 101.0, -4.6, 9.0], dtype=np.float64)
     outcome, detail, max_abs, _ = run({"y": y}, ref, tol=lambda n: (atol, rtol))
     assert outcome is Outcome.WRONG_RESULT
@@ -791,7 +796,7 @@ def test_a_multi_kernel_op_launches_every_entry_in_order_in_measure(monkeypatch)
     loaded, launched = _launch_recorder(monkeypatch)
     g = _gpu_with_sms()
     pool = [(op.make_inputs(None, i, np), op.make_outputs(None, np)) for i in range(2)]
-    run, n = g._runner(op, {}, None, {"entry": "main", "digest": "d1", "cubin": b"C"}, pool)
+    run, n, _, _ = g._runner(op, {}, None, {"entry": "main", "digest": "d1", "cubin": b"C"}, pool)
     assert n == 2
     run(1)
     assert [(k, grid) for k, grid, *_ in launched] == [("stage1", (3, 1, 1)), ("main", (5, 1, 1))]
@@ -903,11 +908,21 @@ def test_a_problem_sent_to_the_worker_comes_back_hashable_and_equal():
 
 
 def test_protocol_version_is_one_number():
-    """The measure key (keys.py) and the protocol (gpu/stats.py) name the same protocol version."""
+    """The measure key (keys.py) and the protocol (gpu/stats.py) name the same protocol version; the
+    verify key (keys.py) and the worker (gpu/runs.py) the same suite version, and the key holds it."""
     from ptxbuild import keys
+    from ptxbuild.gpu import runs
     from ptxbuild.gpu import stats as gpu_stats
 
-    assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "3"
+    assert keys.PROTOCOL_VERSION == gpu_stats.PROTOCOL_VERSION == "4"
+    assert keys.SUITE_VERSION == runs.SUITE_VERSION == "2"
+    P = Problem.make("x", "float32", (4, 8))
+    k = keys.verify_key("b", "1", P, {})
+    runs.SUITE_VERSION = keys.SUITE_VERSION = "1"
+    try:
+        assert keys.verify_key("b", "1", P, {}) != k
+    finally:
+        runs.SUITE_VERSION = keys.SUITE_VERSION = "2"
 
 
 class _FakeGate:

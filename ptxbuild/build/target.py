@@ -20,6 +20,7 @@ from .. import keys
 from ..compile.compiler import CompileError, compile_kernel, with_resources
 from ..declare.checks import check_declaration, declared_candidates, problems_of
 from ..declare.graph import Target, build_order, dependencies
+from ..gpu import memcheck
 from ..gpu.session import GpuError
 from ..oploader import load_op, source_files
 from ..outcome import Outcome
@@ -555,6 +556,7 @@ def _build_target_signals_held(
     hw = hardware_for(ctx, gpu)
     search = spec.search
     chosen: list[dict] = []
+    memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
     used_lessons: list[dict] = []
     probs = problems_of(spec)
     started = time.time()
@@ -650,6 +652,9 @@ def _build_target_signals_held(
             winner = (
                 ev.playoff(hist) if hw else best(hist)
             )  # else: the first with the lowest finite score
+            if hw and winner is not None:
+                winner, checked = _memchecked(ctx, ev, op, problem, hist, winner)
+                memchecks.append(checked)
             if winner is None:
                 ctx.report("problem_fail", target=t, problem=problem)
                 chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
@@ -682,6 +687,8 @@ def _build_target_signals_held(
                 "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                 "_binary": binary,
             }
+            if hw:
+                entry["memcheck"] = memchecks[-1]
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(ck)
@@ -732,6 +739,7 @@ def _build_target_signals_held(
         "protocol": keys.PROTOCOL_VERSION
         if hw
         else None,  # the timing protocol every timing here used
+        "memcheck": memcheck_summary(memchecks) if hw else None,
         "environment": environment(ctx.kf.root),
     }  # where it ran: a report may be rewritten elsewhere
     manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
@@ -779,6 +787,59 @@ def _build_target_signals_held(
         (stop := KeyboardInterrupt()).finished = [res]
         raise stop
     return res
+
+
+MEMCHECK_TRIES = 3  # configs of one problem checked under memcheck before it has no valid candidate
+
+
+def _memchecked(ctx: Context, ev, op, problem: Problem, hist: list, winner: tuple):
+    """(the winner, or the next-fastest config in `hist` when memcheck reports an error in it, each
+    failure recorded as the outcome `memcheck`; None when MEMCHECK_TRIES failed; and a note of what
+    memcheck said). One call on at most memcheck.ROWS rows; cached in the verdicts table by binary,
+    that problem, config and memcheck.VERSION; a run that could not happen is a note, never cached."""
+    run, failed = getattr(ctx.gpu, "memcheck", None), set()
+    for _ in range(MEMCHECK_TRIES):
+        cfg = winner[0]
+        ck = tuple(sorted(cfg.items()))
+        binary = ev.binaries[ck]
+        small = memcheck.small_problem(op, problem, cfg, binary.arch)
+        key = digest("memcheck", binary.digest, small.key(), cfg, memcheck.VERSION)
+        row = ctx.cache.get("verdicts", key)
+        if row is None:
+            if run is None:
+                return winner, "memcheck: not run (this GPU session cannot)"
+            outcome, detail = run(str(op.FOLDER), cfg, small, binary)
+            if outcome is None:
+                return winner, detail
+            row = {
+                "key": key,
+                "binary": binary.digest,
+                "suite": f"memcheck-{memcheck.VERSION}",
+                "problem": json.dumps(small.key()),
+                "outcome": outcome.value,
+                "detail": detail,
+                "cases": 1,
+            }
+            ctx.cache.put("verdicts", row)
+        if row["outcome"] == Outcome.OK.value:
+            return winner, f"memcheck: clean ({small.label()})"
+        ev._record(cfg, Outcome(row["outcome"]), row["detail"], binary=binary.digest)
+        failed.add(ck)
+        winner = best([h for h in hist if tuple(sorted(h[0].items())) not in failed])
+        if winner is None:
+            break
+    return None, f"memcheck: {len(failed)} config(s) rejected, no other candidate"
+
+
+def memcheck_summary(notes: list[str]) -> str | None:
+    """One line for the report: how many winners memcheck found clean, or why it did not run."""
+    if not notes:
+        return None
+    clean = sum(n.startswith("memcheck: clean") for n in notes)
+    others = sorted({n for n in notes if not n.startswith("memcheck: clean")})
+    if not clean and len(others) == 1:
+        return others[0]
+    return "; ".join([f"memcheck: {clean} of {len(notes)} winners clean"] + others)
 
 
 def remeasuring(ctx: Context, problem: Problem) -> bool:

@@ -53,6 +53,64 @@ def _as_cupy(value, cp):
 
 
 VERIFY_ROWS = 512  # extra seeds run on this many rows (same binary: rows are a runtime size)
+# The test suite the worker runs beside the op's own (op.VERSION): bump when it changes, so verdicts
+# taken before are taken again (keys.py has the same). 2: a call on dirty buffers (stateful), larger
+# and odd sizes (size_classes), relative L2 beside the band (check.py).
+SUITE_VERSION = "2"
+SIZE_FACTORS = (2, 8)  # the last axis (a row's length) is also verified at these multiples, and odd
+SIZE_ROWS = 64  # ... on at most this many rows
+SIZE_MAX_BYTES = 256 << 20  # ... where the op moves at most this many bytes (or the problem's own)
+
+
+REF_KEEP_BYTES = 2 << 30  # references of timing-pool sets kept for the checks of timed calls
+
+
+def check_positions(n: int, rng=None) -> set:
+    """The calls of a window of n timed calls whose outputs are judged: the first, the last and one
+    drawn at random (a kernel cannot know which; secrets by default)."""
+    pick = rng.randrange(n) if rng is not None else secrets.randbelow(n) if n else 0
+    return {0, n - 1, pick} if n else set()
+
+
+class TimedWrong(Exception):
+    """A timed call's outputs failed the check (measure: the outcome `stateful`)."""
+
+
+def size_classes(op, problem, params: dict, arch: str = "sm_90a") -> list:
+    """Larger and odd sizes of the problem's last axis that the candidate's binary serves (a size that
+    is a run-time argument): SIZE_FACTORS x N and 2N+1, on at most SIZE_ROWS rows, where the op's check()
+    accepts the config and the op moves at most max(SIZE_MAX_BYTES, the problem's bytes); an op may
+    name its own with size_classes(problem, params) -> list[Problem] ([] for none)."""
+    hook = getattr(op, "size_classes", None)
+    if hook is not None:
+        shapes = list(hook(problem, params))
+    else:
+        *lead, n = problem.shape
+        lead = [min(lead[0], SIZE_ROWS), *lead[1:]] if lead else []
+        sizes = [f * n for f in SIZE_FACTORS] + [2 * n + 1]
+        shapes = [problem.with_shape((*lead, m)) for m in sizes]
+    cap = max(SIZE_MAX_BYTES, _bytes(op, problem))
+
+    def fits(p) -> bool:
+        try:
+            return p != problem and op.check(params, p) is None and _bytes(op, p) <= cap
+        except Exception:  # noqa: BLE001 - a shape the op cannot judge is not one to run
+            return False
+
+    kept = list(dict.fromkeys(p for p in shapes if fits(p)))
+    return same_binary(op, params, problem, kept, arch) if kept else []
+
+
+def _bytes(op, problem) -> int:
+    try:
+        return int(op.bytes_moved(problem))
+    except Exception:  # noqa: BLE001 - unknown: no cap beyond SIZE_MAX_BYTES
+        return 0
+
+
+def verified_shapes(plan: list) -> list:
+    """The shapes a verdict covers (what the runtime may serve: ptxbuild/coverage.py)."""
+    return sorted({tuple(p.shape) for p, _ in plan})
 
 
 def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
@@ -92,6 +150,29 @@ def custom_compare(op, problem, xp):
     """The op's optional compare(problem, output, got, want, xp) -> (ok, detail) | None, bound to a problem."""
     fn = getattr(op, "compare", None)
     return None if fn is None else (lambda name, got, want: fn(problem, name, got, want, xp))
+
+
+def scale_limit(op, problem):
+    """The op's optional rel_l2_tolerance(problem, output) -> float | None (None: check.REL_L2 of the
+    output's stored type), bound to a problem, as check.judge's `scale`."""
+    fn = getattr(op, "rel_l2_tolerance", None)
+    return None if fn is None else (lambda name, kind: fn(problem, name))
+
+
+def judge_run(op, prob, inputs, before, first, ref, xp, again=None):
+    """check.judge with the op's tolerance, compare and relative-L2 hooks for `prob`."""
+    return check.judge(
+        prob.dtype,
+        inputs,
+        before,
+        first,
+        ref,
+        lambda name: op.tolerance(prob, name),
+        xp,
+        again,
+        custom_compare(op, prob, xp),
+        scale_limit(op, prob),
+    )
 
 
 def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
@@ -201,7 +282,7 @@ class Gpu:
         """Free the timing pool if its sets exceed `above_bytes` (a 2^31-element problem's pool plus a
         float64 reference do not fit together; the pool is rebuilt when next needed)."""
         if self._pool and sum(nbytes(i) + nbytes(o) for i, o in self._pool) > above_bytes:
-            self._pool, self._pool_key = [], None
+            self._pool, self._pool_key, self._pool_ref = [], None, (None, None)
             self.release()
 
     # stages
@@ -227,13 +308,18 @@ class Gpu:
         self.release()
         return 2 * size / (ms * 1e-3) / 1e12
 
-    def run_once(self, op, binary: dict, params: dict, problem, inputs: dict) -> dict:
-        """Fresh poisoned outputs, one call (every kernel of the op) on our stream, synchronize (errors
-        surface here). Returns the outputs to check: scratch outputs (op.SCRATCH) are poisoned too, so
-        a kernel reading what another never wrote shows in the checked ones, but not returned."""
-        outputs = op.make_outputs(problem, self.cp)
-        for out in outputs.values():
-            check.poison(out, self.cp)
+    def run_once(
+        self, op, binary: dict, params: dict, problem, inputs: dict, outputs: dict | None = None
+    ) -> dict:
+        """Fresh poisoned outputs (or `outputs` as they are: the dirty-buffer call), one call (every
+        kernel of the op) on our stream, synchronize (errors surface here). Returns the outputs to check:
+        scratch outputs (op.SCRATCH) are poisoned too, so a kernel reading what another never wrote shows
+        in the checked ones, but not returned. All of them (scratch too) stay in self.last_outputs."""
+        if outputs is None:
+            outputs = op.make_outputs(problem, self.cp)
+            for out in outputs.values():
+                check.poison(out, self.cp)
+        self.last_outputs = outputs
         calls = self.launches(op, params, problem, binary, inputs, outputs)
         self.sync()
         for kern, geom, args in calls:
@@ -260,34 +346,53 @@ class Gpu:
         arch = binary.get("arch") or "sm_90a"
         plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params, arch), seeds[1:])]
         plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params, arch)]
+        seen = {p for p, _ in plan}
+        plan += [
+            (p, [secrets.randbelow(2**31)])
+            for p in size_classes(op, problem, params, arch)
+            if p not in seen
+        ]
         big_seen = (
             set()
         )  # one seed per problem above ONE_SEED_ABOVE_BYTES, also when fewer_rows cannot shrink it
         with self.stream:
             for prob, prob_seeds in plan:
+                kept = None  # (input buffers, all outputs) of this problem's last seed, if small
                 for seed in prob_seeds:
                     if prob in big_seen:
                         break
                     inputs = op.make_inputs(prob, seed, cp)
                     before = {k: v.copy() for k, v in inputs.items()}
                     ref = op.reference(prob, {k: v.copy() for k, v in inputs.items()}, cp)
+                    dirty = None
+                    if kept is not None:
+                        # this seed's inputs in the last seed's buffers (the same pointers), its
+                        # outputs not poisoned again (they hold the last seed's results): a kernel that
+                        # skips work whose output looks written, or caches by pointer, is wrong here
+                        for k, v in inputs.items():
+                            kept[0][k][...] = v
+                        inputs = kept[0]
+                        dirty = self.run_once(op, binary, params, prob, inputs, kept[1])
                     first = self.run_once(op, binary, params, prob, inputs)
+                    all_outputs = self.last_outputs
                     again = self.run_once(op, binary, params, prob, inputs) if det else None
-                    outcome, detail, a, r = check.judge(
-                        prob.dtype,
-                        inputs,
-                        before,
-                        first,
-                        ref,
-                        lambda name, p=prob: op.tolerance(p, name),
-                        cp,
-                        again,
-                        custom_compare(op, prob, cp),
+                    outcome, detail, a, r = judge_run(
+                        op, prob, inputs, before, first, ref, cp, again
                     )
+                    if outcome is Outcome.OK and dirty is not None:
+                        o2, d2, _, _ = judge_run(op, prob, inputs, before, dirty, ref, cp)
+                        if o2 is not Outcome.OK:
+                            outcome = Outcome.STATEFUL
+                            detail = (
+                                f"{o2.value} on a second call in the same buffers, outputs not "
+                                f"poisoned again (right on fresh poison): {d2}"
+                            )
                     cases, max_abs, max_rel = cases + 1, max(max_abs, a), max(max_rel, r)
                     tols = tols or {name: list(op.tolerance(problem, name)) for name in ref}
                     big = nbytes(inputs) > ONE_SEED_ABOVE_BYTES
-                    del inputs, before, ref, first, again
+                    kept = None if big else (inputs, all_outputs)
+                    del inputs, before, ref, first, again, dirty, all_outputs
+                    self.last_outputs = None
                     self.release()
                     if outcome is not Outcome.OK:
                         return {
@@ -300,6 +405,7 @@ class Gpu:
                         }
                     if big:
                         big_seen.add(prob)
+                kept = None
         return {
             "outcome": Outcome.OK.value,
             "detail": "",
@@ -308,13 +414,14 @@ class Gpu:
             "cases": cases,
             "seeds": seeds,
             "tolerances": tols,
+            "shapes": [list(s) for s in verified_shapes(plan)],
         }
 
     def pool(self, op, problem) -> list:
         """Input/output sets to rotate through: more bytes than 2x L2, at most half the free memory."""
         key = (str(op.FOLDER), problem)
         if self._pool_key != key:
-            self._pool, self._pool_key = [], None
+            self._pool, self._pool_key, self._pool_ref = [], None, (None, None)
             self.release()
             cp = self.cp
             first = (op.make_inputs(problem, 1_000_003, cp), op.make_outputs(problem, cp))
@@ -333,21 +440,36 @@ class Gpu:
 
     def _timer(self, runners: dict):
         """timer(name, n): n calls of runners[name](pool_index), each timed alone (nvbench's cold measurement,
-        verification.md timing rule 1): flush the L2, wait; gate; events around the call; release; wait.
+        verification.md timing rule 1): poison its outputs, flush the L2, wait; gate; events around the
+        call; release; wait. A runner is (run, sets) or (run, sets, poison, check): poison(i) fills set i's
+        outputs with fresh poison before each call (before the flush, outside the timed window: a kernel
+        cannot skip work whose output looks written), and check(0) judges the outputs of the first, the
+        last and one random timed call of every timer() call (a window; check_positions), each made on
+        set 0, so a kernel that changes what it does after some calls, or on some calls, is caught.
         Each runner is first called once per input set, untimed and ungated. Gates are checked every
         GATE_BATCH calls: a batch with a timeout is timed again; two in a row: timed ungated (timer.ungated)."""
         cp = self.cp
         ungated, primed = set(), set()
 
-        def batch(name, n, gated):
-            run, sets = runners[name]
+        def parts(name):
+            r = runners[name]
+            return (*r, None, None)[:4]
+
+        def batch(name, n, gated, to_check=()):
+            run, sets, poison, verdict = parts(name)
             times = []
             self.sync()
             if gated:
                 self.gate.reset()
-            for _ in range(n):
-                i, self.rotation = self.rotation % sets, self.rotation + 1
+            for j in range(n):
+                judged = verdict is not None and j in to_check
+                if judged:
+                    i = 0  # a judged call runs on set 0: one reference per pool (kda's cost seconds)
+                else:
+                    i, self.rotation = self.rotation % sets, self.rotation + 1
                 a, b = cp.cuda.Event(), cp.cuda.Event()
+                if poison is not None:
+                    poison(i)
                 self.flush()
                 self.sync()
                 if gated:
@@ -361,25 +483,30 @@ class Gpu:
                         self.gate.release()
                 self.sync()
                 times.append(cp.cuda.get_elapsed_time(a, b))
+                if judged:
+                    verdict(i)  # after the call's wait, before the next call's poison
             return times
 
         def timer(name, n):
+            run, sets, poison, verdict = parts(name)
             if name not in primed:
-                run, sets = runners[name]
                 for i in range(sets):
+                    if poison is not None:
+                        poison(i)
                     run(i)
                 self.sync()
                 primed.add(name)
-            out = []
+            out, checks = [], check_positions(n) if verdict is not None else set()
             while len(out) < n:
                 k = min(GATE_BATCH, n - len(out))
-                times = batch(name, k, name not in ungated)
+                here = {c - len(out) for c in checks if len(out) <= c < len(out) + k}
+                times = batch(name, k, name not in ungated, here)
                 if name not in ungated and self.gate.timed_out():
                     # once: a host stall (a compiling first call, a GC pause); twice: the call itself waits on the GPU
-                    times = batch(name, k, True)
+                    times = batch(name, k, True, here)
                     if self.gate.timed_out():
                         ungated.add(name)
-                        times = batch(name, k, False)
+                        times = batch(name, k, False, here)
                 out += times
             return out
 
@@ -387,13 +514,52 @@ class Gpu:
         return timer
 
     def _runner(self, op, params, problem, binary, pool):
+        """(run, sets, poison, check) of a candidate on the pool (see _timer): check(0) judges set 0's
+        outputs against its reference as verify does; a failure raises TimedWrong."""
         calls = [self.launches(op, params, problem, binary, ins, outs) for ins, outs in pool]
+        scratch = set(getattr(op, "SCRATCH", ()))
 
         def run(i):
             for kern, geom, args in calls[i]:
                 device.launch(kern, geom, args, self.stream)
 
-        return run, len(pool)
+        def poison(i):
+            for out in pool[i][1].values():
+                check.poison(out, self.cp)
+
+        def verdict(i):
+            ref = self.pool_reference(op, pool, problem, i)
+            if ref is None:
+                return
+            ins, outs = pool[i]
+            got = {k: v for k, v in outs.items() if k not in scratch}
+            outcome, detail, _, _ = judge_run(op, problem, ins, {}, got, ref, self.cp)
+            if outcome is not Outcome.OK:
+                raise TimedWrong(f"{outcome.value} after a timed call (set {i}): {detail}")
+
+        return run, len(pool), poison, verdict
+
+    def pool_reference(self, op, pool: list, problem, i: int):
+        """The reference outputs of pool set `i`, kept while they take at most REF_KEEP_BYTES in all
+        (else computed for each check); None if one does not fit in memory beside the pool."""
+        key, refs = getattr(self, "_pool_ref", (None, None))
+        if key != id(pool) or refs is None:
+            key, refs = id(pool), {}
+            self._pool_ref = (key, refs)
+        if i in refs:
+            return refs[i]
+        try:
+            ins = pool[i][0]
+            ref = op.reference(problem, {k: v.copy() for k, v in ins.items()}, self.cp)
+        except Exception as exc:  # noqa: BLE001 - only running out of memory is tolerated
+            if "OutOfMemory" not in type(exc).__name__:
+                raise
+            self.release()
+            self.unchecked = True
+            return None
+        if sum(nbytes(r) for r in refs.values()) + nbytes(ref) <= REF_KEEP_BYTES:
+            refs[i] = ref
+        return ref
 
     def measure(
         self,
@@ -409,14 +575,19 @@ class Gpu:
     ) -> dict:
         op = load_op(op_folder, Path(root))
         pool = self.pool(op, problem)
+        self.unchecked = False
         runners = {"candidate": self._runner(op, params, problem, binary, pool)}
         if incumbent:
-            runners["incumbent"] = self._runner(op, incumbent[0], problem, incumbent[1], pool)
+            # poisoned as the candidate is (a fair window), not judged: its own measure judged it
+            runners["incumbent"] = self._runner(op, incumbent[0], problem, incumbent[1], pool)[:3]
         timer = self._timer(runners)
         with self.stream:
-            res = stats.run(
-                timer, incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms
-            )
+            try:
+                res = stats.run(
+                    timer, incumbent=bool(incumbent), warmup_ms=warmup_ms, budget_ms=budget_ms
+                )
+            except TimedWrong as exc:
+                return {"outcome": Outcome.STATEFUL.value, "detail": str(exc), "samples": 0}
         out = stats.summarize(
             res["candidate"], stats.floor_ms(op.bytes_moved(problem), copy_tbps), res["incumbent"]
         )
@@ -424,6 +595,8 @@ class Gpu:
             add_detail(out, "beat the incumbent by >10%: re-timed alone, slower kept")
         if ungated := getattr(timer, "ungated", ()):
             add_detail(out, UNGATED_NOTE + ", ".join(sorted(ungated)))
+        if self.unchecked:
+            add_detail(out, "timed outputs not checked: the reference did not fit beside the pool")
         return out
 
     def baselines(
@@ -490,7 +663,7 @@ class Gpu:
                 pool = self.pool(op, problem)
                 runners = {"candidate": ((lambda i, f=fn: f(pool[i][0])), len(pool))}
                 if winner:
-                    runners["incumbent"] = self._runner(op, winner[0], problem, winner[1], pool)
+                    runners["incumbent"] = self._runner(op, winner[0], problem, winner[1], pool)[:3]
                 timer = self._timer(runners)
                 with (
                     self.stream,

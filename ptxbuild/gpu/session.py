@@ -31,6 +31,7 @@ class VerifyResult:
     tolerances: dict = field(
         default_factory=dict
     )  # output -> [atol, rtol]: part of the verdict's cache key
+    shapes: tuple = ()  # every shape verified (ptxbuild/coverage.py says what they cover)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class GpuSession:
             seconds=s,
             seeds=tuple(r.get("seeds", ())),
             tolerances=r.get("tolerances", {}),
+            shapes=tuple(tuple(x) for x in r.get("shapes", ())),
         )
 
     def _measure_result(self, r: dict) -> MeasureResult:
@@ -223,6 +225,25 @@ class GpuSession:
         if "outcome" in r and isinstance(r["outcome"], str):  # the whole call crashed or hung
             return {"*": self._measure_result(r)}
         return {name: self._measure_result(v) for name, v in r.items()}
+
+    def memcheck(
+        self, op_folder: str, params: dict, problem: Problem, binary: Binary
+    ) -> tuple[Outcome | None, str]:
+        """The candidate run once under compute-sanitizer memcheck (gpu/memcheck.py), on this GPU:
+        (Outcome.OK, ""), (Outcome.MEMCHECK, the report's first line) or (None, why it did not run)."""
+        from . import memcheck
+
+        job = {
+            "op_folder": self._folder(op_folder),
+            "root": self.root,
+            "params": params,
+            "problem": encode_problem(problem),
+            "binary": encode_binary(binary),
+        }
+        r = memcheck.run([job], device=self.device)[0]
+        if r["outcome"] == "not_run":
+            return None, r["detail"]
+        return Outcome(r["outcome"]), r["detail"]
 
     def close(self) -> None:
         self.child.close()

@@ -195,8 +195,11 @@ def markdown(data: dict) -> str:
         lines.append("- timings: " + _timings(s))
         lines.append(
             f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
-            "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)"
+            "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold; "
+            "4+: outputs poisoned again before every timed call, timed calls' outputs judged)"
         )
+        if s.get("memcheck"):
+            lines.append(f"- {s['memcheck']}")
         if when_all:
             lines.append(
                 f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "

@@ -1,0 +1,245 @@
+"""Winners under compute-sanitizer memcheck: an out-of-bounds read whose value is masked passes every
+value check, so each winner of a GPU build runs once, on one small problem, in a one-shot worker
+started under `compute-sanitizer --tool memcheck` (python -m ptxbuild.gpu.memcheck JOBFILE). An error
+it reports is the outcome `memcheck`, its first report line the evidence. Parsing and the job
+bookkeeping are pure (parse, pending); run() starts the processes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+VERSION = "1"  # bump when what a memcheck run does changes (cached verdicts are taken again)
+ROWS = 64  # the small problem: at most this many rows, where the binary serves it
+NOT_FOUND = "memcheck: not run (compute-sanitizer not found)"
+MARK = "@@ptxbuild-memcheck"
+ERROR_EXIT = 99
+TIMEOUT_S = 300.0  # one sanitizer process (all the jobs given to it)
+
+
+def find() -> str | None:
+    """The compute-sanitizer executable: on PATH, under $CUDA_HOME / $CUDA_PATH, /usr/local/cuda."""
+    if found := shutil.which("compute-sanitizer"):
+        return found
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base and (p := Path(base, "bin", "compute-sanitizer")).is_file():
+            return str(p)
+    return None
+
+
+def small_problem(op, problem, params: dict, arch: str = "sm_90a"):
+    """The problem on at most ROWS rows if the config accepts it and the binary serves it, else itself."""
+    from .runs import same_binary
+
+    if len(problem.shape) < 2 or problem.shape[0] <= ROWS:
+        return problem
+    small = problem.with_shape((ROWS, *problem.shape[1:]))
+    try:
+        ok = op.check(params, small) is None
+    except Exception:  # noqa: BLE001 - a shape the op cannot judge is not one to run
+        ok = False
+    return small if ok and same_binary(op, params, problem, [small], arch) else problem
+
+
+def command(sanitizer: str, jobfile: str, device: int = 0) -> list[str]:
+    return [
+        sanitizer,
+        "--tool",
+        "memcheck",
+        "--leak-check",
+        "no",
+        "--error-exitcode",
+        str(ERROR_EXIT),
+        sys.executable,
+        "-m",
+        "ptxbuild.gpu.memcheck",
+        "--device",
+        str(device),
+        jobfile,
+    ]
+
+
+def _report_lines(lines: list[str]) -> list[str]:
+    """The sanitizer's report lines ("========= ..."), less its banner, summary and blank ones."""
+    out = []
+    for line in lines:
+        if not line.startswith("========="):
+            continue
+        text = line[len("=========") :].strip()
+        if not text or text.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY")):
+            continue
+        out.append(text)
+    return out
+
+
+def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], int | None]:
+    """(results of the jobs this run settled, the index to start the next run at or None when done).
+    Markers `MARK start i` / `MARK done i` / `MARK fail i` bracket job i; the report lines after job
+    i's start (and before the next job's) are its errors. A job that started and neither finished nor
+    was reported on is not run (the harness failed: it says how); the jobs after a failure run again."""
+    results: dict[int, dict] = {}
+    current, per_job, started, failed = None, {}, set(), {}
+    for line in lines:
+        if line.startswith(MARK):
+            parts = line[len(MARK) :].split(maxsplit=2)
+            kind, i = parts[0], int(parts[1])
+            if kind == "start":
+                current = i
+                started.add(i)
+            elif kind == "done":
+                results[i] = {"outcome": "ok", "detail": ""}
+            elif kind == "fail":
+                failed[i] = parts[2] if len(parts) > 2 else ""
+            continue
+        if current is not None and line.startswith("========="):
+            per_job.setdefault(current, []).append(line)
+    for i, job_lines in per_job.items():
+        report = _report_lines(job_lines)
+        if report:
+            where = next((r for r in report[1:] if r.startswith("Address")), "")
+            results[i] = {
+                "outcome": "memcheck",
+                "detail": "; ".join(filter(None, [report[0], where]))[:500],
+            }
+    for i, why in failed.items():
+        results.setdefault(i, {"outcome": "not_run", "detail": f"memcheck: not run ({why[:300]})"})
+    last = max(started) if started else -1
+    if last >= 0 and last not in results:
+        results[last] = {
+            "outcome": "not_run",
+            "detail": f"memcheck: not run (the sanitized worker exited {rc} during it)",
+        }
+    if rc == ERROR_EXIT and not any(r["outcome"] == "memcheck" for r in results.values()):
+        # errors counted but none placed: the one job of the run that did not finish cleanly
+        for i in sorted(started):
+            if results.get(i, {}).get("outcome") != "ok":
+                results[i] = {"outcome": "memcheck", "detail": "memcheck reported an error"}
+                break
+    nxt = last + 1 if last + 1 < n else None
+    if last < 0:  # nothing started: the worker could not start at all
+        return {
+            i: {"outcome": "not_run", "detail": f"memcheck: not run (worker exited {rc})"}
+            for i in range(n)
+        }, None
+    return results, nxt
+
+
+def run(
+    jobs: list[dict],
+    device: int = 0,
+    timeout_s: float = TIMEOUT_S,
+    sanitizer: str | None = None,
+    env: dict | None = None,
+) -> list[dict]:
+    """Each job ({op_folder, root, params, problem, binary}, as the worker's wire encodes them) run once
+    under memcheck: [{"outcome": "ok" | "memcheck" | "not_run", "detail"}], in order. A sanitizer
+    process whose context a job broke goes on in a fresh one from the next job."""
+    sanitizer = sanitizer or find()
+    if sanitizer is None:
+        return [{"outcome": "not_run", "detail": NOT_FOUND} for _ in jobs]
+    if env is None:
+        from .session import _worker_env
+
+        env = _worker_env()
+    results: dict[int, dict] = {}
+    start = 0
+    while start is not None and start < len(jobs):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(jobs[start:], f)
+        try:
+            proc = subprocess.run(
+                command(sanitizer, f.name, device),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                timeout=timeout_s,
+            )
+            lines, rc = proc.stdout.splitlines(), proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or ""
+            lines = (out.decode(errors="replace") if isinstance(out, bytes) else out).splitlines()
+            rc = None
+            got, _ = parse(lines, len(jobs) - start, rc)
+            for i, r in got.items():
+                results[start + i] = r
+            for i in range(start, len(jobs)):
+                results.setdefault(
+                    i,
+                    {
+                        "outcome": "not_run",
+                        "detail": f"memcheck: not run (timed out after {timeout_s:g} s)",
+                    },
+                )
+            break
+        finally:
+            os.unlink(f.name)
+        got, nxt = parse(lines, len(jobs) - start, rc)
+        for i, r in got.items():
+            results[start + i] = r
+        start = None if nxt is None else start + nxt
+    return [
+        results.get(i, {"outcome": "not_run", "detail": "memcheck: not run"})
+        for i in range(len(jobs))
+    ]
+
+
+def _one(job: dict, device: int, cp) -> None:
+    """One call of the job's candidate on fresh poisoned outputs, synchronized."""
+    from types import SimpleNamespace
+
+    from ..oploader import load_op
+    from . import check
+    from . import device as device_mod
+    from .runs import Gpu
+    from .worker import decode_binary, decode_problem
+
+    op = load_op(job["op_folder"], Path(job["root"]))
+    problem, binary = decode_problem(job["problem"]), decode_binary(job["binary"])
+    inputs = op.make_inputs(problem, secrets.randbelow(2**31), cp)
+    outputs = op.make_outputs(problem, cp)
+    for out in outputs.values():
+        check.poison(out, cp)
+    g = object.__new__(Gpu)  # only its launch plumbing: no flush buffer, pool or gate
+    g.kernels = {}
+    sms = cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    g.fingerprint = SimpleNamespace(sm_count=sms)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device(device).synchronize()
+    for kern, geom, args in g.launches(op, job["params"], problem, binary, inputs, outputs):
+        device_mod.launch(kern, geom, args, stream)
+    stream.synchronize()
+    cp.cuda.Device(device).synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="run each job of JOBFILE once (under memcheck)")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("jobfile")
+    a = ap.parse_args(argv)
+    import cupy as cp
+
+    cp.cuda.Device(a.device).use()
+    cp.cuda.set_allocator(None)  # every array its own allocation: a read past one is out of bounds
+    jobs = json.loads(Path(a.jobfile).read_text())
+    for i, job in enumerate(jobs):
+        print(f"{MARK} start {i}", flush=True)
+        try:
+            _one(job, a.device, cp)
+        except Exception as exc:  # noqa: BLE001 - the parent reads what happened from the markers
+            msg = " ".join(f"{type(exc).__name__}: {exc}".split())
+            print(f"{MARK} fail {i} {msg}", flush=True)
+            return 3
+        print(f"{MARK} done {i}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

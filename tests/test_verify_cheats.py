@@ -1,0 +1,332 @@
+"""CPU tests of the checks issue 27 asked for, each against the cheat it must catch: the worker's real
+verify() and timer over numpy emulations of tests/planted_softmax's kernels (tests/fake_softmax.py),
+and the pure pieces (relative L2, the size classes, the poison and check schedule, shape coverage)."""
+
+import random
+
+import numpy as np
+import pytest
+
+from ptxbuild.dtypes import from_float
+from ptxbuild.gpu import check, runs
+from ptxbuild.outcome import Outcome
+from ptxbuild.problem import Problem
+from tests import fake_softmax
+
+P = Problem.make("planted_softmax", "bfloat16", (256, 4096))
+SMALL = Problem.make("planted_softmax", "bfloat16", (64, 1024))
+
+
+def verify(monkeypatch, bad, problem=P, threads=128, state=None):
+    g, state = fake_softmax.gpu(monkeypatch, bad, threads, state)
+    params = {"BAD": bad, "THREADS": threads}
+    return g.verify("x", ".", params, problem, fake_softmax.binary(bad), seeds=[11, 12, 13]), state
+
+
+def test_the_honest_kernel_passes_every_check_and_says_which_shapes(monkeypatch):
+    r, state = verify(monkeypatch, "none")
+    assert r["outcome"] == "ok", r
+    # main + 2 fewer-row seeds (one in dirty buffers) + 3 adversarial + 3 size classes, 2 calls each
+    assert r["cases"] == 1 + 2 + 3 + 3 and state["calls"] == 2 * 9 + 1
+    assert [64, 32768] in r["shapes"] and [64, 8193] in r["shapes"] and [256, 4096] in r["shapes"]
+
+
+def test_a_kernel_skipping_rows_whose_output_looks_written_is_stateful(monkeypatch):
+    """Class 1: right on fresh poison (every case), wrong on a second call in the same buffers."""
+    r, _ = verify(monkeypatch, "skip")
+    assert r["outcome"] == Outcome.STATEFUL.value, r
+    assert "same buffers" in r["detail"] and "seed 13]" in r["detail"], r["detail"]
+
+
+def test_zeros_below_atol_pass_the_band_and_fail_relative_l2(monkeypatch):
+    """Class 2: on the declared problem, within atol + rtol everywhere, 9% relative L2."""
+    r, _ = verify(monkeypatch, "zeros")
+    assert r["outcome"] == "wrong_result", r
+    assert "relative L2" in r["detail"] and "within the band" in r["detail"]
+    assert "[bfloat16[256x4096], seed 11]" in r["detail"], r["detail"]
+
+
+def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch):
+    """Class 3: every declared and adversarial shape passes; the size class 8N fails."""
+    r, _ = verify(monkeypatch, "bf16acc")
+    assert r["outcome"] == "wrong_result", r
+    assert "bfloat16[64x32768]" in r["detail"], r["detail"]
+    monkeypatch.setattr(runs, "SIZE_FACTORS", (2,))
+    assert verify(monkeypatch, "bf16acc")[0]["outcome"] == "ok"  # 2N is not enough to see it
+
+
+def test_a_masked_read_past_the_end_passes_every_value_check(monkeypatch):
+    """Class 4: only memcheck sees it (test_memcheck_*: the sanitizer's report is the outcome)."""
+    r, state = verify(monkeypatch, "oob")
+    assert r["outcome"] == "ok" and state["read_past_end"]
+
+
+def measure(monkeypatch, bad, state):
+    g, state = fake_softmax.gpu(monkeypatch, bad, 128, state)
+    return g.measure("x", ".", {"BAD": bad, "THREADS": 128}, SMALL, fake_softmax.binary(bad))
+
+
+def test_a_kernel_that_counts_its_calls_verifies_then_is_caught_while_timed(monkeypatch):
+    """State in device memory: honest for its first 100 calls (verification makes 19), then it
+    leaves rows unwritten: a timed call's outputs are judged, and the measurement is `stateful`."""
+    r, state = verify(monkeypatch, "counter", SMALL)
+    assert r["outcome"] == "ok" and state["calls"] < 100
+    m = measure(monkeypatch, "counter", state)
+    assert m["outcome"] == Outcome.STATEFUL.value, m
+    assert "unwritten after a timed call" in m["detail"], m["detail"]
+    assert measure(monkeypatch, "none", {"calls": 0})["outcome"] == "ok"
+
+
+def test_outputs_are_poisoned_before_every_call_outside_the_timed_window():
+    """The schedule: poison, flush, (gate), events around the call, wait, then the check of chosen
+    calls; a runner without poison/check (a baseline) is timed as before."""
+    from types import SimpleNamespace
+
+    log = []
+    g = object.__new__(runs.Gpu)
+    g.rotation = 0
+    g.gate = SimpleNamespace(
+        reset=lambda: None,
+        hold=lambda s: log.append("hold"),
+        release=lambda: log.append("release"),
+        timed_out=lambda: False,
+    )
+    g.flush = lambda: log.append("flush")
+    g.sync = lambda: log.append("sync")
+    g.stream = None
+
+    class Event:
+        def record(self, stream=None):
+            log.append("event")
+
+    g.cp = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: 1.0))
+    runner = (
+        lambda i: log.append(f"run{i}"),
+        2,
+        lambda i: log.append(f"poison{i}"),
+        lambda i: log.append(f"check{i}"),
+    )
+    timer = g._timer({"c": runner, "b": (lambda i: log.append(f"base{i}"), 2)})
+    timer("c", 5)
+    primed = log[: log.index("sync") + 1]
+    assert primed == ["poison0", "run0", "poison1", "run1", "sync"]
+    calls = log[len(primed) + 1 :]  # the batch's first sync, then call by call
+    one = ["poison0", "flush", "sync", "hold", "event", "run0", "event", "release", "sync"]
+    assert calls[: len(one)] == one and calls[len(one)] == "check0"  # the first call is judged
+    assert calls.count("poison0") + calls.count("poison1") == 5 and calls.count("flush") == 5
+    assert calls[-1].startswith("check")  # ... and the last
+    log.clear()
+    timer("b", 3)
+    assert not any(e.startswith(("poison", "check")) for e in log)
+
+
+def test_check_positions_are_first_last_and_one_random():
+    assert check_positions_all(1) == {0}
+    seen = set()
+    for seed in range(50):
+        pos = runs.check_positions(40, random.Random(seed))
+        assert {0, 39} <= pos and len(pos) <= 3
+        seen |= pos
+    assert len(seen) > 10  # the third one moves
+    assert runs.check_positions(0) == set()
+
+
+def check_positions_all(n):
+    return runs.check_positions(n, random.Random(0))
+
+
+def test_relative_l2_is_per_output_and_per_row():
+    ref = np.ones((4, 100))
+    got = ref.copy()
+    got[2, :3] = 0  # one row 17% off, the whole 8.7%
+    whole, row, at = check.rel_l2(got, ref, "float32", np)
+    assert (
+        at == 2
+        and row == pytest.approx(np.sqrt(3 / 100))
+        and whole == pytest.approx(np.sqrt(3 / 400))
+    )
+    assert "row 2" in check.scale_verdict(got, ref, "float32", 0.1, np)
+    assert "whole output" in check.scale_verdict(got, ref, "float32", 0.01, np)
+    assert check.scale_verdict(got, ref, "float32", 0.2, np) is None
+
+
+def test_bf16_rounding_passes_the_bf16_limit_with_room_and_float32_limit_does_not():
+    """An output rounded once to bf16 has relative L2 <= 2^-8 (RMS ~2^-9): the limit 2^-6 holds it
+    (rmsnorm's bf16 y); float32's 1e-4 would not, so the limit goes by the stored type."""
+    rng = np.random.RandomState(0)
+    want = rng.standard_normal((199, 13)) * np.exp(rng.standard_normal((199, 1)))
+    got = from_float(want.astype(np.float32), "bfloat16", np)
+    whole, row, _ = check.rel_l2(got, want, "bfloat16", np)
+    assert 2**-10 < whole < 2**-8 and row <= 2**-8 < check.REL_L2["bfloat16"]
+    assert check.stored_type(got, "bfloat16") == "bfloat16"
+    assert (
+        check.judge("bfloat16", {}, {}, {"y": got}, {"y": want}, lambda n: (3e-2, 1e-2), np)[0]
+        is Outcome.OK
+    )
+    assert check.stored_type(want.astype(np.float32), "bfloat16") == "float32"
+
+
+def test_an_op_may_declare_a_stricter_limit():
+    want = np.ones((2, 50))
+    got = want * (1 + 1e-3)  # 1e-3 relative: inside the band and float32's default 1e-4? no: over
+    outcome = check.judge("float32", {}, {}, {"y": got}, {"y": want}, lambda n: (1e-2, 1e-2), np)[0]
+    assert outcome is Outcome.WRONG_RESULT
+    loose = check.judge(
+        "float32",
+        {},
+        {},
+        {"y": got},
+        {"y": want},
+        lambda n: (1e-2, 1e-2),
+        np,
+        scale=lambda n, k: 2e-3,
+    )
+    assert loose[0] is Outcome.OK
+    strict = check.judge(
+        "float32",
+        {},
+        {},
+        {"y": want * (1 + 1e-5)},
+        {"y": want},
+        lambda n: (1e-2, 1e-2),
+        np,
+        scale=lambda n, k: 1e-6,
+    )
+    assert strict[0] is Outcome.WRONG_RESULT and "exceeds 1e-06" in strict[1]
+
+
+def test_non_finite_and_all_zero_rows_are_left_to_the_band():
+    want = np.array([[0.0, 0.0], [1.0, np.inf]])
+    got = np.array([[0.0, 0.0], [1.0, np.inf]])
+    assert check.rel_l2(got, want, "float32", np) == (0.0, 0.0, None)
+
+
+def test_size_classes_of_a_runtime_n_and_not_of_a_compile_time_one():
+    from types import SimpleNamespace
+
+    o = fake_softmax.op()
+    params = {"BAD": "none", "THREADS": 128}
+    got = [p.shape for p in runs.size_classes(o, P, params)]
+    assert got == [(64, 8192), (64, 32768), (64, 8193)]
+    # an N baked into the source (an exact config): another N needs another binary, none is run
+    exact = SimpleNamespace(
+        render=lambda prm, p, arch: SimpleNamespace(source=f"#define N {p.shape[1]}"),
+        check=lambda prm, p: None,
+        bytes_moved=o.bytes_moved,
+    )
+    assert runs.size_classes(exact, P, params) == []
+    # check() refusing a size drops it; the op may name its own classes (or none)
+    picky = SimpleNamespace(
+        render=o.render,
+        check=lambda prm, p: "N > 9000" if p.shape[1] > 9000 else None,
+        bytes_moved=o.bytes_moved,
+    )
+    assert [p.shape for p in runs.size_classes(picky, P, params)] == [(64, 8192), (64, 8193)]
+    own = SimpleNamespace(
+        size_classes=lambda p, prm: [], render=o.render, check=o.check, bytes_moved=o.bytes_moved
+    )
+    assert runs.size_classes(own, P, params) == []
+    # and a size that moves more than SIZE_MAX_BYTES (and more than the problem) is not run
+    big = Problem.make("planted_softmax", "bfloat16", (8, 1 << 20))
+    assert [p.shape for p in runs.size_classes(o, big, params)] == []
+
+
+def test_coverage_is_sizes_up_to_the_largest_verified_and_alignments_seen():
+    from ptxbuild.coverage import alignment, covers
+
+    assert [alignment(n) for n in (1, 2, 4, 8, 6, 12, 4096, 4095)] == [0, 1, 2, 3, 1, 2, 3, 0]
+    verified = [(256, 4096), (1, 4095), (199, 760), (64, 32768), (64, 8193)]
+    assert covers(verified, (256, 4096)) and covers(verified, (100, 30000))
+    assert covers(verified, (3, 5001))  # odd: 4095 and 8193 were
+    assert not covers(verified, (300, 4096))  # more rows than verified
+    assert not covers(verified, (8, 65536))  # past 8N: the bf16 accumulator's failure is there
+    assert not covers(verified, (8, 4098))  # 2 mod 4: no verified shape had it
+    assert not covers(verified, (4096,)) and not covers([], (1, 8))
+    # what the worker reports for the honest planted kernel covers its declared shape
+    assert covers(
+        [(256, 4096), (64, 32768), (64, 8193), (1, 4095), (199, 760), (3, 1000)], (4, 1000)
+    )
+
+
+# --- memcheck: the sanitizer's report is the outcome ---------------------------------------------
+
+SANITIZED = """========= COMPUTE-SANITIZER
+@@ptxbuild-memcheck start 0
+@@ptxbuild-memcheck done 0
+@@ptxbuild-memcheck start 1
+========= Invalid __global__ read of size 2 bytes
+=========     at planted_softmax+0x2d0
+=========     by thread (31,0,0) in block (63,0,0)
+=========     Address 0x7f1c2e680000 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f1c2e600000 of size 524,288 bytes
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure"
+@@ptxbuild-memcheck fail 1 CUDARuntimeError: cudaErrorLaunchFailure: unspecified launch failure
+========= ERROR SUMMARY: 2 errors"""
+
+
+def test_memcheck_output_names_the_job_and_its_first_report_line():
+    from ptxbuild.gpu import memcheck
+
+    got, nxt = memcheck.parse(SANITIZED.splitlines(), 3, 99)
+    assert got[0] == {"outcome": "ok", "detail": ""}
+    assert got[1]["outcome"] == "memcheck" and nxt == 2
+    assert got[1]["detail"].startswith("Invalid __global__ read of size 2 bytes; Address 0x7f1c")
+    clean = "========= COMPUTE-SANITIZER\n@@ptxbuild-memcheck start 0\n@@ptxbuild-memcheck done 0\n"
+    assert memcheck.parse((clean + "========= ERROR SUMMARY: 0 errors").splitlines(), 1, 0) == (
+        {0: {"outcome": "ok", "detail": ""}},
+        None,
+    )
+    # a worker that dies inside a job without a report: not run (the harness), never a rejection
+    died, _ = memcheck.parse(["@@ptxbuild-memcheck start 0"], 1, -9)
+    assert died[0]["outcome"] == "not_run" and "exited -9" in died[0]["detail"]
+
+
+FAKE_SANITIZER = r"""#!/usr/bin/env python3
+import json, sys
+jobs = json.load(open(sys.argv[-1]))
+print("========= COMPUTE-SANITIZER")
+for i, job in enumerate(jobs):
+    print(f"@@ptxbuild-memcheck start {i}")
+    if job["params"]["BAD"] == "oob":
+        print("========= Invalid __global__ read of size 2 bytes")
+        print("=========     Address 0x10 is out of bounds")
+        print(f"@@ptxbuild-memcheck fail {i} CUDARuntimeError: unspecified launch failure")
+        sys.exit(99)
+    print(f"@@ptxbuild-memcheck done {i}")
+"""
+
+
+def test_memcheck_goes_on_in_a_fresh_process_after_a_job_broke_its_context(tmp_path):
+    from ptxbuild.gpu import memcheck
+
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(0o755)
+    jobs = [{"params": {"BAD": b}} for b in ("none", "oob", "none", "oob")]
+    got = memcheck.run(jobs, sanitizer=str(fake), env={})
+    assert [r["outcome"] for r in got] == ["ok", "memcheck", "ok", "memcheck"]
+    assert (
+        got[1]["detail"] == "Invalid __global__ read of size 2 bytes; Address 0x10 is out of bounds"
+    )
+
+
+def test_memcheck_without_the_sanitizer_says_so(monkeypatch):
+    from ptxbuild.gpu import memcheck
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(memcheck.Path, "is_file", lambda self: False)
+    assert memcheck.find() is None
+    assert memcheck.run([{}]) == [{"outcome": "not_run", "detail": memcheck.NOT_FOUND}]
+    assert memcheck.NOT_FOUND == "memcheck: not run (compute-sanitizer not found)"
+
+
+def test_the_memcheck_problem_is_small_where_the_binary_serves_it():
+    from ptxbuild.gpu import memcheck
+
+    o = fake_softmax.op()
+    params = {"BAD": "oob", "THREADS": 128}
+    assert memcheck.small_problem(o, P, params).shape == (64, 4096)
+    assert memcheck.small_problem(o, P.with_shape((7, 4096)), params).shape == (7, 4096)
