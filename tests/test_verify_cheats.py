@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ptxbuild.dtypes import from_float
-from ptxbuild.gpu import check, runs
+from ptxbuild.gpu import check, runs, suite, timing
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Problem
 from tests import fake_softmax
@@ -51,7 +51,7 @@ def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch)
     r, _ = verify(monkeypatch, "bf16acc")
     assert r["outcome"] == "wrong_result", r
     assert "bfloat16[64x32768]" in r["detail"], r["detail"]
-    monkeypatch.setattr(runs, "SIZE_FACTORS", (2,))
+    monkeypatch.setattr(suite, "SIZE_FACTORS", (2,))
     assert verify(monkeypatch, "bf16acc")[0]["outcome"] == "ok"  # 2N is not enough to see it
 
 
@@ -124,15 +124,15 @@ def test_check_positions_are_first_last_and_one_random():
     assert check_positions_all(1) == {0}
     seen = set()
     for seed in range(50):
-        pos = runs.check_positions(40, random.Random(seed))
+        pos = timing.check_positions(40, random.Random(seed))
         assert {0, 39} <= pos and len(pos) <= 3
         seen |= pos
     assert len(seen) > 10  # the third one moves
-    assert runs.check_positions(0) == set()
+    assert timing.check_positions(0) == set()
 
 
 def check_positions_all(n):
-    return runs.check_positions(n, random.Random(0))
+    return timing.check_positions(n, random.Random(0))
 
 
 def test_relative_l2_is_per_output_and_per_row():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import secrets
 import sys
 from pathlib import Path
@@ -14,13 +13,28 @@ from ..outcome import Outcome
 from . import check, device, stats
 from . import fingerprint as fingerprint_mod
 from .gate import Gate
+from .suite import (  # noqa: F401 - re-exported: the worker's plan and judging live there
+    SIZE_FACTORS,
+    SIZE_MAX_BYTES,
+    SIZE_ROWS,
+    SUITE_VERSION,
+    VERIFY_ROWS,
+    _hidden_options,
+    adversarial,
+    custom_compare,
+    fewer_rows,
+    judge_run,
+    same_binary,
+    scale_limit,
+    size_classes,
+    verified_shapes,
+)
+from .timing import GATE_BATCH, TimedWrong, Timing, nbytes  # noqa: F401 - GATE_BATCH re-exported
 
 ONE_SEED_ABOVE_BYTES = (
     512 << 20
 )  # above this many input bytes, one full-size seed (the others run on fewer rows)
 FLUSH_MIN_BYTES = 256 << 20
-POOL_MAX_SETS = 64
-GATE_BATCH = 32  # timed calls (each behind its own gate, gate.py) between gate checks
 UNGATED_NOTE = (
     "timed without the gate after it timed out twice in a row (a call that waits on the GPU "
     "from the host, or more launches than the queue holds), so its host time counts: "
@@ -30,10 +44,6 @@ UNGATED_NOTE = (
 def add_detail(result: dict, note: str) -> None:
     """Append `note` to a measurement's detail text ("; " between notes)."""
     result["detail"] = "; ".join(filter(None, [result.get("detail", ""), note]))
-
-
-def nbytes(arrays: dict) -> int:
-    return sum(int(a.nbytes) for a in arrays.values())
 
 
 def _torch_stream(stream):
@@ -52,142 +62,7 @@ def _as_cupy(value, cp):
     return cp.asarray(value)
 
 
-VERIFY_ROWS = 512  # extra seeds run on this many rows (same binary: rows are a runtime size)
-# The test suite the worker runs beside the op's own (op.VERSION): bump when it changes, so verdicts
-# taken before are taken again (keys.py has the same). 2: a call on dirty buffers (stateful), larger
-# and odd sizes (size_classes), relative L2 beside the band (check.py).
-SUITE_VERSION = "2"
-SIZE_FACTORS = (2, 8)  # the last axis (a row's length) is also verified at these multiples, and odd
-SIZE_ROWS = 64  # ... on at most this many rows
-SIZE_MAX_BYTES = 256 << 20  # ... where the op moves at most this many bytes (or the problem's own)
-
-
-REF_KEEP_BYTES = 2 << 30  # references of timing-pool sets kept for the checks of timed calls
-
-
-def check_positions(n: int, rng=None) -> set:
-    """The calls of a window of n timed calls whose outputs are judged: the first, the last and one
-    drawn at random (a kernel cannot know which; secrets by default)."""
-    pick = rng.randrange(n) if rng is not None else secrets.randbelow(n) if n else 0
-    return {0, n - 1, pick} if n else set()
-
-
-class TimedWrong(Exception):
-    """A timed call's outputs failed the check (measure: the outcome `stateful`)."""
-
-
-def size_classes(op, problem, params: dict, arch: str = "sm_90a") -> list:
-    """Larger and odd sizes of the problem's last axis that the candidate's binary serves (a size that
-    is a run-time argument): SIZE_FACTORS x N and 2N+1, on at most SIZE_ROWS rows, where the op's check()
-    accepts the config and the op moves at most max(SIZE_MAX_BYTES, the problem's bytes); an op may
-    name its own with size_classes(problem, params) -> list[Problem] ([] for none)."""
-    hook = getattr(op, "size_classes", None)
-    if hook is not None:
-        shapes = list(hook(problem, params))
-    else:
-        *lead, n = problem.shape
-        lead = [min(lead[0], SIZE_ROWS), *lead[1:]] if lead else []
-        sizes = [f * n for f in SIZE_FACTORS] + [2 * n + 1]
-        shapes = [problem.with_shape((*lead, m)) for m in sizes]
-    cap = max(SIZE_MAX_BYTES, _bytes(op, problem))
-
-    def fits(p) -> bool:
-        try:
-            return p != problem and op.check(params, p) is None and _bytes(op, p) <= cap
-        except Exception:  # noqa: BLE001 - a shape the op cannot judge is not one to run
-            return False
-
-    kept = list(dict.fromkeys(p for p in shapes if fits(p)))
-    return same_binary(op, params, problem, kept, arch) if kept else []
-
-
-def _bytes(op, problem) -> int:
-    try:
-        return int(op.bytes_moved(problem))
-    except Exception:  # noqa: BLE001 - unknown: no cap beyond SIZE_MAX_BYTES
-        return 0
-
-
-def verified_shapes(plan: list) -> list:
-    """The shapes a verdict covers (what the runtime may serve: ptxbuild/coverage.py)."""
-    return sorted({tuple(p.shape) for p, _ in plan})
-
-
-def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
-    """The problems of `others` that render to the same source as `problem` with `params`: only those can the
-    candidate's binary run. Problem options are often compile-time flags (KDA's initial and final state, rmsnorm's
-    residual): a binary built without h0 reads past a one-element placeholder: the harness fails, not the candidate."""
-
-    def source(p) -> str | None:
-        try:
-            return op.render(params, p, arch).source
-        except Exception:  # noqa: BLE001 - a problem the op cannot render is not one this binary runs
-            return None
-
-    own = source(problem)
-    return [p for p in others if own is not None and source(p) == own]
-
-
-def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
-    """The problem with at most VERIFY_ROWS rows if the config accepts it and the binary runs it, else the problem."""
-    if len(problem.shape) < 2 or problem.shape[0] <= VERIFY_ROWS:
-        return problem
-    small = problem.with_shape((VERIFY_ROWS, *problem.shape[1:]))
-    return (
-        small
-        if op.check(params, small) is None and same_binary(op, params, problem, [small], arch)
-        else problem
-    )
-
-
-def _hidden_options(problem) -> str:
-    """The options a label leaves out (False / None / empty), so a failure names the case exactly."""
-    hidden = {k: v for k, v in problem.options if v in (False, None, "")}
-    return f" {hidden}" if hidden else ""
-
-
-def custom_compare(op, problem, xp):
-    """The op's optional compare(problem, output, got, want, xp) -> (ok, detail) | None, bound to a problem."""
-    fn = getattr(op, "compare", None)
-    return None if fn is None else (lambda name, got, want: fn(problem, name, got, want, xp))
-
-
-def scale_limit(op, problem):
-    """The op's optional rel_l2_tolerance(problem, output) -> float | None (None: check.REL_L2 of the
-    output's stored type), bound to a problem, as check.judge's `scale`."""
-    fn = getattr(op, "rel_l2_tolerance", None)
-    return None if fn is None else (lambda name, kind: fn(problem, name))
-
-
-def judge_run(op, prob, inputs, before, first, ref, xp, again=None):
-    """check.judge with the op's tolerance, compare and relative-L2 hooks for `prob`."""
-    return check.judge(
-        prob.dtype,
-        inputs,
-        before,
-        first,
-        ref,
-        lambda name: op.tolerance(prob, name),
-        xp,
-        again,
-        custom_compare(op, prob, xp),
-        scale_limit(op, prob),
-    )
-
-
-def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
-    """The op's adversarial shapes for this config (ops may take the config), minus those it cannot
-    run and those that need another binary (same_binary)."""
-    import inspect
-
-    takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
-    shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
-    return same_binary(
-        op, params, problem, [p for p in shapes if op.check(params, p) is None], arch
-    )
-
-
-class Gpu:
+class Gpu(Timing):
     """The worker's GPU: its own stream, an L2 flush buffer, loaded kernels and a rotating input pool."""
 
     def __init__(self, index: int = 0):
@@ -416,150 +291,6 @@ class Gpu:
             "tolerances": tols,
             "shapes": [list(s) for s in verified_shapes(plan)],
         }
-
-    def pool(self, op, problem) -> list:
-        """Input/output sets to rotate through: more bytes than 2x L2, at most half the free memory."""
-        key = (str(op.FOLDER), problem)
-        if self._pool_key != key:
-            self._pool, self._pool_key, self._pool_ref = [], None, (None, None)
-            self.release()
-            cp = self.cp
-            first = (op.make_inputs(problem, 1_000_003, cp), op.make_outputs(problem, cp))
-            size = max(1, nbytes(first[0]) + nbytes(first[1]))
-            free, _ = cp.cuda.runtime.memGetInfo()
-            n = max(
-                1,
-                min(POOL_MAX_SETS, math.ceil(2 * self.l2_bytes / size) + 1, int(free // 2 // size)),
-            )
-            self._pool = [first] + [
-                (op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
-                for i in range(1, n)
-            ]
-            self._pool_key = key
-        return self._pool
-
-    def _timer(self, runners: dict):
-        """timer(name, n): n calls of runners[name](pool_index), each timed alone (nvbench's cold measurement,
-        verification.md timing rule 1): poison its outputs, flush the L2, wait; gate; events around the
-        call; release; wait. A runner is (run, sets) or (run, sets, poison, check): poison(i) fills set i's
-        outputs with fresh poison before each call (before the flush, outside the timed window: a kernel
-        cannot skip work whose output looks written), and check(0) judges the outputs of the first, the
-        last and one random timed call of every timer() call (a window; check_positions), each made on
-        set 0, so a kernel that changes what it does after some calls, or on some calls, is caught.
-        Each runner is first called once per input set, untimed and ungated. Gates are checked every
-        GATE_BATCH calls: a batch with a timeout is timed again; two in a row: timed ungated (timer.ungated)."""
-        cp = self.cp
-        ungated, primed = set(), set()
-
-        def parts(name):
-            r = runners[name]
-            return (*r, None, None)[:4]
-
-        def batch(name, n, gated, to_check=()):
-            run, sets, poison, verdict = parts(name)
-            times = []
-            self.sync()
-            if gated:
-                self.gate.reset()
-            for j in range(n):
-                judged = verdict is not None and j in to_check
-                if judged:
-                    i = 0  # a judged call runs on set 0: one reference per pool (kda's cost seconds)
-                else:
-                    i, self.rotation = self.rotation % sets, self.rotation + 1
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                if poison is not None:
-                    poison(i)
-                self.flush()
-                self.sync()
-                if gated:
-                    self.gate.hold(self.stream)
-                try:
-                    a.record(self.stream)
-                    run(i)
-                    b.record(self.stream)
-                finally:
-                    if gated:
-                        self.gate.release()
-                self.sync()
-                times.append(cp.cuda.get_elapsed_time(a, b))
-                if judged:
-                    verdict(i)  # after the call's wait, before the next call's poison
-            return times
-
-        def timer(name, n):
-            run, sets, poison, verdict = parts(name)
-            if name not in primed:
-                for i in range(sets):
-                    if poison is not None:
-                        poison(i)
-                    run(i)
-                self.sync()
-                primed.add(name)
-            out, checks = [], check_positions(n) if verdict is not None else set()
-            while len(out) < n:
-                k = min(GATE_BATCH, n - len(out))
-                here = {c - len(out) for c in checks if len(out) <= c < len(out) + k}
-                times = batch(name, k, name not in ungated, here)
-                if name not in ungated and self.gate.timed_out():
-                    # once: a host stall (a compiling first call, a GC pause); twice: the call itself waits on the GPU
-                    times = batch(name, k, True, here)
-                    if self.gate.timed_out():
-                        ungated.add(name)
-                        times = batch(name, k, False, here)
-                out += times
-            return out
-
-        timer.ungated = ungated
-        return timer
-
-    def _runner(self, op, params, problem, binary, pool):
-        """(run, sets, poison, check) of a candidate on the pool (see _timer): check(0) judges set 0's
-        outputs against its reference as verify does; a failure raises TimedWrong."""
-        calls = [self.launches(op, params, problem, binary, ins, outs) for ins, outs in pool]
-        scratch = set(getattr(op, "SCRATCH", ()))
-
-        def run(i):
-            for kern, geom, args in calls[i]:
-                device.launch(kern, geom, args, self.stream)
-
-        def poison(i):
-            for out in pool[i][1].values():
-                check.poison(out, self.cp)
-
-        def verdict(i):
-            ref = self.pool_reference(op, pool, problem, i)
-            if ref is None:
-                return
-            ins, outs = pool[i]
-            got = {k: v for k, v in outs.items() if k not in scratch}
-            outcome, detail, _, _ = judge_run(op, problem, ins, {}, got, ref, self.cp)
-            if outcome is not Outcome.OK:
-                raise TimedWrong(f"{outcome.value} after a timed call (set {i}): {detail}")
-
-        return run, len(pool), poison, verdict
-
-    def pool_reference(self, op, pool: list, problem, i: int):
-        """The reference outputs of pool set `i`, kept while they take at most REF_KEEP_BYTES in all
-        (else computed for each check); None if one does not fit in memory beside the pool."""
-        key, refs = getattr(self, "_pool_ref", (None, None))
-        if key != id(pool) or refs is None:
-            key, refs = id(pool), {}
-            self._pool_ref = (key, refs)
-        if i in refs:
-            return refs[i]
-        try:
-            ins = pool[i][0]
-            ref = op.reference(problem, {k: v.copy() for k, v in ins.items()}, self.cp)
-        except Exception as exc:  # noqa: BLE001 - only running out of memory is tolerated
-            if "OutOfMemory" not in type(exc).__name__:
-                raise
-            self.release()
-            self.unchecked = True
-            return None
-        if sum(nbytes(r) for r in refs.values()) + nbytes(ref) <= REF_KEEP_BYTES:
-            refs[i] = ref
-        return ref
 
     def measure(
         self,
