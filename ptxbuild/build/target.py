@@ -687,8 +687,6 @@ def _build_target_signals_held(
                 "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                 "_binary": binary,
             }
-            if hw:
-                entry["memcheck"] = memchecks[-1]
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(ck)
