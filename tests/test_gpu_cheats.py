@@ -147,11 +147,9 @@ def test_a_build_of_the_planted_op_rejects_every_cheat_and_picks_the_honest_kern
     # already pushed the module's count past 100: then verification catches it as stateful)
     assert outcomes["counter"] <= {"stateful", "unwritten"} and outcomes["counter"], outcomes
     lock = json.loads((tmp_path / "kernelfile.lock").read_text())
-    text = json.dumps(lock)
-    assert '"BAD": "none"' in text and not any(
-        f'"BAD": "{b}"' in text for b in ("skip", "counter", "zeros", "bf16acc", "oob")
-    ), text[:2000]
-    report = "\n".join(p.read_text() for p in (tmp_path / "build").rglob("*.md"))
+    (entry,) = lock["targets"]["planted_softmax@h200"]["dispatch"]
+    assert entry["params"]["BAD"] == "none", entry
+    report = (tmp_path / "reports/planted_softmax@h200/report.md").read_text()
     if memcheck.find() is None:
         assert memcheck.NOT_FOUND in report
     else:

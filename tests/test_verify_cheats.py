@@ -108,8 +108,9 @@ def test_outputs_are_poisoned_before_every_call_outside_the_timed_window():
     )
     timer = g._timer({"c": runner, "b": (lambda i: log.append(f"base{i}"), 2)})
     timer("c", 5)
-    primed = log[: log.index("sync") + 1]
-    assert primed == ["poison0", "run0", "poison1", "run1", "sync"]
+    primed = log[: log.index("sync") + 2]
+    # each set once, untimed, on fresh poison; set 0's outputs judged in full then (bits kept)
+    assert primed == ["poison0", "run0", "poison1", "run1", "sync", "check0"]
     calls = log[len(primed) + 1 :]  # the batch's first sync, then call by call
     one = ["poison0", "flush", "sync", "hold", "event", "run0", "event", "release", "sync"]
     assert calls[: len(one)] == one and calls[len(one)] == "check0"  # the first call is judged

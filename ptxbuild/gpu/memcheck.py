@@ -21,7 +21,7 @@ ROWS = 64  # the small problem: at most this many rows, where the binary serves 
 NOT_FOUND = "memcheck: not run (compute-sanitizer not found)"
 MARK = "@@ptxbuild-memcheck"
 ERROR_EXIT = 99
-TIMEOUT_S = 300.0  # one sanitizer process (all the jobs given to it)
+TIMEOUT_S = 180.0  # one sanitizer process (all the jobs given to it): a deadline, then "not run"
 
 
 def find() -> str | None:

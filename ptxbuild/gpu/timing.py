@@ -114,6 +114,8 @@ class Timing:
                     run(i)
                 self.sync()
                 primed.add(name)
+                if verdict is not None:
+                    verdict(0)  # the untimed first call on set 0: judged in full, its bits kept
             out, checks = [], check_positions(n) if verdict is not None else set()
             while len(out) < n:
                 k = min(GATE_BATCH, n - len(out))
@@ -132,10 +134,16 @@ class Timing:
         return timer
 
     def _runner(self, op, params, problem, binary, pool):
-        """(run, sets, poison, check) of a candidate on the pool (see _timer): check(0) judges set 0's
-        outputs against its reference as verify does; a failure raises TimedWrong."""
+        """(run, sets, poison, check) of a candidate on the pool (see _timer). The first check(0), after
+        the untimed first call of each set, judges set 0's outputs against its reference as verify
+        does and keeps their bits; later ones (timed calls) compare the bits with those (one pass,
+        cheap beside a judge of a 2^31-element output), or judge again where the op is not
+        deterministic. A failure raises TimedWrong."""
         calls = [self.launches(op, params, problem, binary, ins, outs) for ins, outs in pool]
         scratch = set(getattr(op, "SCRATCH", ()))
+        det = getattr(op, "DETERMINISTIC", True)
+        det = det(params) if callable(det) else bool(det)
+        kept: dict = {}
 
         def run(i):
             for kern, geom, args in calls[i]:
@@ -146,16 +154,41 @@ class Timing:
                 check.poison(out, self.cp)
 
         def verdict(i):
+            ins, outs = pool[i]
+            got = {k: v for k, v in outs.items() if k not in scratch}
+            when = "a timed call" if "first" in kept else "its first call on the timing pool"
+            if kept.get("first") is not None:
+                for k, v in got.items():
+                    if (
+                        n := check.unwritten(v, self.cp)[0]
+                        or check.differs(v, kept["first"][k], self.cp)[0]
+                    ):
+                        how = "unwritten" if check.unwritten(v, self.cp)[0] else "differs"
+                        raise TimedWrong(
+                            f"{how} after {when} (set {i}): output {k}: {n} of {v.size} elements "
+                            f"{'never written' if how == 'unwritten' else 'differ from its first call on the same inputs'}"
+                        )
+                return
             ref = self.pool_reference(op, pool, problem, i)
             if ref is None:
                 return
-            ins, outs = pool[i]
-            got = {k: v for k, v in outs.items() if k not in scratch}
             outcome, detail, _, _ = judge_run(op, problem, ins, {}, got, ref, self.cp)
             if outcome is not Outcome.OK:
-                raise TimedWrong(f"{outcome.value} after a timed call (set {i}): {detail}")
+                raise TimedWrong(f"{outcome.value} after {when} (set {i}): {detail}")
+            if "first" not in kept:
+                kept["first"] = self._snapshot(got) if det else None
 
         return run, len(pool), poison, verdict
+
+    def _snapshot(self, outputs: dict) -> dict | None:
+        """Copies of `outputs` (the judged first call's bits), None if they do not fit in memory."""
+        try:
+            return {k: v.copy() for k, v in outputs.items()}
+        except Exception as exc:  # noqa: BLE001 - only running out of memory is tolerated
+            if "OutOfMemory" not in type(exc).__name__:
+                raise
+            self.release()
+            return None
 
     def pool_reference(self, op, pool: list, problem, i: int):
         """The reference outputs of pool set `i`, kept while they take at most REF_KEEP_BYTES in all
