@@ -195,8 +195,7 @@ def markdown(data: dict) -> str:
         lines.append("- timings: " + _timings(s))
         lines.append(
             f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
-            "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold; "
-            "4+: outputs poisoned again before every timed call, timed calls' outputs judged)"
+            "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)"
         )
         if s.get("memcheck"):
             lines.append(f"- {s['memcheck']}")
