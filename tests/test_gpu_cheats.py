@@ -34,7 +34,7 @@ def session():
 
 @cache
 def build(bad: str, cc: str, threads: int = 128):
-    from ptxbuild.compiler import compile_kernel
+    from ptxbuild.compile.compiler import compile_kernel
 
     op = load_op(OP, Path("."))
     params = {"BAD": bad, "THREADS": threads}
@@ -120,9 +120,9 @@ def test_a_build_of_the_planted_op_rejects_every_cheat_and_picks_the_honest_kern
     from click.testing import CliRunner
 
     from ptxbuild import cli
-    from ptxbuild.cache import Cache
+    from ptxbuild.declare.kernelfile import load
     from ptxbuild.gpu import fingerprint
-    from ptxbuild.kernelfile import load
+    from ptxbuild.store.cache import Cache
 
     if "H200" not in fingerprint.read(0).name:
         pytest.skip("the kernelfile declares an h200")

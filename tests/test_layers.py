@@ -5,7 +5,7 @@
     L2  store/  compile/  search/  gpu/  outputs/   siblings do not import each other, except
                                                search -> store and outputs -> store
     L1  declare/  oploader  contract
-    L0  problem  dtypes  outcome  errors  records  launch  keys
+    L0  problem  dtypes  outcome  errors  records  launch  keys  coverage
     leg runtime(/) + torch_ops + integrations -> L0, L1 and outputs/manifest only;
         only ptxbuild/__init__ (ptxbuild.load, patch_rmsnorm) imports it
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "ptxbuild"
 
-L0 = {"problem", "dtypes", "outcome", "errors", "records", "launch", "keys"}
+L0 = {"problem", "dtypes", "outcome", "errors", "records", "launch", "keys", "coverage"}
 L1 = {"declare", "oploader", "contract"}
 L2 = {"store", "compile", "search", "gpu", "outputs"}
 L2_ALLOWED = {("search", "store"), ("outputs", "store")}

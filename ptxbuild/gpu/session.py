@@ -240,7 +240,7 @@ class GpuSession:
             "problem": encode_problem(problem),
             "binary": encode_binary(binary),
         }
-        r = memcheck.run([job], device=self.device)[0]
+        r = memcheck.run([job], device=self.device, env=_worker_env())[0]
         if r["outcome"] == "not_run":
             return None, r["detail"]
         return Outcome(r["outcome"]), r["detail"]
