@@ -331,3 +331,11 @@ def test_the_memcheck_problem_is_small_where_the_binary_serves_it():
     params = {"BAD": "oob", "THREADS": 128}
     assert memcheck.small_problem(o, P, params).shape == (64, 4096)
     assert memcheck.small_problem(o, P.with_shape((7, 4096)), params).shape == (7, 4096)
+
+
+def test_a_quick_run_may_skip_memcheck_and_the_note_says_so(monkeypatch):
+    from ptxbuild.gpu.session import GpuSession
+
+    s = object.__new__(GpuSession)  # no worker: the switch is read before anything starts
+    monkeypatch.setenv("PTXBUILD_MEMCHECK", "0")
+    assert s.memcheck("x", {}, P, None) == (None, "memcheck: not run (PTXBUILD_MEMCHECK=0)")

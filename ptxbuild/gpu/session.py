@@ -233,6 +233,8 @@ class GpuSession:
         (Outcome.OK, ""), (Outcome.MEMCHECK, the report's first line) or (None, why it did not run)."""
         from . import memcheck
 
+        if os.environ.get("PTXBUILD_MEMCHECK") == "0":  # ~10 s a winner: a quick run may skip it
+            return None, "memcheck: not run (PTXBUILD_MEMCHECK=0)"
         job = {
             "op_folder": self._folder(op_folder),
             "root": self.root,
