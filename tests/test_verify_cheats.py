@@ -255,6 +255,7 @@ SANITIZED = """========= COMPUTE-SANITIZER
 @@ptxbuild-memcheck start 0
 @@ptxbuild-memcheck done 0
 @@ptxbuild-memcheck start 1
+@@ptxbuild-memcheck launch 1
 ========= Invalid __global__ read of size 2 bytes
 =========     at planted_softmax+0x2d0
 =========     by thread (31,0,0) in block (63,0,0)
@@ -278,6 +279,10 @@ def test_memcheck_output_names_the_job_and_its_first_report_line():
         {0: {"outcome": "ok", "detail": ""}},
         None,
     )
+    # a report before the candidate's launch (while making inputs) is the harness's: not run
+    early = "@@ptxbuild-memcheck start 0\n========= Invalid __global__ write of size 4 bytes"
+    got, _ = memcheck.parse(early.splitlines(), 1, 99)
+    assert got[0]["outcome"] == "not_run" and "Invalid __global__ write" in got[0]["detail"]
     # a worker that dies inside a job without a report: not run (the harness), never a rejection
     died, _ = memcheck.parse(["@@ptxbuild-memcheck start 0"], 1, -9)
     assert died[0]["outcome"] == "not_run" and "exited -9" in died[0]["detail"]
@@ -289,6 +294,7 @@ jobs = json.load(open(sys.argv[-1]))
 print("========= COMPUTE-SANITIZER")
 for i, job in enumerate(jobs):
     print(f"@@ptxbuild-memcheck start {i}")
+    print(f"@@ptxbuild-memcheck launch {i}")
     if job["params"]["BAD"] == "oob":
         print("========= Invalid __global__ read of size 2 bytes")
         print("=========     Address 0x10 is out of bounds")

@@ -28,7 +28,8 @@ def find() -> str | None:
     """The compute-sanitizer executable: on PATH, under $CUDA_HOME / $CUDA_PATH, /usr/local/cuda."""
     if found := shutil.which("compute-sanitizer"):
         return found
-    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    bases = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for base in bases + sorted(str(p) for p in Path("/usr/local").glob("cuda-*")):
         if base and (p := Path(base, "bin", "compute-sanitizer")).is_file():
             return str(p)
     return None
@@ -55,6 +56,8 @@ def command(sanitizer: str, jobfile: str, device: int = 0) -> list[str]:
         "memcheck",
         "--leak-check",
         "no",
+        "--report-api-errors",
+        "no",  # an API call's error code (cupy probing) is not the kernel's; a bad access is
         "--error-exitcode",
         str(ERROR_EXIT),
         sys.executable,
@@ -81,11 +84,12 @@ def _report_lines(lines: list[str]) -> list[str]:
 
 def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], int | None]:
     """(results of the jobs this run settled, the index to start the next run at or None when done).
-    Markers `MARK start i` / `MARK done i` / `MARK fail i` bracket job i; the report lines after job
-    i's start (and before the next job's) are its errors. A job that started and neither finished nor
+    Markers `MARK start i` / `MARK launch i` / `MARK done i` / `MARK fail i` bracket job i; the report
+    lines after its launch (and before the next job's start) are its kernel's errors; lines before the
+    launch (making its inputs) are the harness's: not run. A job that started and neither finished nor
     was reported on is not run (the harness failed: it says how); the jobs after a failure run again."""
     results: dict[int, dict] = {}
-    current, per_job, started, failed = None, {}, set(), {}
+    current, per_job, started, failed, launched = None, {}, set(), {}, set()
     for line in lines:
         if line.startswith(MARK):
             parts = line[len(MARK) :].split(maxsplit=2)
@@ -93,6 +97,8 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
             if kind == "start":
                 current = i
                 started.add(i)
+            elif kind == "launch":
+                launched.add(i)
             elif kind == "done":
                 results[i] = {"outcome": "ok", "detail": ""}
             elif kind == "fail":
@@ -102,7 +108,9 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
             per_job.setdefault(current, []).append(line)
     for i, job_lines in per_job.items():
         report = _report_lines(job_lines)
-        if report:
+        if report and i not in launched:
+            results[i] = {"outcome": "not_run", "detail": f"memcheck: not run ({report[0][:300]})"}
+        elif report:
             where = next((r for r in report[1:] if r.startswith("Address")), "")
             results[i] = {
                 "outcome": "memcheck",
@@ -116,9 +124,9 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
             "outcome": "not_run",
             "detail": f"memcheck: not run (the sanitized worker exited {rc} during it)",
         }
-    if rc == ERROR_EXIT and not any(r["outcome"] == "memcheck" for r in results.values()):
-        # errors counted but none placed: the one job of the run that did not finish cleanly
-        for i in sorted(started):
+    if rc == ERROR_EXIT and not per_job:
+        # errors counted but no report line seen: the launched job that did not finish cleanly
+        for i in sorted(launched):
             if results.get(i, {}).get("outcome") != "ok":
                 results[i] = {"outcome": "memcheck", "detail": "memcheck reported an error"}
                 break
@@ -188,7 +196,7 @@ def run(
     ]
 
 
-def _one(job: dict, device: int, cp) -> None:
+def _one(job: dict, device: int, cp, index: int = 0) -> None:
     """One call of the job's candidate on fresh poisoned outputs, synchronized."""
     from types import SimpleNamespace
 
@@ -210,6 +218,7 @@ def _one(job: dict, device: int, cp) -> None:
     g.fingerprint = SimpleNamespace(sm_count=sms)
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device(device).synchronize()
+    print(f"{MARK} launch {index}", flush=True)
     for kern, geom, args in g.launches(op, job["params"], problem, binary, inputs, outputs):
         device_mod.launch(kern, geom, args, stream)
     stream.synchronize()
@@ -229,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, job in enumerate(jobs):
         print(f"{MARK} start {i}", flush=True)
         try:
-            _one(job, a.device, cp)
+            _one(job, a.device, cp, i)
         except Exception as exc:  # noqa: BLE001 - the parent reads what happened from the markers
             msg = " ".join(f"{type(exc).__name__}: {exc}".split())
             print(f"{MARK} fail {i} {msg}", flush=True)
