@@ -260,3 +260,15 @@ def test_built_flashkda_matches_the_float64_reference_within_its_gate(shape, opt
         ok, detail = bl.flashkda_compare(name, _as_cupy(got[name], cp), ref[name])
         print(problem.label(), name, detail)
         assert ok, f"{name}: {detail}"
+
+
+def test_kda_baselines_selects_which_run_and_keys_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHKDA_BUILD_DIR", str(tmp_path / "none"))
+    monkeypatch.setenv("KDA_BASELINES", " flashkda, ")
+    assert set(op.baselines(P)) == {"flashkda"} and bl.selected() == {"flashkda"}
+    mod = load_module(ROOT / "ops" / "kda" / "baselines.py", "kda_baselines_selected")
+    assert (
+        mod.BASELINES_VERSION == "2+only-flashkda"
+    )  # a timing of FlashKDA alone is not served for both
+    monkeypatch.setenv("KDA_BASELINES", "")
+    assert set(op.baselines(P)) == {"fla_chunk_kda", "flashkda"} and bl.selected() is None

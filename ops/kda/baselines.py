@@ -64,10 +64,17 @@ def not_built(root: Path | None = None) -> str:
     return f"FlashKDA: not built on this machine (see {FLASHKDA_HOW}; looked in {root or flashkda_dir()})"
 
 
+def selected() -> set[str] | None:
+    """$KDA_BASELINES: the names of the baselines to run, comma-separated (e.g. "flashkda": a short
+    GPU run spares FLA's ~90 s of Triton autotuning per new shape); unset or empty: all of them."""
+    names = {n.strip() for n in os.environ.get("KDA_BASELINES", "").split(",") if n.strip()}
+    return names or None
+
+
 FLASHKDA = flashkda_built()
 # bump when the baselines change how they are timed (their cached timings are then re-measured);
-# 2: FlashKDA beside FLA (issue 30)
-BASELINES_VERSION = baselines_version(FLASHKDA)
+# 2: FlashKDA beside FLA (issue 30). A selection of them is part of the key too.
+BASELINES_VERSION = baselines_version(FLASHKDA) + (f"+only-{','.join(sorted(selected()))}" if selected() else "")
 
 
 def _fla():
@@ -221,4 +228,6 @@ def baselines(problem: Problem, defaults: dict) -> dict:
         fn.compare = flashkda_compare
         return fn
 
-    return {"fla_chunk_kda": cached(fla_call), "flashkda": flashkda()}
+    only = selected()
+    makers = {"fla_chunk_kda": lambda: cached(fla_call), "flashkda": flashkda}
+    return {n: make() for n, make in makers.items() if only is None or n in only}
