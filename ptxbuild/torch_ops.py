@@ -22,6 +22,9 @@ from .runtime import BuiltKernel, LoaderError, _TorchXp
 
 NAMESPACE = "ptxbuild"
 _registered: dict[str, object] = {}
+# the kernel each op runs: the one registered last (a target loaded again, e.g. by another test or
+# with another launcher, takes over the op already defined for its name)
+_serving: dict[str, object] = {}
 
 
 def op_name(kernel: BuiltKernel, options: dict | None = None) -> str:
@@ -48,22 +51,26 @@ def _mode_index(kernel: BuiltKernel, options: dict | None) -> int:
 
 def register(kernel: BuiltKernel, options: dict | None = None):
     """The torch.ops callable for `kernel`'s option set matching `options` (default: the first built)."""
+    if getattr(kernel.op, "NAME", None) == "kda" and hasattr(kernel, "_kda"):
+        return register_kda(kernel)
     name = op_name(kernel, options)
     qual = f"{NAMESPACE}::{name}"
+    _serving[qual] = kernel
     if qual in _registered:
         return _registered[qual]
     mode = kernel.modes()[_mode_index(kernel, options)]
-    outs = list(
-        kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp())
-    )  # output names, in order
+    scratch = set(getattr(kernel.op, "SCRATCH", ()))
+    outs = [  # output names, in order (scratch buffers are the kernel's own)
+        n for n in kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()) if n not in scratch
+    ]
     ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
     schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
     opts = dict(mode.options)
 
-    def impl(*tensors):
-        res = kernel.run(**dict(zip(mode.names, tensors)), **_option_kwargs(kernel, opts))
-        vals = [res[n] for n in outs]
-        return vals[0] if len(vals) == 1 else tuple(vals)
+    opt_kwargs = _option_kwargs(kernel, opts)
+
+    def impl(*tensors):  # the kernel's per-call path (a dictionary lookup, one launch)
+        return _serving[qual](*tensors, **opt_kwargs)
 
     from torch import library as torch_library
 
@@ -97,3 +104,45 @@ def _dtype(t) -> str:
 class _MetaXp(_TorchXp):
     def __init__(self):
         super().__init__(torch, "meta")
+
+
+def register_kda(kernel):
+    """The torch.ops callable of a built KDA target (ptxbuild.runtime.kda.ChunkKDA), traceable by
+    torch.compile with no graph break: ptxbuild::<target>(q, k, v, g, beta, A_log?, dt_bias?,
+    initial_state?, lengths?, output_final_state) -> (o, final_state), states V-first ([N, HV, V,
+    K]), the safe-gate path with every in-kernel flag on (ChunkKDA's checks run on the real call).
+    Segment lengths are a static int list (cu_seqlens' values on the host). Without
+    output_final_state, final_state is an empty tensor."""
+    name = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
+    qual = f"{NAMESPACE}::{name}"
+    _serving[qual] = kernel
+    if qual in _registered:
+        return _registered[qual]
+    lb = float(kernel.op.host.ref.LOWER_BOUND)
+    schema = (
+        "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, Tensor? dt_bias, "
+        "Tensor? initial_state, int[]? lengths, bool output_final_state) -> (Tensor, Tensor)"
+    )
+
+    def impl(q, k, v, g, beta, A_log, dt_bias, initial_state, lengths, output_final_state):
+        o, hT = _serving[qual](
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
+            lower_bound=lb, state_v_first=True, lengths=lengths,
+        )  # fmt: skip
+        return o, hT if hT is not None else q.new_empty((0,), dtype=torch.float32)
+
+    from torch import library as torch_library
+
+    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
+
+    @custom.register_fake
+    def _fake(q, k, v, g, beta, A_log, dt_bias, initial_state, lengths, output_final_state):
+        B, T, H, K = q.shape
+        n = len(lengths) if lengths else B
+        shape = (n, v.shape[2], v.shape[3], K) if output_final_state else (0,)
+        return v.new_empty(v.shape), q.new_empty(shape, dtype=torch.float32)
+
+    _registered[qual] = custom
+    return custom

@@ -29,6 +29,7 @@ def test_runtime_launches_persistent_clusters_no_more_than_fit(monkeypatch):
     from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
+    from ptxbuild.runtime import driver
 
     op = load_op("rmsnorm", ROOT)
     dev = runtime._device(0)
@@ -55,7 +56,7 @@ def test_runtime_launches_persistent_clusters_no_more_than_fit(monkeypatch):
             launched.append(int(cfg.gridDimX))
             return real.cuLaunchKernelEx(cfg, *rest)
 
-    monkeypatch.setattr(runtime, "_cu", lambda: Driver())
+    monkeypatch.setattr(driver, "_cu", lambda: Driver())
     kernel_params._RESIDENT.clear()
     with runtime._Current(dev):
         buf = np.frombuffer(binary.cubin, dtype=np.uint8)

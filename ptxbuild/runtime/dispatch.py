@@ -1,0 +1,170 @@
+"""Matching a call to a built variant: the option sets built (modes), binding arguments to one of
+them, and choosing the dispatch entry whose binary is correct for a problem."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..problem import Problem
+from .arrays import dtype_of
+from .errors import LoaderError
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """One option set of the target: the options the build used and the op's input names for it."""
+
+    options: dict
+    names: tuple[str, ...]
+
+    def label(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"({', '.join(self.names)})" + (f" {{{opts}}}" if opts else "")
+
+
+def is_array(v) -> bool:
+    return hasattr(v, "data_ptr") or hasattr(v, "__cuda_array_interface__") or hasattr(v, "shape")
+
+
+class Dispatch:
+    """The dispatch half of BuiltKernel (self.op, self.entries, self.arch, self.target)."""
+
+    # options whose value is data of the call, not of the binary (KDA's segment lengths): an entry
+    # built for other values serves a call when the op renders the very same kernel for it
+    RUNTIME_OPTIONS: tuple[str, ...] = ()
+
+    def modes(self) -> list[_Mode]:
+        """The option sets built, each with the op's input names for it (from make_inputs on a
+        tiny problem)."""
+        if self._modes is None:
+            out = []
+            for e in self.entries:
+                p = e["problem"]
+                if not any(m.options == p["options"] for m in out):
+                    out.append(_Mode(p["options"], tuple(self._tiny_inputs(Problem.make(**p)))))
+            self._modes = out
+        return self._modes
+
+    def problem_like(self, mode: _Mode) -> Problem:
+        """A built problem of `mode` (its first dispatch entry)."""
+        return Problem.make(
+            **next(e["problem"] for e in self.entries if e["problem"]["options"] == mode.options)
+        )
+
+    def _tiny_inputs(self, problem: Problem) -> dict:
+        tiny = problem.with_shape(tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:])
+        try:
+            return self.op.make_inputs(tiny, 0, np)
+        except ValueError:  # an option sized like the problem (lengths summing to T): drop those
+            opts = {k: v for k, v in problem.opts.items() if not isinstance(v, tuple | list)}
+            return self.op.make_inputs(
+                Problem.make(problem.op, problem.dtype, tiny.shape, opts), 0, np
+            )
+
+    def _input_specs(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, dtype) the op expects for `problem`: inputs shaped like the problem
+        scale with it."""
+        key = (problem.dtype, problem.shape, json.dumps(problem.opts, sort_keys=True, default=str))
+        if key in self._specs:
+            return self._specs[key]
+        tiny_shape = tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:]
+        self._specs[key] = {
+            name: (problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape), dtype_of(a))
+            for name, a in self._tiny_inputs(problem).items()
+        }
+        return self._specs[key]
+
+    def bind(self, args: tuple, kwargs: dict) -> tuple[_Mode, dict]:
+        """Match positional and keyword arguments to one built option set: (mode, name -> array)."""
+        opt_names = set(getattr(self.op, "OPTIONS", {}))
+        # a tensor is always an input, even when an option shares its name (rmsnorm's `weight`)
+        given_opts = {k: v for k, v in kwargs.items() if k in opt_names and not is_array(v)}
+        arrays = {k: v for k, v in kwargs.items() if k not in given_opts}
+        defaults = dict(getattr(self.op, "OPTIONS", {}))
+        for mode in self.modes():
+            full = {**defaults, **mode.options}
+            if len(args) > len(mode.names) or any(full.get(k) != v for k, v in given_opts.items()):
+                continue
+            bound = dict(zip(mode.names, args))
+            if set(bound) & set(arrays) or set(bound) | set(arrays) != set(mode.names):
+                continue
+            return mode, {n: (bound | arrays)[n] for n in mode.names}
+        got = (
+            [f"{len(args)} positional"]
+            + sorted(arrays)
+            + [f"{k}={v}" for k, v in sorted(given_opts.items())]
+        )
+        raise LoaderError(
+            f"{self.target}: arguments ({', '.join(got)}) match no built mode; built: "
+            + "; ".join(m.label() for m in self.modes())
+        )
+
+    def _fixed_options(self, options: dict) -> dict:
+        defaults = dict(getattr(self.op, "OPTIONS", {}))
+        full = json.loads(json.dumps({**defaults, **options}, default=list))
+        return {k: v for k, v in full.items() if k not in self.RUNTIME_OPTIONS}
+
+    def select(self, problem: Problem) -> dict | None:
+        """The dispatch entry whose binary is correct for `problem`, or None: an entry of another
+        shape (or other runtime options) qualifies only if the op accepts its config for this
+        problem (op.check) and renders the very same kernel for it (so shape constants baked into
+        the binary agree); among those the nearest built shape wins."""
+        key = (problem.dtype, problem.shape, json.dumps(problem.opts, sort_keys=True, default=str))
+        if key in self._choice:
+            return self._choice[key]
+        want = self._fixed_options(problem.opts_json)
+        same = [
+            e
+            for e in self.entries
+            if e["problem"]["dtype"] == problem.dtype
+            and self._fixed_options(e["problem"]["options"]) == want
+        ]
+        exact = (
+            e
+            for e in same
+            if tuple(e["problem"]["shape"]) == problem.shape
+            and e["problem"]["options"] == problem.opts_json
+        )
+        choice = next(exact, None)
+        if choice is None:
+
+            def distance(e):
+                s, opts = e["problem"]["shape"], e["problem"]["options"]
+                runtime_differs = sum(
+                    opts.get(k) != problem.opts_json.get(k) for k in self.RUNTIME_OPTIONS
+                )
+                return (
+                    len(s) != len(problem.shape),
+                    runtime_differs,
+                    sum(abs(np.log2(max(a, 1) / max(b, 1))) for a, b in zip(s, problem.shape)),
+                )
+
+            for e in sorted(same, key=distance):
+                if (
+                    len(e["problem"]["shape"]) != len(problem.shape)
+                    or self.op.check(e["params"], problem) is not None
+                ):
+                    continue
+                built = Problem.make(**e["problem"])
+                if self.op.render(e["params"], problem, self.arch) == self.op.render(
+                    e["params"], built, self.arch
+                ):
+                    choice = e
+                    break
+        self._choice[key] = choice
+        return choice
+
+    def _built_shapes(self, dtype: str, opts: dict) -> str:
+        want = self._fixed_options(opts)
+        labels = set()
+        for e in self.entries:
+            p = e["problem"]
+            if p["dtype"] == dtype and self._fixed_options(p["options"]) == want:
+                extra = [
+                    f" {k}={p['options'][k]}" for k in self.RUNTIME_OPTIONS if p["options"].get(k)
+                ]
+                labels.add("x".join(map(str, p["shape"])) + "".join(extra))
+        return ", ".join(sorted(labels)) or "none"

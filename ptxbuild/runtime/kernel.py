@@ -1,0 +1,310 @@
+"""A built target as a callable: load-time checks of its artifacts and op files, then per call a
+dictionary lookup of the call's shape (shapes, dtypes, strides, devices of its tensors, its
+options) to a Prepared launch (fast.py). A shape seen for the first time is bound to a built mode,
+checked (dtype, input shapes, contiguity, device), dispatched to a variant and prepared; cupy
+arrays, the reference fallback and every refusal take the general path (run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..oploader import load_op, source_files
+from ..problem import Problem
+from .arrays import NP_TO_DTYPE, TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
+from .dispatch import Dispatch, _Mode
+from .driver import _Current, _device, _launch, load_functions
+from .errors import LoaderError
+from .fast import Prepared
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _meta(v):
+    """What a call's key holds for an argument: a tensor's shape, dtype, strides, device and whether
+    its address is 16-byte aligned; any other value as it is (an array without .stride(), cupy's or
+    numpy's, is unhashable: the general path takes it)."""
+    try:
+        return (v.shape, v.dtype, v.stride(), v.device, v.data_ptr() & 15)
+    except (AttributeError, TypeError):
+        return v
+
+
+class BuiltKernel(Dispatch):
+    """A built target as a callable; see ptxbuild.runtime.load()."""
+
+    def __init__(self, build: Path, manifest: dict, folder: Path, allow_fallback: bool = False):
+        self.build_dir, self.manifest, self.allow_fallback = Path(build), manifest, allow_fallback
+        self.target, self.arch = manifest["target"], manifest["arch"]
+        self.op = load_op(str(Path(folder).resolve()), Path("/"))
+        self._check_artifacts()
+        self._check_op_files()
+        self.entries = [e for e in manifest["dispatch"] if e.get("params") is not None]
+        self.dtypes = sorted({e["problem"]["dtype"] for e in self.entries})
+        self._modes: list[_Mode] | None = None
+        self._choice: dict[tuple, dict | None] = {}
+        self._specs: dict[tuple, dict] = {}
+        self._functions: dict[tuple, dict] = {}
+        self._prepared: dict[tuple, tuple] = {}
+        self._warned: set = set()
+        self.calls = 0  # calls that launched the built kernels (not fallbacks)
+
+    def __repr__(self) -> str:
+        return f"<ptxbuild kernel {self.target} ({self.arch}), {len(self.entries)} problem(s)>"
+
+    # ---------------------------------------------------------- checks at load time
+    def _check_artifacts(self) -> None:
+        for digest, v in sorted(self.manifest["variants"].items()):
+            for what, want in (("cubin", digest), ("ptx", v.get("ptx_sha256"))):
+                path = self.build_dir / v[what]
+                if not path.is_file():
+                    raise LoaderError(f"{path} is missing; rebuild: ptxbuild build {self.target}")
+                if want is not None and (got := _sha256(path)) != want:
+                    raise LoaderError(
+                        f"{path} does not match its digest in manifest.json (sha256 {got[:16]}..., "
+                        f"manifest {want[:16]}...): the artifact was modified; refusing it; "
+                        f"rebuild: ptxbuild build --locked {self.target}"
+                    )
+
+    def _check_op_files(self) -> None:
+        built = self.manifest.get("op_files")
+        if not built:
+            return
+        now = {p.name: _sha256(p) for p in source_files(self.op) if p.is_file()}
+        changed = sorted(n for n in set(built) | set(now) if built.get(n) != now.get(n))
+        if changed:
+            raise LoaderError(
+                f"{self.op.FOLDER}/{changed[0]} changed since {self.target} was built: its kernels "
+                f"may no longer match the op's arguments; rebuild: ptxbuild build {self.target}"
+            )
+
+    # ---------------------------------------------------------- the call
+    def __call__(self, *args, **kwargs):
+        try:  # _meta of every positional tensor, inlined (this line is most of a call's key)
+            key = tuple([(a.shape, a.dtype, a.stride(), a.device, a.data_ptr() & 15) for a in args])
+        except (AttributeError, TypeError):
+            key = tuple(map(_meta, args))
+        if kwargs:
+            key = (key, tuple((k, _meta(v)) for k, v in kwargs.items()))
+        try:
+            hit = self._prepared.get(key)
+        except TypeError:  # an unhashable argument: cupy / numpy arrays, a list option
+            return self._values(self.run(*args, **kwargs))
+        if hit is None and (hit := self._resolve(key, args, kwargs)) is None:
+            return self._values(self.run(*args, **kwargs))
+        prep, order, keep = hit
+        tensors = (
+            args if order is None else [args[i] if type(i) is int else kwargs[i] for i in order]
+        )
+        outs = prep(tensors)
+        self.calls += 1
+        return outs[0] if keep == 1 else tuple(outs[:keep])
+
+    def _values(self, outputs: dict):
+        scratch = set(getattr(self.op, "SCRATCH", ()))
+        vals = [v for n, v in outputs.items() if n not in scratch]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    def _resolve(self, key, args: tuple, kwargs: dict):
+        """The Prepared launch for a call shape seen for the first time, with the order its tensors
+        are taken from the call, or None where the general path must answer (errors, fallback,
+        cupy). Every check of a call runs here, once per call shape."""
+        mode, arrays = self.bind(args, kwargs)
+        if {kind(a) for a in arrays.values()} != {"torch"}:
+            return None
+        problem = self.problem_of(mode, arrays)
+        entry = self.select(problem)
+        ordinal = self._device_of(arrays, mode) if entry is not None else None
+        if entry is None or ordinal is None:
+            return None
+        prep = self.prepare(entry, problem, _device(ordinal), mode.names, arrays)
+        pos = {n: i for i, n in enumerate(mode.names[: len(args)])}
+        order = None if len(args) == len(mode.names) else [pos.get(n, n) for n in mode.names]
+        scratch = set(getattr(self.op, "SCRATCH", ()))
+        keep = [n for n in prep.out_names if n not in scratch]
+        if prep.out_names[: len(keep)] != tuple(keep):
+            raise LoaderError(f"{self.target}: scratch outputs must come after the others")
+        self._prepared[key] = (prep, order, len(keep))
+        return self._prepared[key]
+
+    def prepare(self, entry: dict, problem: Problem, dev, names, sample: dict) -> Prepared:
+        """A Prepared launch of `entry` for `problem` on `dev`: per call it takes the tensors
+        `names` (in that order); the other tensors of `sample` are held by it."""
+        import torch
+
+        outputs = self._outputs(problem, next(iter(sample.values())))
+        fns = self._functions_of(dev, entry, problem)
+        return Prepared(
+            self.target, self.op, entry["params"], problem, dev, fns, names, sample, outputs, torch
+        )
+
+    def _functions_of(self, dev, entry: dict, problem: Problem) -> dict[str, Any]:
+        """entry name -> CUfunction of every kernel one call of `entry` launches, loaded on `dev`."""
+        if hasattr(self.op, "KERNELS"):
+            names = tuple(self.op.launches(entry["params"], problem, dev.sm_count))
+        else:
+            names = (self.manifest["variants"][entry["binary"]]["entry"],)
+        key = (dev.ordinal, entry["binary"], names)
+        if key not in self._functions:
+            variant = self.manifest["variants"][entry["binary"]]
+            self._functions[key] = load_functions(self.target, self.build_dir, variant, dev, names)
+        return self._functions[key]
+
+    def problem_of(self, mode: _Mode, arrays: dict) -> Problem:
+        primary = arrays[mode.names[0]]
+        kinds = {kind(a) for a in arrays.values()}
+        if not kinds <= {"torch", "cupy"} or len(kinds) != 1:
+            got = ", ".join(
+                f"{n}: {type(a).__module__}.{type(a).__name__}" for n, a in arrays.items()
+            )
+            raise LoaderError(
+                f"{self.target}: inputs must all be torch tensors or all cupy arrays, got {got}"
+            )
+        dtype = dtype_of(primary)
+        if dtype not in self.dtypes:
+            raise LoaderError(
+                f"{self.target}: dtype {dtype} of input {mode.names[0]} is not built; built dtypes: "
+                f"{', '.join(self.dtypes)} (add it to the op's dtypes in kernelfile.toml and rebuild)"
+            )
+        problem = Problem.make(self.op.NAME, dtype, tuple(primary.shape), mode.options)
+        for name, (shape, dt) in self._input_specs(problem).items():
+            a = arrays[name]
+            if tuple(a.shape) != shape or dtype_of(a) != dt:
+                raise LoaderError(
+                    f"{self.target}: input {name} is {dtype_of(a)}[{'x'.join(map(str, a.shape))}], "
+                    f"expected {dt}[{'x'.join(map(str, shape))}] for {problem.label()}"
+                )
+            if kind(a) == "torch" and a.data_ptr() % 16:
+                raise LoaderError(
+                    f"{self.target}: input {name} is not 16-byte aligned (address "
+                    f"{a.data_ptr():#x}); pass {name}.clone()"
+                )
+            if not contiguous(a):
+                raise LoaderError(
+                    f"{self.target}: input {name} is not contiguous (strides {strides(a)}); "
+                    f"pass {name}.contiguous()"
+                )
+        return problem
+
+    def run(self, *args, **kwargs) -> dict:
+        """Like calling the kernel, but returns every output by name (scratch ones too)."""
+        mode, arrays = self.bind(args, kwargs)
+        problem = self.problem_of(mode, arrays)
+        entry = self.select(problem)
+        if entry is None:
+            msg = (
+                f"{self.target}: no built variant covers {problem.label()}; built shapes for "
+                f"{problem.dtype}: {self._built_shapes(problem.dtype, problem.opts_json)} (add the "
+                f"shape to kernelfile.toml and rebuild)"
+            )
+            if not self.allow_fallback:
+                raise LoaderError(
+                    msg + " or load with allow_fallback=True to run the op's reference"
+                )
+            return self._fallback(problem, arrays, msg)
+        ordinal = self._device_of(arrays, mode)
+        if ordinal is None:
+            if self.allow_fallback:
+                return self._fallback(problem, arrays, f"{self.target}: no CUDA GPU")
+            raise LoaderError(
+                f"{self.target}: no CUDA GPU is visible, and the built kernels need one "
+                f"(or load with allow_fallback=True to run the op's reference on the CPU)"
+            )
+        dev = _device(ordinal)
+        if kind(arrays[mode.names[0]]) == "torch":
+            key = ("run", tuple((n, _meta(a)) for n, a in arrays.items()), json.dumps(mode.options))
+            if key not in self._prepared:
+                self._prepared[key] = (self.prepare(entry, problem, dev, mode.names, arrays),)
+            prep = self._prepared[key][0]
+            outs = prep([arrays[n] for n in mode.names])
+            self.calls += 1
+            return dict(zip(prep.out_names, outs))
+        import cupy
+
+        outputs = self.op.make_outputs(problem, cupy)
+        stream = cupy.cuda.get_current_stream().ptr
+        with _Current(dev):
+            for fn, geom, params in self._calls(entry, problem, dev, arrays, outputs):
+                _launch(fn, geom, params, stream)
+        self.calls += 1
+        return outputs
+
+    def _calls(self, entry: dict, problem: Problem, dev, ins: dict, outs: dict) -> list:
+        """[(function, geometry, arguments)] of one call, in launch order."""
+        fns, params = self._functions_of(dev, entry, problem), entry["params"]
+        if not hasattr(self.op, "KERNELS"):
+            (fn,) = fns.values()
+            geom = self.op.launch(params, problem, dev.sm_count)
+            return [(fn, geom, self.op.kernel_args(params, problem, ins, outs))]
+        geoms = self.op.launches(params, problem, dev.sm_count)
+        return [
+            (fns[e], g, self.op.stage_args(e, params, problem, ins, outs)) for e, g in geoms.items()
+        ]
+
+    def _device_of(self, arrays: dict, mode: _Mode) -> int | None:
+        primary = arrays[mode.names[0]]
+        if kind(primary) == "torch":
+            import torch
+
+            if not torch.cuda.is_available():
+                return None
+            for name, a in arrays.items():
+                if a.device != primary.device or a.device.type != "cuda":
+                    raise LoaderError(
+                        f"{self.target}: input {name} is on {a.device}; every input must be on one "
+                        f"CUDA device (move it with .to('cuda'))"
+                    )
+            index = primary.device.index
+            return index if index is not None else torch.cuda.current_device()
+        import cupy
+
+        try:
+            if cupy.cuda.runtime.getDeviceCount() == 0:
+                return None
+        except Exception:  # noqa: BLE001 - no driver / no device
+            return None
+        for name, a in arrays.items():
+            if a.device.id != primary.device.id:
+                raise LoaderError(
+                    f"{self.target}: input {name} is on device {a.device.id}, "
+                    f"{mode.names[0]} on {primary.device.id}"
+                )
+        return primary.device.id
+
+    def _outputs(self, problem: Problem, like) -> dict:
+        if kind(like) == "torch":
+            import torch
+
+            return self.op.make_outputs(problem, TorchXp(torch, like.device))
+        import cupy
+
+        return self.op.make_outputs(problem, cupy)
+
+    def _fallback(self, problem: Problem, arrays: dict, why: str) -> dict:
+        """The op's float reference on the host, rounded to the output types: explicit, slow,
+        warned about once per reason."""
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(
+                f"{why}; running {self.op.NAME}'s reference instead (allow_fallback=True; slow)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        from ..dtypes import from_float
+
+        ref = self.op.reference(problem, {n: to_numpy(a) for n, a in arrays.items()}, np)
+        like = next(iter(arrays.values()))
+        out = {}
+        for name, empty in self.op.make_outputs(problem, np).items():
+            dt = NP_TO_DTYPE.get(str(empty.dtype), str(empty.dtype))
+            val = np.asarray(ref[name]).reshape(empty.shape)
+            rounded = from_float(val, dt, np) if dt == "bfloat16" else val.astype(empty.dtype)
+            out[name] = from_numpy(np.ascontiguousarray(rounded), like)
+        return out

@@ -1,0 +1,88 @@
+"""Finding a built target: "op@gpu" through a kernelfile, or a build directory holding manifest.json."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from ..oploader import op_dir
+from .errors import LoaderError
+
+
+def _find_kernelfile(start: Path) -> Path | None:
+    dirs = [start, *start.parents]
+    return next((d / "kernelfile.toml" for d in dirs if (d / "kernelfile.toml").is_file()), None)
+
+
+def _load_kernelfile(kfp: Path, what: str):
+    from ..declare.kernelfile import KernelfileError
+    from ..declare.kernelfile import load as load_kf
+
+    try:
+        return load_kf(kfp)
+    except KernelfileError as exc:
+        raise LoaderError(f"cannot {what}: {exc}") from None
+
+
+def load(
+    target: str | Path,
+    *,
+    kernelfile: str | Path | None = None,
+    allow_fallback: bool = False,
+    op_folder: str | Path | None = None,
+):
+    """A callable for a built target: `target` is "op@gpu" (resolved through `kernelfile`, default
+    ./kernelfile.toml) or a build directory holding manifest.json. `allow_fallback=True` runs the
+    op's reference (slow, with a warning) for inputs no built variant covers instead of raising.
+    A KDA target (op kda) is called like flash-linear-attention's chunk_kda (runtime/kda.py)."""
+    t = str(target)
+    path = Path(t)
+    if "@" in t and not (path / "manifest.json").is_file():
+        kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
+        kfp = kfp or Path("kernelfile.toml")
+        kf = _load_kernelfile(kfp, f"load {t}")
+        op_name, gpu = t.split("@", 1)
+        if op_name not in kf.ops or gpu not in kf.ops[op_name].gpus:
+            raise LoaderError(
+                f"{t} is not a target of {kfp}; declare it there and run: ptxbuild build {t}"
+            )
+        build = kf.build_dir / t
+        folder = Path(op_folder) if op_folder else op_dir(kf.ops[op_name].template, kf.root)
+    else:
+        build = path
+        folder = Path(op_folder) if op_folder else None
+    manifest_path = build / "manifest.json"
+    if not manifest_path.is_file():
+        raise LoaderError(
+            f"{build} has no manifest.json: the target was never built; run: ptxbuild build "
+            f"{build.name if '@' in build.name else '<op>@<gpu>'}"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("incomplete"):
+        warnings.warn(
+            f"{build}: its build was interrupted ({manifest['incomplete']} problems built); run: "
+            f"ptxbuild build {manifest['target']} to finish it",
+            stacklevel=2,
+        )
+    if folder is None:
+        kfp = Path(kernelfile) if kernelfile else _find_kernelfile(build.resolve().parent)
+        if kfp:
+            kf = _load_kernelfile(kfp, f"find the op of {manifest['target']}")
+            spec = kf.ops.get(manifest["target"].split("@")[0])
+            default = kf.root / "ops" / manifest["template"]
+            folder = op_dir(spec.template, kf.root) if spec else default
+        else:
+            folder = build.resolve().parent.parent / "ops" / manifest["template"]
+    return _kernel_class(manifest)(build, manifest, folder, allow_fallback)
+
+
+def _kernel_class(manifest: dict):
+    """The callable's class: ChunkKDA for the KDA forward op (chunk_kda's interface), else BuiltKernel."""
+    if manifest.get("op") == "kda":
+        from .kda import ChunkKDA
+
+        return ChunkKDA
+    from .kernel import BuiltKernel
+
+    return BuiltKernel
