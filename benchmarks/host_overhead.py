@@ -1,19 +1,20 @@
 """Host time per call of ptxbuild's rmsnorm@h200 against torch.nn.functional.rms_norm (issue 28).
 
 Method (one process, one GPU): for each row both callables get the same bf16 tensors x [M, N] and
-weight [N] (eps 1e-6). A measurement round first enqueues torch.cuda._sleep (a spin kernel of
-about 300 us), so the GPU is busy and every timed call only enqueues its work behind it; then 16
-calls of one callable are timed one by one with time.perf_counter_ns around the Python call
-(output allocation and every launch included), then the other callable's 16, then the stream is
-synchronized. 16 calls stay far below the driver's launch queue, so a call never waits for the
+weight [N] (eps 1e-6). In a measurement round each callable in turn first enqueues torch.cuda._sleep
+(a spin kernel of about 300 us), so the GPU is busy and every timed call only enqueues its work
+behind it, then has 16 calls timed one by one with time.perf_counter_ns around the Python call
+(output allocation and every launch included); then the stream is synchronized. 16 calls stay far below the driver's launch queue, so a call never waits for the
 GPU (its host time is not hidden behind, nor inflated by, kernel time); rounds alternate which
 callable goes first. A row reports the median over all timed calls (default 40 rounds: 640
 calls each), after warm-up calls that resolve and prepare the shape (first-call work is not
 per-call work). Rows: the 11 bf16 benchmark rows of rmsnorm.md and decode shapes M = 1..64 for
 N = 4096 and 8192.
 
-Also timed (in the .md only): the torch custom op (torch.ops.ptxbuild.rmsnorm_h200, eager) and the
-cuda.bindings launcher (PTXBUILD_LAUNCHER=bindings) beside the default ctypes one, on a subset.
+Also timed (in the .md only), on a subset: the torch custom op (torch.ops.ptxbuild.rmsnorm_h200,
+eager), kernel.torch_op (what patched torch modules call: the custom op under torch.compile, the
+kernel itself in eager) and the cuda.bindings launcher (PTXBUILD_LAUNCHER=bindings) beside the
+default ctypes one.
 
     python benchmarks/host_overhead.py --out reports/runtime/host_overhead.json
 
@@ -55,11 +56,12 @@ def time_calls(fns: dict, rounds: int, torch) -> dict:
     """name -> median host microseconds per call of fn() (see the module docstring)."""
     samples = {name: [] for name in fns}
     names = list(fns)
-    cycles = int(300e-6 * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 1_980_000)  # H200: 1.98 GHz
+    cycles = int(300e-6 * khz * 1e3)
     clock = time.perf_counter_ns
     for r in range(rounds):
-        torch.cuda._sleep(cycles)
         for name in names if r % 2 == 0 else names[::-1]:
+            torch.cuda._sleep(cycles)  # the GPU busy before each callable's calls
             fn, out = fns[name], samples[name]
             for _ in range(PER_ROUND):
                 t0 = clock()
@@ -111,6 +113,9 @@ def main() -> None:
                 op(x, w)
                 fns["bindings"] = lambda x=x, w=w: k_bindings(x, w)
                 fns["custom_op"] = lambda x=x, w=w: op(x, w)
+                mod = k.torch_op  # what patched modules call: direct in eager
+                mod(x, w)
+                fns["module"] = lambda x=x, w=w: mod(x, w)
         except LoaderError as exc:
             notes.append(f"{m}x{n}: {exc}")
         for fn in fns.values():  # warm up
@@ -167,11 +172,11 @@ def markdown(env: dict, rows: list, extra: list, notes: list) -> str:
         )
     if extra:
         lines += ["", "Other call paths (same method, same rows):", "",
-                  "| M x N | ctypes launcher (us) | cuda.bindings launcher (us) | torch custom op, eager (us) | torch (us) |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+                  "| M x N | ctypes launcher (us) | cuda.bindings launcher (us) | torch custom op, eager (us) | kernel.torch_op, eager (us) | torch (us) |",
+                  "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
         for (m, n), us in extra:
             lines.append(f"| {m} x {n} | {us['ptxbuild']:.2f} | {us['bindings']:.2f} | "
-                         f"{us['custom_op']:.2f} | {us['torch']:.2f} |")  # fmt: skip
+                         f"{us['custom_op']:.2f} | {us['module']:.2f} | {us['torch']:.2f} |")  # fmt: skip
     if notes:
         lines += ["", "Not covered by the build:", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -146,3 +146,21 @@ def register_kda(kernel):
 
     _registered[qual] = custom
     return custom
+
+
+def module_callable(kernel, options: dict | None = None):
+    """What a torch module should call for `kernel` (BuiltKernel.torch_op): the registered custom
+    op while torch.compile traces (no graph break) or where autograd records (it raises in
+    backward instead of silently cutting the graph), else the kernel itself: eager calls skip the
+    dispatcher's round trip into Python (a few microseconds of host time per call)."""
+    op = register(kernel, options)
+    opt_kwargs = {} if not options else _option_kwargs(kernel, options)
+    compiling, grad_on = torch.compiler.is_compiling, torch.is_grad_enabled
+
+    def call(*tensors):
+        if compiling() or (grad_on() and any(t.requires_grad for t in tensors)):
+            return op(*tensors)
+        return kernel(*tensors, **opt_kwargs)
+
+    call.op, call.kernel = op, kernel
+    return call

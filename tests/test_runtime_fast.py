@@ -345,3 +345,22 @@ def test_fla_backend_registers_in_flas_registry(kda, monkeypatch):
         )
     ptxfla.uninstall()
     assert registry._backends == {}
+
+
+def test_torch_op_is_direct_in_eager_and_the_custom_op_when_compiling(scale, monkeypatch):
+    k, launches = scale
+    from ptxbuild.runtime.kernel import BuiltKernel
+
+    fn = k.torch_op
+    assert fn is k.torch_op and fn.kernel is k
+    ops = _count(monkeypatch, type(fn.op), "__call__")
+    x = torch.randn(64, 1024)
+    fn(x)
+    assert len(launches) == 1 and ops == []  # eager: no dispatcher round trip
+    f = torch.compile(lambda t: fn(t) + 1, backend="aot_eager", fullgraph=True)
+    f(x)
+    assert len(launches) == 2 and len(ops) >= 1
+    with torch.enable_grad():
+        y = fn(x.clone().requires_grad_(True))
+    assert y.requires_grad  # through the custom op: backward raises, never a silent cut
+    assert isinstance(k, BuiltKernel)

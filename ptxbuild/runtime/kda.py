@@ -122,6 +122,13 @@ class ChunkKDA(BuiltKernel):
         hT = outs[prep.out_names.index("hT")]
         return o, (hT if v_first else hT.transpose(-1, -2))
 
+    @property
+    def torch_op(self):
+        """The custom op (torch_ops.register_kda): its schema, not chunk_kda's keywords."""
+        from ..torch_ops import register_kda
+
+        return register_kda(self)
+
     def covers(self, *args, **kwargs) -> tuple[bool, str | None]:
         """(True, None) if a call with these arguments runs the built kernels, else (False, the
         one-line reason): the call shape is resolved (and kept), nothing is launched."""

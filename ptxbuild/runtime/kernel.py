@@ -56,6 +56,16 @@ class BuiltKernel(Dispatch):
         self._warned: set = set()
         self.calls = 0  # calls that launched the built kernels (not fallbacks)
 
+    @property
+    def torch_op(self):
+        """What a torch module calls: the custom op under torch.compile and autograd, the per-call
+        path itself in eager (torch_ops.module_callable; imports torch)."""
+        if getattr(self, "_torch_op", None) is None:
+            from ..torch_ops import module_callable
+
+            self._torch_op = module_callable(self)
+        return self._torch_op
+
     def __repr__(self) -> str:
         return f"<ptxbuild kernel {self.target} ({self.arch}), {len(self.entries)} problem(s)>"
 
