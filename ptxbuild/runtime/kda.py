@@ -125,7 +125,7 @@ class ChunkKDA(BuiltKernel):
     @property
     def torch_op(self):
         """The custom op (torch_ops.register_kda): its schema, not chunk_kda's keywords."""
-        from ..torch_ops import register_kda
+        from .torch_ops import register_kda
 
         return register_kda(self)
 

@@ -61,7 +61,7 @@ class BuiltKernel(Dispatch):
         """What a torch module calls: the custom op under torch.compile and autograd, the per-call
         path itself in eager (torch_ops.module_callable; imports torch)."""
         if getattr(self, "_torch_op", None) is None:
-            from ..torch_ops import module_callable
+            from .torch_ops import module_callable
 
             self._torch_op = module_callable(self)
         return self._torch_op

@@ -1,0 +1,168 @@
+"""Built kernels as PyTorch custom ops (torch's library.custom_op), so they work under torch.compile.
+
+    import ptxbuild
+    from ptxbuild.torch_ops import register
+    rms = register(ptxbuild.load("rmsnorm@h200"))      # torch.ops.ptxbuild.rmsnorm_h200
+    y = torch.compile(lambda x, w: rms(x, w))(x, w)
+
+One custom op per (target, option set): its schema lists the op's input names as Tensors and
+returns the op's outputs; a fake (meta) implementation allocates the outputs exactly as the real
+one does, so the compiler can trace shapes and dtypes without a GPU. No autograd formula is
+registered (the ops are forward-only until a backward op exists): calling one on tensors that
+require grad raises in backward. torch is imported when this module is, never by ptxbuild.runtime itself (kernel.torch_op
+imports this module when asked). Public path: ptxbuild.torch_ops.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .arrays import TorchXp as _TorchXp
+from .errors import LoaderError
+
+NAMESPACE = "ptxbuild"
+_registered: dict[str, object] = {}
+# the kernel each op runs: the one registered last (a target loaded again, e.g. by another test or
+# with another launcher, takes over the op already defined for its name)
+_serving: dict[str, object] = {}
+
+
+def op_name(kernel, options: dict | None = None) -> str:
+    """ptxbuild::<op>_<gpu>, plus _m<i> for option sets after the first."""
+    base = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
+    i = _mode_index(kernel, options)
+    return base if i == 0 or len(kernel.modes()) == 1 else f"{base}_m{i}"
+
+
+def _mode_index(kernel, options: dict | None) -> int:
+    modes = kernel.modes()
+    if not options:
+        return 0
+    defaults = dict(getattr(kernel.op, "OPTIONS", {}))
+    for i, m in enumerate(modes):
+        full = {**defaults, **m.options}
+        if all(full.get(k) == v for k, v in options.items()):
+            return i
+    raise LoaderError(
+        f"{kernel.target}: no built mode has options {options}; built: "
+        + "; ".join(m.label() for m in modes)
+    )
+
+
+def register(kernel, options: dict | None = None):
+    """The torch.ops callable for `kernel`'s option set matching `options` (default: the first built)."""
+    if getattr(kernel.op, "NAME", None) == "kda" and hasattr(kernel, "_kda"):
+        return register_kda(kernel)
+    name = op_name(kernel, options)
+    qual = f"{NAMESPACE}::{name}"
+    _serving[qual] = kernel
+    if qual in _registered:
+        return _registered[qual]
+    mode = kernel.modes()[_mode_index(kernel, options)]
+    scratch = set(getattr(kernel.op, "SCRATCH", ()))
+    outs = [  # output names, in order (scratch buffers are the kernel's own)
+        n for n in kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()) if n not in scratch
+    ]
+    ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
+    schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
+    opts = dict(mode.options)
+
+    opt_kwargs = _option_kwargs(kernel, opts)
+
+    def impl(*tensors):  # the kernel's per-call path (a dictionary lookup, one launch)
+        return _serving[qual](*tensors, **opt_kwargs)
+
+    from torch import library as torch_library
+
+    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
+
+    @custom.register_fake
+    def _fake(*tensors):
+        primary = tensors[0]
+        from ..problem import Problem
+
+        problem = Problem.make(
+            kernel.op.NAME, _dtype(primary), tuple(int(s) for s in primary.shape), opts
+        )
+        res = kernel.op.make_outputs(problem, _TorchXp(torch, primary.device))
+        vals = [res[n] for n in outs]
+        return vals[0] if len(vals) == 1 else tuple(vals)
+
+    _registered[qual] = custom
+    return custom
+
+
+def _option_kwargs(kernel, opts: dict) -> dict:
+    """Options to pass to BuiltKernel.run so it picks this mode even when modes share input names."""
+    return {k: v for k, v in opts.items() if k in getattr(kernel.op, "OPTIONS", {})}
+
+
+def _dtype(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class _MetaXp(_TorchXp):
+    def __init__(self):
+        super().__init__(torch, "meta")
+
+
+def register_kda(kernel):
+    """The torch.ops callable of a built KDA target (ptxbuild.runtime.kda.ChunkKDA), traceable by
+    torch.compile with no graph break: ptxbuild::<target>(q, k, v, g, beta, A_log?, dt_bias?,
+    initial_state?, lengths?, output_final_state) -> (o, final_state), states V-first ([N, HV, V,
+    K]), the safe-gate path with every in-kernel flag on (ChunkKDA's checks run on the real call).
+    Segment lengths are a static int list (cu_seqlens' values on the host). Without
+    output_final_state, final_state is an empty tensor."""
+    name = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
+    qual = f"{NAMESPACE}::{name}"
+    _serving[qual] = kernel
+    if qual in _registered:
+        return _registered[qual]
+    lb = float(kernel.op.host.ref.LOWER_BOUND)
+    schema = (
+        "(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, Tensor? dt_bias, "
+        "Tensor? initial_state, int[]? lengths, bool output_final_state) -> (Tensor, Tensor)"
+    )
+
+    def impl(q, k, v, g, beta, A_log, dt_bias, initial_state, lengths, output_final_state):
+        o, hT = _serving[qual](
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
+            lower_bound=lb, state_v_first=True, lengths=lengths,
+        )  # fmt: skip
+        return o, hT if hT is not None else q.new_empty((0,), dtype=torch.float32)
+
+    from torch import library as torch_library
+
+    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
+
+    @custom.register_fake
+    def _fake(q, k, v, g, beta, A_log, dt_bias, initial_state, lengths, output_final_state):
+        B, T, H, K = q.shape
+        n = len(lengths) if lengths else B
+        shape = (n, v.shape[2], v.shape[3], K) if output_final_state else (0,)
+        return v.new_empty(v.shape), q.new_empty(shape, dtype=torch.float32)
+
+    _registered[qual] = custom
+    return custom
+
+
+def module_callable(kernel, options: dict | None = None):
+    """What a torch module should call for `kernel` (BuiltKernel.torch_op): the registered custom
+    op while torch.compile traces (no graph break) or where autograd records (it raises in
+    backward instead of silently cutting the graph), else the kernel itself: eager calls skip the
+    dispatcher's round trip into Python (a few microseconds of host time per call)."""
+    op = register(kernel, options)
+    opt_kwargs = {} if not options else _option_kwargs(kernel, options)
+    compiling, grad_on = torch.compiler.is_compiling, torch.is_grad_enabled
+
+    def call(*tensors):
+        if compiling() or (grad_on() and any(t.requires_grad for t in tensors)):
+            return op(*tensors)
+        return kernel(*tensors, **opt_kwargs)
+
+    call.op, call.kernel = op, kernel
+    return call
