@@ -64,10 +64,7 @@ def _xw(m, n, seed=0):
     return x, w
 
 
-@pytest.mark.parametrize(
-    "m,n",
-    [(32768, 256), (32768, 4096), (8192, 262144), (1, 4096), (7, 4096), (64, 8192), (33, 8192)],
-)
+@pytest.mark.parametrize("m,n", [(32768, 256), (8192, 262144), (1, 4096), (7, 4096), (33, 8192)])
 def test_rmsnorm_matches_reference(rms, m, n):
     x, w = _xw(m, n, m + n)
     _check(rms(x, w), _rms_ref(x, w), f"rmsnorm {m}x{n}")
@@ -124,10 +121,6 @@ def test_rmsnorm_custom_op_under_torch_compile_fullgraph(rms):
     y = f(x, w)
     assert rms.calls > before
     _check(y / 2, _rms_ref(x, w), "torch.compile(fullgraph=True)")
-    g = torch.compile(lambda a, b: op(a, b) + 0, mode="reduce-overhead", fullgraph=True)
-    for _ in range(3):
-        y = g(x, w)
-    _check(y.clone(), _rms_ref(x, w), "torch.compile(mode='reduce-overhead')")
 
 
 # ---------------------------------------------------------------- KDA
@@ -135,15 +128,22 @@ FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sig
              safe_gate=True, lower_bound=-5.0)  # fmt: skip
 
 
+_REFS: dict = {}
+
+
 def _case(kda, H, lengths, seed=0):
-    """(fla-layout torch inputs, float64 reference {o, hT}) of the op's own input distributions."""
+    """(fla-layout torch inputs, float64 reference {o, hT}) of the op's own input distributions
+    (the reference computed once per case)."""
     from ptxbuild.problem import Problem
 
     T = sum(lengths)
     opts = {"lengths": tuple(lengths)} if len(lengths) > 1 else {}
     problem = Problem.make("kda", "bfloat16", (T, H), opts)
     ins = kda.op.make_inputs(problem, seed, np)
-    ref = kda.op.reference(problem, ins, np)
+    key = (H, tuple(lengths), seed)
+    if key not in _REFS:
+        _REFS[key] = kda.op.reference(problem, ins, np)
+    ref = _REFS[key]
 
     def t(name, shape=None):
         a = ins[name]
@@ -170,7 +170,9 @@ def _rel_rms(got, want):
     return float(np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want**2)))
 
 
-CASES = [(64, (1000,)), (64, (17, 300, 683)), (96, (512, 512)), (96, (0, 31, 96, 160))]
+# T and lengths the build never saw (the kernels take them as data): one sequence, varlen, two
+# equal segments, an empty segment; H64 and H96 as built
+CASES = [(64, (300,)), (64, (17, 100, 183)), (96, (128, 128)), (96, (0, 31, 96, 160))]
 
 
 @pytest.mark.parametrize("H,lengths", CASES)
@@ -219,7 +221,7 @@ def test_kda_agrees_with_fla_chunk_kda(kda):
 def test_kda_under_cuda_graph_capture_and_compile(kda):
     from ptxbuild.torch_ops import register
 
-    ins, ref = _case(kda, 64, (17, 300, 683))
+    ins, ref = _case(kda, 64, (17, 100, 183))
     cu_cpu = ins["cu_seqlens"].cpu()
     kw = dict(ins, output_final_state=True, state_v_first=True, cu_seqlens_cpu=cu_cpu, **FLAGS)
     o0, h0 = kda(**kw)  # warm up: resolve, load, upload the chunk layout
@@ -231,7 +233,7 @@ def test_kda_under_cuda_graph_capture_and_compile(kda):
     assert _rel_rms(o.float().cpu().numpy(), o0.float().cpu().numpy()) < 1e-6
     op = register(kda)
     args = [ins[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")]
-    f = torch.compile(lambda *a: op(*a, [17, 300, 683], True), fullgraph=True)
+    f = torch.compile(lambda *a: op(*a, [17, 100, 183], True), backend="aot_eager", fullgraph=True)
     o2, h2 = f(*args)
     torch.cuda.synchronize()
     assert _rel_rms(o2[0].float().cpu().numpy(), ref["o"]) <= 5e-3
