@@ -29,6 +29,9 @@ def test_the_honest_kernel_passes_every_check_and_says_which_shapes(monkeypatch)
     # main + 2 fewer-row seeds (one in dirty buffers) + 3 adversarial + 3 size classes, 2 calls each
     assert r["cases"] == 1 + 2 + 3 + 3 and state["calls"] == 2 * 9 + 1
     assert [64, 32768] in r["shapes"] and [64, 8193] in r["shapes"] and [256, 4096] in r["shapes"]
+    # the same shapes, without a GPU, for a build to record what a verdict covered
+    planned = suite.plan_problems(fake_softmax.op(), P, {"BAD": "none", "THREADS": 128})
+    assert sorted({p.shape for p in planned}) == [tuple(s) for s in r["shapes"]]
 
 
 def test_a_kernel_skipping_rows_whose_output_looks_written_is_stateful(monkeypatch):

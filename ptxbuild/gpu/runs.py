@@ -24,6 +24,7 @@ from .suite import (  # noqa: F401 - re-exported: the worker's plan and judging 
     custom_compare,
     fewer_rows,
     judge_run,
+    plan_problems,
     same_binary,
     scale_limit,
     size_classes,
@@ -219,14 +220,9 @@ class Gpu(Timing):
         cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
         self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
         arch = binary.get("arch") or "sm_90a"
-        plan = [(problem, seeds[:1]), (fewer_rows(op, problem, params, arch), seeds[1:])]
-        plan += [(p, [secrets.randbelow(2**31)]) for p in adversarial(op, problem, params, arch)]
-        seen = {p for p, _ in plan}
-        plan += [
-            (p, [secrets.randbelow(2**31)])
-            for p in size_classes(op, problem, params, arch)
-            if p not in seen
-        ]
+        main, fewer, *others = plan_problems(op, problem, params, arch)
+        plan = [(main, seeds[:1]), (fewer, seeds[1:])]
+        plan += [(p, [secrets.randbelow(2**31)]) for p in others]
         big_seen = (
             set()
         )  # one seed per problem above ONE_SEED_ABOVE_BYTES, also when fewer_rows cannot shrink it

@@ -53,6 +53,19 @@ def verified_shapes(plan: list) -> list:
     return sorted({tuple(p.shape) for p, _ in plan})
 
 
+def plan_problems(op, problem, params: dict, arch: str = "sm_90a") -> list:
+    """Every problem the worker verifies a candidate on, in order: the problem, the problem on fewer
+    rows (the extra seeds), the op's adversarial shapes, then the size classes not among them. Pure:
+    a build can say what a verdict covered without a GPU (ptxbuild/coverage.py covers())."""
+    first = [
+        problem,
+        fewer_rows(op, problem, params, arch),
+        *adversarial(op, problem, params, arch),
+    ]
+    seen = set(first)
+    return first + [p for p in size_classes(op, problem, params, arch) if p not in seen]
+
+
 def same_binary(op, params: dict, problem, others: list, arch: str) -> list:
     """The problems of `others` that render to the same source as `problem` with `params`: only those can the
     candidate's binary run. Problem options are often compile-time flags (KDA's initial and final state, rmsnorm's
