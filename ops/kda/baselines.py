@@ -224,6 +224,10 @@ def baselines(problem: Problem, defaults: dict) -> dict:
         why = flashkda_unsupported(host.dims(problem))
         if why:
             return why
+        try:   # torch first: the worker then runs FlashKDA's check on its own stream too, as its timing
+            import torch  # noqa: F401
+        except Exception:  # noqa: BLE001 - flashkda_call says why, at its call
+            pass
         fn = cached(lambda p, ins: flashkda_call(p, ins, built))
         fn.compare = flashkda_compare
         return fn
