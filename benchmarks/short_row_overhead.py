@@ -5,7 +5,7 @@
         [--ns 256,512] [--ms 8192,32768] [--out FILE]
 
 At N = 256 / 512 / 1K / 2K the built RMSNorm runs 0.8-1.3 us slower than `copy1` (one 16-byte load
-and store per thread) moving the same bytes (reports/bf16/copy-floor.md): about the same microsecond
+and store per thread) moving the same bytes (lab/bf16/copy-floor.md): about the same microsecond
 at every N. This script times, for each N, the report's winner for 32768 x N (an exact variant: it
 serves any M) and copy1 at several M (a 256 MiB L2 flush before each call, CUDA events, median of
 --reps; the call synchronized after each, unlike the build), and fits time = fixed + per_row * M by

@@ -5,7 +5,7 @@ shapes / another GPU of the same architecture / other GPUs / a lessons file firs
     python benchmarks/warmstart.py RECORDING [--op rmsnorm] [--gpu h200] [--seeds 16] [--lessons FILE.jsonl]
 
 RECORDING is a replay recording (`ptxbuild record OUT`) or a ptxbuild SQLite cache. Writes
-reports/warmstart/warmstart.md and warmstart.json (or --out DIR) and prints the Markdown.
+lab/warmstart/warmstart.md and warmstart.json (or --out DIR) and prints the Markdown.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def main(argv=None):
         default=[],
         help="a lessons JSONL file as one more warm source",
     )
-    ap.add_argument("--out", default="reports/warmstart", help="output folder")
+    ap.add_argument("--out", default="lab/warmstart", help="output folder")
     ap.add_argument(
         "--without-default",
         action="store_true",

@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "lab"))  # chunk_regs_sweep.py
 
 import copy_floor  # noqa: E402
 from event_timing import event_times_us, quantile  # noqa: E402

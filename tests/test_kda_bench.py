@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "kda_bench_gpu", Path(__file__).resolve().parents[1] / "ops" / "kda" / "bench_gpu.py"
+    "kda_bench_gpu", Path(__file__).resolve().parents[1] / "benchmarks" / "kda_bench_gpu.py"
 )
 bench_gpu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_gpu)

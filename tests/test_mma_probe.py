@@ -1,4 +1,4 @@
-"""benchmarks/mma_probe.py compiles on a machine without a GPU: one warp's chains stay independent
+"""lab/mma_probe.py compiles on a machine without a GPU: one warp's chains stay independent
 (the inner loop unrolled: a multiple of `chains` mma in the PTX) and fit in registers."""
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mma_probe", ROOT / "benchmarks" / "mma_probe.py")
+_spec = importlib.util.spec_from_file_location("mma_probe", ROOT / "lab" / "mma_probe.py")
 probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(probe)
 

@@ -1,4 +1,4 @@
-"""benchmarks/rmsnorm_profile.py: the parts that run without a GPU."""
+"""lab/rmsnorm_profile.py: the parts that run without a GPU."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "lab"))
 
 import rmsnorm_profile as prof  # noqa: E402
 

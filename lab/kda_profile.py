@@ -2,11 +2,11 @@
 """Time one KDA forward config stage by stage (prepare alone, recurrence alone, both) on a GPU, with
 the L2 flushed before each call; small enough to run under a profiler:
 
-    python3 benchmarks/kda_profile.py --H 96 --T 8192                      # the op's default config
-    python3 benchmarks/kda_profile.py --H 64 --params split=8,stages=4
-    ncu --launch-skip 4 --launch-count 2 -k regex:kda python3 benchmarks/kda_profile.py --reps 1
+    python3 lab/kda_profile.py --H 96 --T 8192                      # the op's default config
+    python3 lab/kda_profile.py --H 64 --params split=8,stages=4
+    ncu --launch-skip 4 --launch-count 2 -k regex:kda python3 lab/kda_profile.py --reps 1
 
-Inputs are random (no reference: `ptxbuild build kda@<gpu>` and ops/kda/bench_gpu.py verify).
+Inputs are random (no reference: `ptxbuild build kda@<gpu>` and benchmarks/kda_bench_gpu.py verify).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "ops" / "kda"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import bench_gpu  # noqa: E402  (ops/kda/bench_gpu.py: Built, gpu_inputs, make_outputs, bench_ms)
+import kda_bench_gpu as bench_gpu  # noqa: E402  (benchmarks/kda_bench_gpu.py: Built, gpu_inputs, make_outputs, bench_ms)
 
 from ptxbuild.problem import Problem  # noqa: E402
 

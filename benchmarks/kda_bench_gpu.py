@@ -14,11 +14,11 @@ inputs unmodified. Timing: CUDA events, L2 flushed before every call, median / p
 Both prepare variants (prep_variant 0: kda_prepare.cu, 1: kda_prepare_fast.cu, safe gate only) are
 verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps one.
 
-    python3 ops/kda/bench_gpu.py --quick                 # < 3 minutes per prepare variant
-    python3 ops/kda/bench_gpu.py --prep-variant 1        # kda.md's whole case list (T up to 131072, H 1-96)
-    python3 ops/kda/bench_gpu.py --all-configs           # also every config of SPACE on 12 cases (hours)
-    python3 ops/kda/bench_gpu.py --params split=4,stages=3,op_dtype=bf16
-    python3 ops/kda/bench_gpu.py --quick --prep-variant 1
+    python3 benchmarks/kda_bench_gpu.py --quick                 # < 3 minutes per prepare variant
+    python3 benchmarks/kda_bench_gpu.py --prep-variant 1        # kda.md's whole case list (T up to 131072, H 1-96)
+    python3 benchmarks/kda_bench_gpu.py --all-configs           # also every config of SPACE on 12 cases (hours)
+    python3 benchmarks/kda_bench_gpu.py --params split=4,stages=3,op_dtype=bf16
+    python3 benchmarks/kda_bench_gpu.py --quick --prep-variant 1
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "ops" / "kda"  # the op this script drives (it lived there until issue 26 item 10)
 sys.path.insert(0, str(ROOT))
 
 from ptxbuild.oploader import load_op  # noqa: E402

@@ -1,6 +1,6 @@
 """The kernels torch.compile launches for the RMSNorm baseline, with their launch shapes.
 
-    TORCH_LOGS=output_code python3 benchmarks/torch_kernel_shape.py [--dtype bfloat16] [--m 32768] [--ns 256,512,1024]
+    TORCH_LOGS=output_code python3 lab/torch_kernel_shape.py [--dtype bfloat16] [--m 32768] [--ns 256,512,1024]
 
 For each N: builds the op's own torch.compile baseline (ops/rmsnorm/baselines.py, the one the build
 times), calls it on the op's inputs, and prints each CUDA kernel of one call as torch's profiler saw

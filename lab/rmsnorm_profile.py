@@ -1,8 +1,8 @@
 """One rmsnorm problem: the built winner beside torch.compile, for a profiler to compare.
 
-    python3 benchmarks/rmsnorm_profile.py float32 32768 8192 [--params k=v,...] [--reps 20]
+    python3 lab/rmsnorm_profile.py float32 32768 8192 [--params k=v,...] [--reps 20]
     ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,... \
-        python3 benchmarks/rmsnorm_profile.py float32 32768 8192 --reps 3
+        python3 lab/rmsnorm_profile.py float32 32768 8192 --reps 3
 
 The config is the winner that `reports/rmsnorm@h200/report.json` records for the problem (override
 with --params). Both kernels run on the same inputs, the L2 flushed (a 256 MiB memset) before each

@@ -1,6 +1,6 @@
 """How well the rmsnorm op's register estimate for stage="chunk" predicts what ptxas does (no GPU).
 
-    python3 benchmarks/chunk_regs_sweep.py [--arch sm_90a] [--jobs 2] [--out reports/compile/chunk-regs.md]
+    python3 lab/chunk_regs_sweep.py [--arch sm_90a] [--jobs 2] [--out lab/compile/chunk-regs.md]
 
 check() refuses a chunked config when `_chunk_regs` (the estimate) exceeds the register cap that
 threads x min_blocks leave (`_reg_cap`). This compiles every exact block-regime chunk config over
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     lines = [
         f"# stage=chunk: the register estimate against ptxas ({a.arch})",
         "",
-        f"- reproduce: `python3 benchmarks/chunk_regs_sweep.py --arch {a.arch}`",
+        f"- reproduce: `python3 lab/chunk_regs_sweep.py --arch {a.arch}`",
         f"- {len(rows)} configs compiled; the estimate decided {right} right",
         f"- refused, but compile without spills: **{len(false_refusals)}** (the search never tries them)",
         f"- accepted, but spill: **{len(false_accepts)}** (the compile step rejects them)",

@@ -1,6 +1,6 @@
 """Run every rmsnorm regime / mode on small and odd shapes on this machine's GPU.
 
-    python3 ops/rmsnorm/selftest_gpu.py [-k substring] [-D NAME=VALUE ...]
+    python3 benchmarks/rmsnorm_selftest_gpu.py [-k substring] [-D NAME=VALUE ...]
 
 Needs cupy and cuda-bindings. Compiles with ptxbuild.compile.compiler for this GPU's arch, launches with
 cuLaunchKernelEx (cluster dims as a launch attribute), compares with op.reference(), prints one
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ptxbuild.compile.compiler import compile_kernel  # noqa: E402

@@ -8,8 +8,8 @@ took ~36 cycles. This probe separates latency from issue rate: one kernel per ch
 per chain), timed with clock64 inside the kernel; launched with 1, 2, 4, 8 warps per SM (blocks of
 one warp, one wave). Prints cycles per mma per warp and per SM.
 
-    python3 benchmarks/mma_probe.py            # needs a CUDA GPU, cupy and ptxbuild's compiler wheels
-    python3 benchmarks/mma_probe.py --json out.json
+    python3 lab/mma_probe.py            # needs a CUDA GPU, cupy and ptxbuild's compiler wheels
+    python3 lab/mma_probe.py --json out.json
 """
 
 from __future__ import annotations
