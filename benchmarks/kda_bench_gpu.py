@@ -20,6 +20,7 @@ verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps 
     python3 benchmarks/kda_bench_gpu.py --params split=4,stages=3,op_dtype=bf16
     python3 benchmarks/kda_bench_gpu.py --quick --prep-variant 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,14 @@ def load_module(cp, kernel, params: dict, problem: Problem):
             with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
                 f.write(b.cubin)
             from ptxbuild.problem import Kernel
-            regs = {s: compile_kernel(Kernel(kernel.source, s), "sm_90a") for s in kda.launches(params, problem, 132)}
-            info = " ".join(f"{s[4:]}:{r.registers}regs/{r.spill_bytes}B-spill" for s, r in regs.items())
+
+            regs = {
+                s: compile_kernel(Kernel(kernel.source, s), "sm_90a")
+                for s in kda.launches(params, problem, 132)
+            }
+            info = " ".join(
+                f"{s[4:]}:{r.registers}regs/{r.spill_bytes}B-spill" for s, r in regs.items()
+            )
             return cp.RawModule(path=f.name), info
         except ToolchainMissing:
             pass
@@ -88,20 +95,28 @@ class Built:
         kernel = kda.render(params, problem, "sm_90a")
         if kernel.source not in _MODULES:
             _MODULES[kernel.source] = load_module(cp, kernel, params, problem)
-            log(f"  built {' '.join(f'{k}={v}' for k, v in params.items())}: {_MODULES[kernel.source][1]}")
+            log(
+                f"  built {' '.join(f'{k}={v}' for k, v in params.items())}: {_MODULES[kernel.source][1]}"
+            )
         self.mod, self.info = _MODULES[kernel.source]
-        self.launch = kda.launches(params, problem, 132)      # entry -> geometry, in launch order
+        self.launch = kda.launches(params, problem, 132)  # entry -> geometry, in launch order
         self.fn = {s: self.mod.get_function(s) for s in self.launch}
-        self.prepare = next(iter(self.launch))              # kda_prepare, or kda_prepare_ovl (variant 3)
+        self.prepare = next(iter(self.launch))  # kda_prepare, or kda_prepare_ovl (variant 3)
 
     def run(self, stage: str, inputs: dict, outputs: dict):
         if stage == "kda_prepare" and self.prepare != stage:
             stage = self.prepare
         if stage.startswith("kda_prepare") and int(inputs["chunk_start"].size) == 0:
             return
-        from ptxbuild.gpu import device    # the worker's launch: smem opt-in, clusters, PDL (variant 3)
-        device.launch(self.fn[stage], self.launch[stage], kda.stage_args(stage, self.params, self.problem, inputs, outputs),
-                      self.cp.cuda.get_current_stream())
+        # the worker's launch: smem opt-in, clusters, PDL (variant 3)
+        from ptxbuild.gpu import device
+
+        device.launch(
+            self.fn[stage],
+            self.launch[stage],
+            kda.stage_args(stage, self.params, self.problem, inputs, outputs),
+            self.cp.cuda.get_current_stream(),
+        )
 
     def forward(self, inputs: dict, outputs: dict):
         for stage in self.launch:
@@ -117,13 +132,14 @@ def make_outputs(cp, problem: Problem) -> dict:
 
 
 def poison(cp, outputs: dict):
-    outputs["o"].fill(0xFFFF)          # bf16 NaN
+    outputs["o"].fill(0xFFFF)  # bf16 NaN
     outputs["hT"].fill(cp.nan)
     outputs["ws"].fill(0xFF)
 
 
 def host_o(cp, o) -> np.ndarray:
     from ptxbuild.dtypes import to_float
+
     return to_float(cp.asnumpy(o), "bfloat16", np).astype(np.float64)
 
 
@@ -156,7 +172,14 @@ def verify(cp, built: Built, case: dict, stages: bool, label: str) -> dict:
         ch = ref.chunked(**args)
         NC = len(ch.chunk_start)
         if NC:
-            dec = wsl.decode(cp.asnumpy(kda.host.blobs_of(problem, outputs["ws"])), NC, d["HV"], d["K"], d["V"], params["op_dtype"])
+            dec = wsl.decode(
+                cp.asnumpy(kda.host.blobs_of(problem, outputs["ws"])),
+                NC,
+                d["HV"],
+                d["K"],
+                d["V"],
+                params["op_dtype"],
+            )
             worst = 0.0
             for name in ("W", "Qg", "Kd", "A_qk", "U"):
                 e = ref.rel_rms(dec[name], wsl.per_chunk(getattr(ch, name), ch))
@@ -168,10 +191,13 @@ def verify(cp, built: Built, case: dict, stages: bool, label: str) -> dict:
             # stage 2 alone: the recurrence on a CPU-built workspace
             out2 = make_outputs(cp, problem)
             poison(cp, out2)
-            kda.host.blobs_of(problem, out2["ws"])[...] = cp.asarray(wsl.encode(ch, params["op_dtype"]).ravel())
+            kda.host.blobs_of(problem, out2["ws"])[...] = cp.asarray(
+                wsl.encode(ch, params["op_dtype"]).ravel()
+            )
             # variant 3's recurrence waits for its flags: published (uint32 1, little-endian bytes)
-            kda.host.flags_of(problem, out2["ws"])[...] = cp.asarray(np.tile(np.array([1, 0, 0, 0], np.uint8),
-                                                                              kda.host.overlap_tasks(problem)))
+            kda.host.flags_of(problem, out2["ws"])[...] = cp.asarray(
+                np.tile(np.array([1, 0, 0, 0], np.uint8), kda.host.overlap_tasks(problem))
+            )
             built.run("kda_recurrence", inputs, out2)
             cp.cuda.runtime.deviceSynchronize()
             res["rec_o_rms"] = ref.rel_rms(host_o(cp, out2["o"]), o_ref)
@@ -181,20 +207,45 @@ def verify(cp, built: Built, case: dict, stages: bool, label: str) -> dict:
     built.forward(inputs, outputs)
     cp.cuda.runtime.deviceSynchronize()
     res["deterministic"] = bool(cp.array_equal(o1, outputs["o"])) and bool(
-        cp.array_equal(h1, outputs["hT"], equal_nan=True))
+        cp.array_equal(h1, outputs["hT"], equal_nan=True)
+    )
     res["inputs_kept"] = all(bool(cp.array_equal(copies[k], inputs[k])) for k in inputs)
-    res["ok"] = (res["o_rms"] <= GATE_RMS and res["hT_rms"] <= GATE_RMS and res["deterministic"]
-                 and res["inputs_kept"] and res.get("ws_ok", True)
-                 and res.get("rec_o_rms", 0) <= GATE_RMS and res.get("rec_hT_rms", 0) <= GATE_RMS)
+    res["ok"] = (
+        res["o_rms"] <= GATE_RMS
+        and res["hT_rms"] <= GATE_RMS
+        and res["deterministic"]
+        and res["inputs_kept"]
+        and res.get("ws_ok", True)
+        and res.get("rec_o_rms", 0) <= GATE_RMS
+        and res.get("rec_hT_rms", 0) <= GATE_RMS
+    )
     return res
 
 
 def fmt(res: dict) -> str:
-    keys = ["o_rms", "hT_rms", "rec_o_rms", "rec_hT_rms", "ws_W", "ws_Qg", "ws_Kd", "ws_A_qk", "ws_U", "ws_gamma",
-            "o_rms_first1k", "o_rms_last1k"]
+    keys = [
+        "o_rms",
+        "hT_rms",
+        "rec_o_rms",
+        "rec_hT_rms",
+        "ws_W",
+        "ws_Qg",
+        "ws_Kd",
+        "ws_A_qk",
+        "ws_U",
+        "ws_gamma",
+        "o_rms_first1k",
+        "o_rms_last1k",
+    ]
     s = " ".join(f"{k}={res[k]:.2e}" for k in keys if k in res)
-    flags = "" if res["deterministic"] and res["inputs_kept"] else f" det={res['deterministic']} kept={res['inputs_kept']}"
-    return f"{'PASS' if res['ok'] else 'FAIL'} {res['case']:<44} {s}{flags} (ref {res['ref_s']:.1f}s)"
+    flags = (
+        ""
+        if res["deterministic"] and res["inputs_kept"]
+        else f" det={res['deterministic']} kept={res['inputs_kept']}"
+    )
+    return (
+        f"{'PASS' if res['ok'] else 'FAIL'} {res['case']:<44} {s}{flags} (ref {res['ref_s']:.1f}s)"
+    )
 
 
 # ---------------------------------------------------------------- timing
@@ -221,16 +272,29 @@ def bench_ms(cp, fn, warmup_s: float = 0.2, reps: int = 30) -> tuple[float, floa
 def gpu_inputs(cp, problem: Problem, seed: int) -> dict:
     """Random inputs made on the GPU (timing only: no reference needed)."""
     from ptxbuild.dtypes import from_float
+
     d = kda.dims(problem)
     rs = cp.random.RandomState(seed)
-    bf = lambda *s: from_float(rs.standard_normal(s, dtype=cp.float32), "bfloat16", cp)
+
+    def bf(*s):
+        return from_float(rs.standard_normal(s, dtype=cp.float32), "bfloat16", cp)
+
     cu = np.concatenate([[0], np.cumsum(d["lengths"])]).astype(np.int64)
-    layout = {k: cp.asarray(v) for k, v in kda.host._layout(cu).items()}   # the op's own chunk layout arrays
-    return dict(q=bf(d["T"], d["H"], d["K"]), k=bf(d["T"], d["H"], d["K"]), v=bf(d["T"], d["HV"], d["V"]),
-                a=bf(d["T"], d["HV"], d["K"]), b=bf(d["T"], d["HV"]), g=cp.zeros(1, cp.float32),
-                A_log=cp.log(rs.uniform(1, 16, d["HV"]).astype(cp.float32)),
-                dt_bias=rs.standard_normal((d["HV"], d["K"]), dtype=cp.float32),
-                h0=0.1 * rs.standard_normal((d["N"], d["HV"], d["V"], d["K"]), dtype=cp.float32), **layout)
+    layout = {
+        k: cp.asarray(v) for k, v in kda.host._layout(cu).items()
+    }  # the op's own chunk layout arrays
+    return dict(
+        q=bf(d["T"], d["H"], d["K"]),
+        k=bf(d["T"], d["H"], d["K"]),
+        v=bf(d["T"], d["HV"], d["V"]),
+        a=bf(d["T"], d["HV"], d["K"]),
+        b=bf(d["T"], d["HV"]),
+        g=cp.zeros(1, cp.float32),
+        A_log=cp.log(rs.uniform(1, 16, d["HV"]).astype(cp.float32)),
+        dt_bias=rs.standard_normal((d["HV"], d["K"]), dtype=cp.float32),
+        h0=0.1 * rs.standard_normal((d["N"], d["HV"], d["V"], d["K"]), dtype=cp.float32),
+        **layout,
+    )
 
 
 def fla_runner(problem: Problem, inputs: dict):
@@ -240,22 +304,42 @@ def fla_runner(problem: Problem, inputs: dict):
         return fla_baseline.fla_call(problem, inputs), ""
     except RuntimeError as exc:
         import traceback
+
         tb = "".join(traceback.format_exception(exc.__cause__ or exc)[-6:])
         return None, f"fla not available ({exc})\n{tb}"
 
 
 # ---------------------------------------------------------------- main
 def small_cases(quick: bool):
-    cases = [([16], 1, {}), ([17], 4, {}), ([37], 4, {}), ([63], 1, {}), ([97], 4, {}), ([1000], 4, {}),
-             ([4, 8, 12], 4, {}), ([17, 33, 65], 4, {}), ([0, 15], 4, {}), ([0, 31, 96, 160], 4, {}),
-             ([97, 33], 4, dict(a_shift=8.0)), ([97, 33], 4, dict(a_shift=-8.0)), ([97, 33], 4, dict(bias_scale=8.0)),
-             ([97, 33], 4, dict(a_scale=8.0)),
-             ([97, 33], 4, dict(gate="canonical")),
-             ([97, 33], 4, dict(gate="canonical", a_shift=8.0, a_scale=0.0, bias_scale=0.0, A_log=math.log(125.0))),
-             ([97, 33], 4, dict(gate="given")), ([97, 33], 4, dict(gate="given", g=-1000.0)),
-             ([97, 33], 4, dict(initial_state=False)), ([97, 33], 4, dict(final_state=False)),
-             ([97, 33], 4, dict(HV=8)), ([200], 4, dict(use_qk_l2norm=False, qk_scale=0.1)),
-             ([64], 4, dict(v_scale=30.0))]
+    cases = [
+        ([16], 1, {}),
+        ([17], 4, {}),
+        ([37], 4, {}),
+        ([63], 1, {}),
+        ([97], 4, {}),
+        ([1000], 4, {}),
+        ([4, 8, 12], 4, {}),
+        ([17, 33, 65], 4, {}),
+        ([0, 15], 4, {}),
+        ([0, 31, 96, 160], 4, {}),
+        ([97, 33], 4, dict(a_shift=8.0)),
+        ([97, 33], 4, dict(a_shift=-8.0)),
+        ([97, 33], 4, dict(bias_scale=8.0)),
+        ([97, 33], 4, dict(a_scale=8.0)),
+        ([97, 33], 4, dict(gate="canonical")),
+        (
+            [97, 33],
+            4,
+            dict(gate="canonical", a_shift=8.0, a_scale=0.0, bias_scale=0.0, A_log=math.log(125.0)),
+        ),
+        ([97, 33], 4, dict(gate="given")),
+        ([97, 33], 4, dict(gate="given", g=-1000.0)),
+        ([97, 33], 4, dict(initial_state=False)),
+        ([97, 33], 4, dict(final_state=False)),
+        ([97, 33], 4, dict(HV=8)),
+        ([200], 4, dict(use_qk_l2norm=False, qk_scale=0.1)),
+        ([64], 4, dict(v_scale=30.0)),
+    ]
     if not quick:
         cases += [([1000], 32, {}), ([8192], 4, {}), ([131072], 2, {}), ([1] * 7 + [300], 4, {})]
     return cases
@@ -264,27 +348,50 @@ def small_cases(quick: bool):
 def problem_of(lens, H, kw) -> tuple[Problem, dict]:
     """(Problem, make_case kwargs) for a case spec."""
     kw = dict(kw)
-    opts = {"lengths": tuple(lens) if len(lens) > 1 else None, "gate": kw.pop("gate", "safe"),
-            "hv": kw.pop("HV", None), "l2norm": kw.pop("use_qk_l2norm", True),
-            "initial_state": kw.pop("initial_state", True), "final_state": kw.pop("final_state", True)}
+    opts = {
+        "lengths": tuple(lens) if len(lens) > 1 else None,
+        "gate": kw.pop("gate", "safe"),
+        "hv": kw.pop("HV", None),
+        "l2norm": kw.pop("use_qk_l2norm", True),
+        "initial_state": kw.pop("initial_state", True),
+        "final_state": kw.pop("final_state", True),
+    }
     return Problem.make("kda", "bfloat16", (sum(lens), H), opts), kw
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer cases and scenarios (< 3 minutes per prepare variant)")
-    ap.add_argument("--all-configs", action="store_true",
-                    help="also verify every config of SPACE on the first 12 cases (thousands of compiles: hours)")
-    ap.add_argument("--params", default="", help="override the default config, e.g. split=4,stages=3")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer cases and scenarios (< 3 minutes per prepare variant)",
+    )
+    ap.add_argument(
+        "--all-configs",
+        action="store_true",
+        help="also verify every config of SPACE on the first 12 cases (thousands of compiles: hours)",
+    )
+    ap.add_argument(
+        "--params", default="", help="override the default config, e.g. split=4,stages=3"
+    )
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="also time every config of SPACE on each scenario")
+    ap.add_argument(
+        "--sweep", action="store_true", help="also time every config of SPACE on each scenario"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prep-variant", choices=("0", "1", "both"), default="both",
-                    help="prepare kernel(s) to verify and time (default: both, one row each)")
+    ap.add_argument(
+        "--prep-variant",
+        choices=("0", "1", "both"),
+        default="both",
+        help="prepare kernel(s) to verify and time (default: both, one row each)",
+    )
     a = ap.parse_args(argv)
     if not a.no_fla:
-        try:   # torch before cupy and numba: imported lazily inside fla_runner it failed on the H200
-            importlib.import_module("torch")   # ("partially initialized module 'torch' has no attribute 'library'")
+        try:  # torch before cupy and numba: imported lazily inside fla_runner it failed on the H200
+            # ("partially initialized module 'torch' has no attribute 'library'")
+            importlib.import_module("torch")
         except ImportError:
             pass
     try:
@@ -293,19 +400,25 @@ def main(argv=None) -> int:
         log("needs cupy: pip install cupy-cuda13x")
         return 2
     dev = cp.cuda.runtime.getDeviceProperties(0)
-    log(f"GPU {dev['name'].decode()} SMs={dev['multiProcessorCount']} cupy {cp.__version__} "
-        f"driver {cp.cuda.runtime.driverGetVersion()} runtime {cp.cuda.runtime.runtimeGetVersion()}")
+    log(
+        f"GPU {dev['name'].decode()} SMs={dev['multiProcessorCount']} cupy {cp.__version__} "
+        f"driver {cp.cuda.runtime.driverGetVersion()} runtime {cp.cuda.runtime.runtimeGetVersion()}"
+    )
     t_start = time.perf_counter()
     override = {}
     for item in filter(None, a.params.split(",")):
         k, v = item.split("=")
         override[k] = int(v) if v.lstrip("-").isdigit() else v
-    variants = [override.pop("prep_variant")] if "prep_variant" in override else (
-        [0, 1] if a.prep_variant == "both" else [int(a.prep_variant)])
+    variants = (
+        [override.pop("prep_variant")]
+        if "prep_variant" in override
+        else ([0, 1] if a.prep_variant == "both" else [int(a.prep_variant)])
+    )
 
     def with_variants(params: dict) -> list[dict]:
         """params once per chosen prepare variant (callers skip those check() rejects)."""
         return [kda.with_prep_variant(params, pv) for pv in variants]
+
     failures = 0
     cache: dict = {}
 
@@ -323,16 +436,23 @@ def main(argv=None) -> int:
         if a.all_configs and i < 12:
             configs += [dict(zip(kda.SPACE, c)) for c in itertools.product(*kda.SPACE.values())]
         elif i < 4:
-            configs += [dict(split=s, stages=st, op_dtype=dt, prep_threads=pt)
-                        for s, st, dt, pt in ((4, 3, "bf16", 256), (2, 4, "f16", 128), (1, 2, "bf16", 128))]
+            configs += [
+                dict(split=s, stages=st, op_dtype=dt, prep_threads=pt)
+                for s, st, dt, pt in ((4, 3, "bf16", 256), (2, 4, "f16", 128), (1, 2, "bf16", 128))
+            ]
         case = kda.case_for(problem, a.seed + i, **ckw)
         for params in configs:
             if kda.check(params, problem):
                 continue
             try:
-                res = verify(cp, built_for(problem, params), case, stages=True,
-                             label=f"{lens if len(lens) < 6 else f'{len(lens)} segs'} H={H} {kw or ''} "
-                                   f"{'' if params == configs[0] else params}")
+                res = verify(
+                    cp,
+                    built_for(problem, params),
+                    case,
+                    stages=True,
+                    label=f"{lens if len(lens) < 6 else f'{len(lens)} segs'} H={H} {kw or ''} "
+                    f"{'' if params == configs[0] else params}",
+                )
                 log(fmt(res))
                 failures += not res["ok"]
             except Exception as exc:  # noqa: BLE001 - an outcome, not a crash of the bench
@@ -345,19 +465,27 @@ def main(argv=None) -> int:
     # 2. the kda.md scenarios: verify (quick: two of them) and time, once per prepare variant
     log("\n== scenarios (ms: median [p20, p80] of n, L2 flushed) ==")
     rows = []
-    scen = [(H, name, lens) for H in (96, 64) for name, lens in
-            (("1x8192", (8192,)), ("mixed6", MIXED), ("8x1024", (1024,) * 8))]
+    scen = [
+        (H, name, lens)
+        for H in (96, 64)
+        for name, lens in (("1x8192", (8192,)), ("mixed6", MIXED), ("8x1024", (1024,) * 8))
+    ]
     for j, (H, name, lens) in enumerate(scen):
-        problem = Problem.make("kda", "bfloat16", (sum(lens), H), {"lengths": lens if len(lens) > 1 else None})
+        problem = Problem.make(
+            "kda", "bfloat16", (sum(lens), H), {"lengths": lens if len(lens) > 1 else None}
+        )
         inputs = gpu_inputs(cp, problem, a.seed + 200 + j)
         outputs = make_outputs(cp, problem)
-        case = kda.case_for(problem, a.seed + 100 + j) if not a.quick or j in (0, 4) else None  # quick: 2 of 6
+        case = (
+            kda.case_for(problem, a.seed + 100 + j) if not a.quick or j in (0, 4) else None
+        )  # quick: 2 of 6
         fla_ms, fla_note = None, ""
         if not a.no_fla and (not a.quick or name == "1x8192"):  # first call autotunes (slow)
             run, fla_note = fla_runner(problem, inputs)
             if run is not None:
                 try:
                     import torch
+
                     run()
                     torch.cuda.synchronize()
                     fla_ms = bench_ms(cp, lambda: run())[0]
@@ -379,27 +507,51 @@ def main(argv=None) -> int:
                 res = verify(cp, built, case, stages=False, label=f"H{H} {name} {params}")
                 log(fmt(res))
                 failures += not res["ok"]
-            rows.append((f"H{H} {name}", params, bench_ms(cp, lambda: built.forward(inputs, outputs)),
-                         bench_ms(cp, lambda: built.run("kda_prepare", inputs, outputs)),
-                         bench_ms(cp, lambda: built.run("kda_recurrence", inputs, outputs)), fla_ms, floor_ms))
+            rows.append(
+                (
+                    f"H{H} {name}",
+                    params,
+                    bench_ms(cp, lambda: built.forward(inputs, outputs)),
+                    bench_ms(cp, lambda: built.run("kda_prepare", inputs, outputs)),
+                    bench_ms(cp, lambda: built.run("kda_recurrence", inputs, outputs)),
+                    fla_ms,
+                    floor_ms,
+                )
+            )
         if a.sweep:  # timing only: the configs are verified on the small cases (full mode)
             for c in itertools.product(*kda.SPACE.values()):
                 p2 = dict(zip(kda.SPACE, c))
                 if p2 in mains or kda.check(p2, problem):
                     continue
                 b2 = built_for(problem, p2)
-                rows.append((f"H{H} {name}", p2, bench_ms(cp, lambda: b2.forward(inputs, outputs)),
-                             bench_ms(cp, lambda: b2.run("kda_prepare", inputs, outputs)),
-                             bench_ms(cp, lambda: b2.run("kda_recurrence", inputs, outputs)), None, floor_ms))
+                rows.append(
+                    (
+                        f"H{H} {name}",
+                        p2,
+                        bench_ms(cp, lambda: b2.forward(inputs, outputs)),
+                        bench_ms(cp, lambda: b2.run("kda_prepare", inputs, outputs)),
+                        bench_ms(cp, lambda: b2.run("kda_recurrence", inputs, outputs)),
+                        None,
+                        floor_ms,
+                    )
+                )
         if fla_note:
             log(f"  ({fla_note})")
-    log(f"\n{'scenario':<14} {'config':<62} {'total ms':>22} {'prepare':>8} {'recur.':>8} {'fla':>8} {'floor':>7}")
+    log(
+        f"\n{'scenario':<14} {'config':<62} {'total ms':>22} {'prepare':>8} {'recur.':>8} {'fla':>8} {'floor':>7}"
+    )
     for label, params, t_all, t_prep, t_rec, fla_ms, floor_ms in rows:
         cfg = " ".join(f"{k}={v}" for k, v in params.items())
-        log(f"{label:<14} {cfg:<62} {t_all[0]:7.3f} [{t_all[1]:.3f},{t_all[2]:.3f}] n={t_all[3]:<2} "
-            f"{t_prep[0]:8.3f} {t_rec[0]:8.3f} {fla_ms if fla_ms is not None else float('nan'):8.3f} {floor_ms:7.3f}")
-    log("(floor: bytes_moved / 4.27 TB/s, the fused-kernel floor; fla: chunk_kda, same inputs, same run)")
-    log(f"\n{'ALL PASS' if failures == 0 else f'{failures} FAILURE(S)'} in {time.perf_counter() - t_start:.0f} s")
+        log(
+            f"{label:<14} {cfg:<62} {t_all[0]:7.3f} [{t_all[1]:.3f},{t_all[2]:.3f}] n={t_all[3]:<2} "
+            f"{t_prep[0]:8.3f} {t_rec[0]:8.3f} {fla_ms if fla_ms is not None else float('nan'):8.3f} {floor_ms:7.3f}"
+        )
+    log(
+        "(floor: bytes_moved / 4.27 TB/s, the fused-kernel floor; fla: chunk_kda, same inputs, same run)"
+    )
+    log(
+        f"\n{'ALL PASS' if failures == 0 else f'{failures} FAILURE(S)'} in {time.perf_counter() - t_start:.0f} s"
+    )
     return 0 if failures == 0 else 1
 
 
