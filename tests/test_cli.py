@@ -3,6 +3,7 @@
 import shutil
 from types import SimpleNamespace
 
+import pytest
 from click.testing import CliRunner
 
 from ptxbuild import cli
@@ -119,6 +120,7 @@ def test_version_names_the_installed_package():
     assert res.exit_code == 0 and res.output == f"ptxbuild, version {version('ptxbuild')}\n"
 
 
+@pytest.mark.compile  # the real compiler: the CLI builds without the fakes
 def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     """`ptxbuild plan` only says what a build would do: it used to create the cache (and import the shared
     lessons file into it), so a plan on a fresh clone left a new file behind."""
@@ -141,6 +143,7 @@ def test_plan_is_a_dry_run_that_creates_no_cache(proj, monkeypatch):
     assert "up-to-date scale@h100  (up to date)" in res.output, res.output
 
 
+@pytest.mark.compile  # the real compiler: the CLI builds without the fakes
 def test_explain_says_up_to_date_once(proj, monkeypatch):
     """`build --explain` printed 'scale@h100: up to date (up to date)': the reason repeated the status."""
     monkeypatch.chdir(proj)
@@ -155,6 +158,7 @@ def test_explain_says_up_to_date_once(proj, monkeypatch):
     )  # the explain line, then the result line
 
 
+@pytest.mark.compile  # the real compiler: the CLI builds without the fakes
 def test_the_lock_line_is_printed_only_when_the_lock_changed(proj, monkeypatch):
     """After a build the CLI printed 'lock: .../kernelfile.lock' even when the build left the lock as it was."""
     monkeypatch.chdir(proj)
@@ -183,6 +187,7 @@ def test_the_lock_line_is_printed_only_when_the_lock_changed(proj, monkeypatch):
     ), res.output
 
 
+@pytest.mark.compile  # the real compiler: the CLI builds without the fakes
 def test_a_compile_only_build_prints_one_progress_line_per_target(proj, monkeypatch):
     """The README's first command printed 132 lines of 'tried 1, failed 0, best compiled' (one per problem
     of two compile-only targets); a timed build still prints one line per problem."""

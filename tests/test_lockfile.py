@@ -415,6 +415,7 @@ def test_two_problems_whose_configs_share_a_cubin_each_lock_their_own_ptx(proj):
     }
 
 
+@pytest.mark.compile  # the real compiler: the CLI builds without the fakes
 def test_relock_cli_names_the_targets_and_exits_nonzero_on_drift(proj):
     _built(proj)
     cu = proj / "ops" / "scale" / "scale.cu"
