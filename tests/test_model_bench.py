@@ -121,3 +121,38 @@ def test_patch_rmsnorm_replaces_every_norm_of_a_transformers_llama_and_keeps_its
         ptxbuild.patch_rmsnorm(copy.deepcopy(model), kernel=Built())
     with pytest.raises(PatchError, match="has no RMSNorm module"):
         ptxbuild.patch_rmsnorm(torch.nn.Linear(2, 2), kernel=kernel)
+
+
+def test_patch_rmsnorm_on_torch_modules_alone():
+    """Without transformers (CI has CPU torch only): torch.nn.RMSNorm and a model's own *RMSNorm
+    class are replaced, other modules are not, and the outputs keep their values."""
+    torch = pytest.importorskip("torch")
+    import ptxbuild
+
+    class MyRMSNorm(torch.nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.rand(n) + 0.5), 1e-6
+
+        def forward(self, x):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return self.weight * (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 16), MyRMSNorm(16), torch.nn.Linear(16, 16), torch.nn.RMSNorm(16, 1e-6)
+    )
+    x = torch.randn(3, 4, 16)
+    with torch.no_grad():
+        want = model(x)
+        kernel = mb.fake_kernel(1e-6)
+        assert ptxbuild.patch_rmsnorm(model, kernel=kernel) == 2
+        got = model(x)
+    assert [type(m).__name__ for m in model] == [
+        "Linear",
+        "PtxbuildRMSNorm",
+        "Linear",
+        "PtxbuildRMSNorm",
+    ]
+    assert kernel.calls["n"] == 2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
