@@ -99,7 +99,7 @@ def _eager64(x, w, b, r, eps=1e-6):
 
 
 def _case(built, dtype, mode, m=77):
-    from ptxbuild.runtime_autograd import register_rmsnorm_training
+    from ptxbuild.runtime.autograd import register_rmsnorm_training
 
     fwd, bwd = built
     opts = FWD_MODES[mode]
@@ -174,7 +174,7 @@ def test_gradients_match_float64(built, dtype, mode):
     _check(dtype, leaves, dy, dres, 77)
 
 
-@pytest.mark.parametrize("mode", ["rstd", "residual", "fp32w-bias"])
+@pytest.mark.parametrize("mode", ["rstd", "residual"])
 def test_torch_compile_fullgraph_forward_and_backward(built, mode):
     torch._dynamo.reset()
     rms, opts, args, leaves, dy, dres = _case(built, "bfloat16", mode, m=64)

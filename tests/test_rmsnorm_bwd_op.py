@@ -359,8 +359,8 @@ def test_the_space_has_configs_for_every_regime_that_fits(case):
 @pytest.mark.compile
 @pytest.mark.parametrize("case", COMPILE_PROBLEMS, ids=lambda c: f"{c[0]}-{c[1][1]}-{len(c[2])}")
 def test_configs_compile_for_sm90a_without_spills(case):
-    compiler = pytest.importorskip("ptxbuild.compiler")
-    from ptxbuild import cubin
+    compiler = pytest.importorskip("ptxbuild.compile.compiler")
+    from ptxbuild.compile import cubin
 
     prob, _, cfgs = _configs(*case)
     seen = set()

@@ -3,7 +3,7 @@ autograd formula of the forward's torch custom op, so torch.compile traces forwa
 one graph (no graph break).
 
     import ptxbuild
-    from ptxbuild.runtime_autograd import register_rmsnorm_training
+    from ptxbuild.runtime.autograd import register_rmsnorm_training
     fwd, bwd = ptxbuild.load("rmsnorm@h200"), ptxbuild.load("rmsnorm_bwd@h200")
     rms = register_rmsnorm_training(fwd, bwd, options={"rstd": True})   # the forward mode to use
     y = rms(x, weight)[0]                   # outputs as the forward op returns them (y, [residual_out], [rstd])
@@ -16,42 +16,28 @@ gradients are the same tensor (h = x + residual), plus the gradient arriving at 
 (the backward's dresidual_in mode; without one the residual_out gradient is added with torch).
 dbias comes from a bias mode of the backward, else dy.sum over rows in torch.
 
-The backward target runs two kernels (KERNELS); ptxbuild.runtime's BuiltKernel.run launches one, so
-run_stages() here launches every entry a config runs, in order, on the caller's stream, through
-the runtime's loader pieces (helper "runtime" owns ptxbuild/runtime.py: see the interface notes).
+The backward target runs two kernels (KERNELS). run_stages() here is BuiltKernel.run minus its
+input check (BuiltKernel.problem_of takes the [M] rstd input for a fixed-size one), launching
+every kernel of the call through BuiltKernel._calls on the caller's stream.
 torch is imported when this module is.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from . import runtime
-from .problem import Problem
-from .torch_ops import NAMESPACE, _MetaXp, register
+from ..problem import Problem
+from .arrays import Ptr, TorchXp
+from .driver import _Current, _device, _launch
+from .errors import LoaderError
+from .kernel import BuiltKernel
+from .torch_ops import NAMESPACE, _MetaXp, _mode_index, register
 
-_modules: dict = {}
 _registered: dict = {}
 
 
 # ---------------------------------------------------------------- several kernels, one call
-def _function(kernel: runtime.BuiltKernel, dev, digest: str, entry: str):
-    key = (dev.ordinal, digest, entry)
-    if key not in _modules:
-        cu = runtime._cu()
-        v = kernel.manifest["variants"][digest]
-        data = (kernel.build_dir / v["cubin"]).read_bytes()
-        with runtime._Current(dev):
-            buf = np.frombuffer(data, dtype=np.uint8)
-            mod = runtime._ok(cu.cuModuleLoadData(buf.ctypes.data), "cuModuleLoadData")
-            _modules[key] = runtime._ok(
-                cu.cuModuleGetFunction(mod, entry.encode()), "cuModuleGetFunction"
-            )
-    return _modules[key]
-
-
-def run_stages(kernel: runtime.BuiltKernel, **arrays) -> dict:
+def run_stages(kernel: BuiltKernel, **arrays) -> dict:
     """BuiltKernel.run for an op of several kernels (KERNELS / launches / stage_args), torch tensors
     in, every output out by name (scratch outputs included)."""
     mode, arrays = kernel.bind((), arrays)
@@ -59,39 +45,34 @@ def run_stages(kernel: runtime.BuiltKernel, **arrays) -> dict:
     primary = arrays[mode.names[0]]
     for name, a in arrays.items():
         if a.device != primary.device or not a.is_contiguous():
-            raise runtime.LoaderError(
+            raise LoaderError(
                 f"{kernel.target}: input {name} must be contiguous on {primary.device}"
             )
     dtype = str(primary.dtype).removeprefix("torch.")
     problem = Problem.make(kernel.op.NAME, dtype, tuple(primary.shape), mode.options)
     entry = kernel.select(problem)
     if entry is None:
-        raise runtime.LoaderError(
+        raise LoaderError(
             f"{kernel.target}: no built variant covers {problem.label()}; built shapes for "
             f"{problem.dtype}: {kernel._built_shapes(problem.dtype, problem.opts_json)}"
         )
-    primary = arrays[mode.names[0]]
     ordinal = (
         primary.device.index if primary.device.index is not None else torch.cuda.current_device()
     )
-    dev = runtime._device(ordinal)
+    dev = _device(ordinal)
     outputs = kernel._outputs(problem, primary)
     stream = torch.cuda.current_stream(primary.device).cuda_stream
-    ins = {n: runtime._Ptr(a) for n, a in arrays.items()}
-    outs = {n: runtime._Ptr(a) for n, a in outputs.items()}
-    params = entry["params"]
-    with runtime._Current(dev):
-        for name, geom in kernel.op.launches(params, problem, dev.sm_count).items():
-            fn = _function(kernel, dev, entry["binary"], name)
-            runtime._launch(
-                fn, geom, kernel.op.stage_args(name, params, problem, ins, outs), stream
-            )
+    ins = {n: Ptr(a) for n, a in arrays.items()}
+    outs = {n: Ptr(a) for n, a in outputs.items()}
+    with _Current(dev):
+        for fn, geom, args in kernel._calls(entry, problem, dev, ins, outs):
+            _launch(fn, geom, args, stream)
     kernel.calls += 1
     return outputs
 
 
 # ---------------------------------------------------------------- the backward as a custom op
-def _bwd_mode(bwd: runtime.BuiltKernel, want: dict) -> dict | None:
+def _bwd_mode(bwd: BuiltKernel, want: dict) -> dict | None:
     """The built backward mode whose options include `want` (the op's defaults filled in)."""
     defaults = dict(bwd.op.OPTIONS)
     for m in bwd.modes():
@@ -101,7 +82,7 @@ def _bwd_mode(bwd: runtime.BuiltKernel, want: dict) -> dict | None:
     return None
 
 
-def _bwd_op(bwd: runtime.BuiltKernel, mode) -> object:
+def _bwd_op(bwd: BuiltKernel, mode) -> object:
     """ptxbuild::<target>_bwd_m<i>: the backward mode's inputs -> (dx, dweight?, dbias?)."""
     i = bwd.modes().index(mode)
     qual = f"{NAMESPACE}::{bwd.target.replace('@', '_')}_m{i}"
@@ -131,21 +112,17 @@ def _bwd_op(bwd: runtime.BuiltKernel, mode) -> object:
         prob = Problem.make(
             bwd.op.NAME, str(x.dtype).removeprefix("torch."), tuple(x.shape), mode.options
         )
-        res = bwd.op.make_outputs(prob, runtime._TorchXp(torch, x.device))
+        res = bwd.op.make_outputs(prob, TorchXp(torch, x.device))
         return tuple(res[n] for n in outs)
 
     _registered[qual] = (custom, outs)
     return _registered[qual]
 
 
-def register_rmsnorm_training(
-    fwd: runtime.BuiltKernel, bwd: runtime.BuiltKernel, options: dict | None = None
-):
+def register_rmsnorm_training(fwd: BuiltKernel, bwd: BuiltKernel, options: dict | None = None):
     """The forward's custom op (torch_ops.register) with the built backward registered as its
     autograd formula (torch.library.register_autograd). Returns the op."""
     fop = register(fwd, options)
-    from .torch_ops import _mode_index
-
     fmode = fwd.modes()[_mode_index(fwd, options)]
     fo = {**dict(fwd.op.OPTIONS), **fmode.options}
     if ("autograd", id(fop)) in _registered:
@@ -157,7 +134,7 @@ def register_rmsnorm_training(
     eps = float(fo.get("eps", 1e-6))
     base = {"weight": fo.get("weight", "x"), "residual": False}
     if fo.get("residual_out_fp32"):
-        raise runtime.LoaderError(f"{fwd.target}: no backward for residual_out_fp32 yet (issue 29)")
+        raise LoaderError(f"{fwd.target}: no backward for residual_out_fp32 yet (issue 29)")
 
     def setup_context(ctx, inputs, output):
         got = dict(zip(names, inputs))
@@ -190,7 +167,7 @@ def register_rmsnorm_training(
             rstd = torch.rsqrt(flat_h.float().pow(2).mean(-1) + eps)
             mode = _bwd_mode(bwd, want)
         if mode is None:
-            raise runtime.LoaderError(
+            raise LoaderError(
                 f"{bwd.target}: no built mode for {want}; built: "
                 + "; ".join(m.label() for m in bwd.modes())
             )
