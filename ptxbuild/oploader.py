@@ -85,12 +85,33 @@ def load_module(path: Path, name: str) -> ModuleType:
     return sys.modules[name]
 
 
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def import_failure(exc: BaseException) -> str:
+    """What went wrong importing an op file, in one line."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) while being imported; an op file defines names, it must not exit"
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} (line {exc.lineno}); fix the op file"
+    return f"cannot be imported: {type(exc).__name__}: {exc}"
+
+
 def load_op(template: str, root: Path) -> ModuleType:
     folder = op_dir(template, root)
     path = folder / "op.py"
     if not path.is_file():
         raise OpError(f"no op at {path}: create {path} or fix the template name")
-    mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
+    try:
+        mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - an op's import: SystemExit included
+        raise OpError(f"{_shown(path, root)}: {import_failure(exc)}") from None
     if getattr(mod, "FOLDER", None) is None:
         if missing := [a for a in REQUIRED if not hasattr(mod, a)]:
             raise OpError(

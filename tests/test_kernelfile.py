@@ -55,7 +55,7 @@ CASES = [
     (
         "bad dtype",
         GOOD.replace('"float32"]', '"bfloat61"]'),
-        "error: kernelfile.toml: ops.scale.dtypes: unknown dtype 'bfloat61' (did you mean 'bfloat16'?); one of "
+        "error: kernelfile.toml: ops.scale.dtypes[0]: unknown dtype 'bfloat61' (did you mean 'bfloat16'?); one of "
         "bfloat16, float16, float32",
     ),
     (

@@ -7,11 +7,13 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from ..outcome import Outcome
 from ..outputs import gates
 from ..outputs.environment import environment, utc_time
 from ..outputs.lockfile import LockError, check_entry, pinned_binaries, read_lock
-from ..outputs.manifest import target_dir, write_artifacts
+from ..outputs.manifest import artifact_problem, assemble, target_dir, write_artifacts
 from ..outputs.report import rejudge, write_report
 from ..problem import Binary, Kernel, Problem, digest
 from ..search.strategies import best, neighbours, run_search
@@ -125,11 +127,9 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
         old, new = json.loads(last["summary"]).get("inputs", {}), _inputs(ctx, t)
         changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         return False, "changed: " + (", ".join(changed) if changed else "build inputs")
-    manifest = Path(last["manifest"])
-    if (
-        not manifest.is_file()
-    ):  # named from the kernelfile's folder: reports travel, absolute paths do not
-        return False, f"artifact missing: {os.path.relpath(manifest, ctx.kf.root)}"
+    # build/<target>/ as this kernelfile names it (a copied project's cache names the original's)
+    if why := artifact_problem(ctx.kf, t):
+        return False, why
     return True, "up to date"
 
 
@@ -142,9 +142,11 @@ def _as_locked(ctx: Context, t: Target) -> bool:
         m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
     except (LockError, OSError, ValueError, KeyError):
         return False
-    return (entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu])) and [
-        d.get("binary") for d in m["dispatch"]
-    ] == [d["binary"] for d in entry["dispatch"]]
+    return (
+        not artifact_problem(ctx.kf, t)
+        and (entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu]))
+        and [d.get("binary") for d in m["dispatch"]] == [d["binary"] for d in entry["dispatch"]]
+    )
 
 
 def _inputs(ctx: Context, t: Target) -> dict[str, str]:
@@ -509,9 +511,28 @@ def search_batch(jobs: int, budget: int) -> int:
     return max(1, min(jobs, max(4, budget // 3)))
 
 
-def _ignore_sigint() -> None:
-    """Compile processes leave Ctrl-C to the build, which stops them (no traceback per process)."""
+def _compile_worker(parent: int) -> None:
+    """A compile process leaves Ctrl-C to the build, which stops it (no traceback per process); takes
+    SIGTERM (fork copied the build's handler, which made it a KeyboardInterrupt the pool caught); and
+    dies with its build, even one killed with SIGKILL (Linux: PR_SET_PDEATHSIG)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the build died before prctl took effect
+        os._exit(1)
+
+
+def _stop_pool(pool: ProcessPoolExecutor, interrupted: bool) -> None:
+    """Stopped: compiles in flight are killed, not waited for (one can take minutes)."""
+    if interrupted:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            with suppress(OSError):
+                proc.terminate()
+    pool.shutdown(wait=not interrupted, cancel_futures=True)
 
 
 class _Interrupts:
@@ -560,7 +581,7 @@ def _build_target_signals_held(
     used_lessons: list[dict] = []
     probs = problems_of(spec)
     started = time.time()
-    check_declaration(spec, op)
+    check_declaration(spec, op, gpu.sm_count)
     ctx.timed_since = resume_point(ctx, t) if hw and ctx.remeasure and ctx.resume else None
     if ctx.timed_since:
         ctx.report(
@@ -575,7 +596,7 @@ def _build_target_signals_held(
             f"problems (labels look like {probs[0].label()}): every timing comes from the cache",
         )
     pool = (
-        ProcessPoolExecutor(ctx.jobs, initializer=_ignore_sigint)
+        ProcessPoolExecutor(ctx.jobs, initializer=_compile_worker, initargs=(os.getpid(),))
         if ctx.jobs > 1 and ctx.compile_fn is compile_kernel
         else None
     )
@@ -709,7 +730,7 @@ def _build_target_signals_held(
     finally:
         irq.saving = True
         if pool:
-            pool.shutdown(wait=not interrupted, cancel_futures=True)
+            _stop_pool(pool, interrupted)
     ok = all(c["params"] is not None for c in chosen) and not interrupted
     summary = {
         "target": str(t),
@@ -740,11 +761,10 @@ def _build_target_signals_held(
         "memcheck": memcheck_summary(memchecks) if hw else None,
         "environment": environment(ctx.kf.root),
     }  # where it ran: a report may be rewritten elsewhere
-    manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary)
-    m = json.loads(
-        Path(manifest).read_text()
-    )  # what the report needs travels with the cache (report.collect)
-    summary["report_manifest"] = {
+    # a stop keeps a complete old set: build/<target>/ is the old complete set or the new one
+    manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary, keep_complete=interrupted)
+    m = assemble(ctx.kf, t, gpu, op, chosen, summary)[0]
+    summary["report_manifest"] = {  # what the report needs travels with the cache (report.collect)
         "dispatch": m.get("dispatch", []),
         "variants": m.get("variants", {}),
     }
@@ -763,7 +783,16 @@ def _build_target_signals_held(
     summary.update(gates.judge(spec, chosen, bool(hw)))
     status = "interrupted" if interrupted else ("failed" if not ok else "ok")
     ctx.cache.add_build(
-        str(t), key, ctx.kf.digest, status, bool(hw), str(manifest), summary, ctx.kf.project
+        str(t),
+        key,
+        ctx.kf.digest,
+        status,
+        bool(hw),
+        os.path.relpath(
+            manifest, ctx.kf.root
+        ),  # from the kernelfile's folder: a copy reads its own
+        summary,
+        ctx.kf.project,
     )
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:

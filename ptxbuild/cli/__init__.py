@@ -26,25 +26,33 @@ class ToolError(click.ClickException):
 class ConfigError(click.ClickException):
     exit_code = EXIT_CONFIG
 
-    def show(self, file=None):
-        click.echo(f"error: {self.message}", err=True)
+    def show(self, file=None):  # every mistake found, one line each
+        for line in self.message.splitlines():
+            click.echo(f"error: {line}", err=True)
 
 
 def _kernelfile(path: str, ops: bool = True):
-    from ..declare.checks import check_declaration
+    from ..declare.checks import declaration_errors
     from ..declare.graph import TargetError
     from ..declare.kernelfile import KernelfileError, load
     from ..oploader import OpError, load_op
 
     try:
         kf = load(path)
-        for spec in (
-            kf.ops.values() if ops else ()
-        ):  # options, modes, shapes, candidates, polish against the op
-            check_declaration(spec, load_op(spec.template, kf.root))
-        return kf
     except (KernelfileError, TargetError, OpError) as exc:
         raise ConfigError(str(exc)) from None
+    errors = []
+    for spec in kf.ops.values() if ops else ():  # dtypes, shapes, options, modes, search vs the op
+        try:
+            op = load_op(spec.template, kf.root)
+        except OpError as exc:
+            errors.append(str(exc))
+            continue
+        sm = min(kf.gpus[g].sm_count for g in spec.gpus)
+        errors += [f"{kf.path.name}: {e}" for e in declaration_errors(spec, op, sm)]
+    if errors:
+        raise ConfigError("\n".join(dict.fromkeys(errors)))
+    return kf
 
 
 def _targets(kf, names):
@@ -193,7 +201,56 @@ class Progress:
         )
 
 
-@click.group()
+class _Main(click.Group):
+    """Damaged state files and unwritable places are one line with the way out, never a traceback."""
+
+    def invoke(self, ctx):
+        import errno
+        import sqlite3
+
+        from ..outputs.lockfile import LockUnreadable
+        from ..store.cache import CacheError, cache_error, shown
+
+        try:
+            return super().invoke(ctx)
+        except CacheError as exc:
+            raise ToolError(str(exc)) from None
+        except LockUnreadable as exc:
+            raise ConfigError(str(exc)) from None
+        except sqlite3.DatabaseError as exc:  # found after the cache opened (a page deep inside)
+            if Cache.opened is None:
+                raise
+            raise ToolError(str(cache_error(Cache.opened, exc))) from None
+        except OSError as exc:
+            if exc.filename is None or exc.errno not in _WRITE_ERRNOS:
+                raise
+            how = (
+                "read-only"
+                if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                else "not writable"
+            )
+            raise ToolError(
+                f"{shown(exc.filename)}: {how} ({exc.strerror}); make it writable, or name another "
+                "folder in the kernelfile's [project] (build_dir, reports_dir, cache)"
+            ) from None
+
+
+_WRITE_ERRNOS = {1, 13, 28, 30, 36, 122}  # EPERM EACCES ENOSPC EROFS ENAMETOOLONG EDQUOT
+
+
+def _lock_sound(kf) -> None:
+    """A lock that is there must parse (a plain build would otherwise rewrite it without its entries)."""
+    from ..outputs.lockfile import LockError, LockUnreadable, read_lock
+
+    try:
+        read_lock(kf)
+    except LockUnreadable as exc:
+        raise ConfigError(str(exc)) from None
+    except LockError:
+        pass  # none yet
+
+
+@click.group(cls=_Main)
 @click.version_option(package_name="ptxbuild", prog_name="ptxbuild")
 @click.option(
     "--kernelfile",
@@ -323,6 +380,7 @@ def build(
 
     kf = _kernelfile(kernelfile)
     chosen = _targets(kf, targets)
+    _lock_sound(kf)
     if remeasure and remeasure_only:
         raise ConfigError(
             "give --remeasure (every problem) or --remeasure-only TEXT (some), not both"
@@ -436,6 +494,7 @@ def relock(kernelfile, targets):
     from ..outputs.lockfile import LockError
 
     kf = _kernelfile(kernelfile)
+    _lock_sound(kf)
     ctx = _context(kf, None, False, Progress(True))
     try:
         done = do_relock(ctx, _targets(kf, targets))
@@ -560,6 +619,19 @@ def cache_show(kernelfile):
     click.echo(f"{kf.cache_path}: {_mib(kf.cache_path)}")
     for table, n in counts.items():
         click.echo(f"  {table:13s} {n:8d} row(s)")
+
+
+@cache_group.command("check")
+@click.pass_obj
+def cache_check(kernelfile):
+    """Say whether the cache can be used (SQLite integrity, schema), or what is wrong and the way out.
+
+    Example: ptxbuild cache check
+    """
+    from ..store.cache import check as do_check
+
+    kf = _kernelfile(kernelfile, ops=False)
+    click.echo(f"{kf.cache_path}: ok, {do_check(kf.cache_path)}")
 
 
 @cache_group.command("prune")

@@ -49,6 +49,10 @@ def all_targets(kf) -> list[Target]:
 
 def parse_target(text: str, kf) -> list[Target]:
     """'op@gpu', 'op' (all its GPUs) or '@gpu' (all ops on that GPU)."""
+    if text.strip() in ("", "@"):
+        raise TargetError(
+            f"{text!r}: an empty target; write op@gpu, op (all its GPUs) or @gpu (all ops on it)"
+        )
     op, _, gpu = text.partition("@")
     if text.endswith("@"):
         raise TargetError(

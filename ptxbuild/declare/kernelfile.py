@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import json
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from ..dtypes import ALIASES, DTYPES
 from .catalog import ARCHES, CATALOG, Gpu, did_you_mean
@@ -33,8 +45,8 @@ class ProjectModel(_Strict):
 class GpuModel(_Strict):
     arch: str | None = None
     model: str | None = None
-    sm_count: int | None = Field(default=None, gt=0)
-    dram_tbps: float | None = Field(default=None, gt=0)
+    sm_count: int | None = Field(default=None, gt=0, strict=True)
+    dram_tbps: float | None = Field(default=None, gt=0, strict=True)
 
     @field_validator("arch")
     @classmethod
@@ -48,9 +60,9 @@ class GpuModel(_Strict):
 
 class SearchModel(_Strict):
     strategy: Literal["auto", "exhaustive", "random", "evolutionary"] = "auto"
-    budget: int = Field(default=64, gt=0, le=100_000)
-    seconds: float = Field(default=600.0, gt=0)
-    seed: int = 0
+    budget: int = Field(default=64, gt=0, le=100_000, strict=True)
+    seconds: float = Field(default=600.0, gt=0, strict=True)
+    seed: int = Field(default=0, strict=True)
     # configs to try first, before lessons and the op's default: each names some of the op's parameters and is merged
     # over the op's default config per problem (skipped where the op rejects it). They count against the budget.
     candidates: list[dict[str, Any]] = []
@@ -80,10 +92,53 @@ class GatesModel(_Strict):
         )  # the default, written out: the same digest as leaving it out
 
 
+def _shape(s: list[int]) -> list[int]:
+    if not s or any(d <= 0 for d in s):
+        raise ValueError(
+            f"shape {s} must be a non-empty list of positive integers, e.g. [32768, 4096]"
+        )
+    if math.prod(s) >= 2**63:
+        raise ValueError(
+            f"shape {s} holds {math.prod(s)} elements, past 2^63 - 1: no signed 64-bit index reaches them"
+        )
+    return s
+
+
+def _dtype(d: str) -> str:
+    d = ALIASES.get(d, d)
+    if d not in DTYPES:
+        raise ValueError(
+            f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}"
+        )
+    return d
+
+
+Dtype = Annotated[str, AfterValidator(_dtype)]
+# no bool, string or float for a dimension (TOML's true, "64" and 64.0 passed as 1, 64 and 64)
+Shape = Annotated[list[StrictInt], AfterValidator(_shape)]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def name_problem(name: str) -> str | None:
+    """Why an op or GPU name cannot name build/<op>@<gpu>/ and reports/ folders, or None."""
+    if _NAME.fullmatch(name) and ".." not in name:
+        return None
+    return (
+        f"not a usable name ({len(name)} characters): it names the folders build/<op>@<gpu>/ and "
+        "reports/<op>@<gpu>/; use letters, digits, '_', '-' and '.', at most 64 characters, starting "
+        "with a letter or digit"
+    )
+
+
+def _key(name: str) -> str:
+    """A table name as TOML writes it: bare when it can be, else quoted."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+
+
 class OpModel(_Strict):
     template: str | None = None
-    dtypes: list[str] = Field(min_length=1)
-    shapes: list[list[int]] = Field(min_length=1)
+    dtypes: list[Dtype] = Field(min_length=1)
+    shapes: list[Shape] = Field(min_length=1)
     options: dict[str, Any] = {}
     modes: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
     gpus: list[str] | None = None
@@ -91,27 +146,6 @@ class OpModel(_Strict):
     gates: GatesModel = GatesModel()
     search: SearchModel = SearchModel()
     depends: list[str] = []
-
-    @field_validator("dtypes")
-    @classmethod
-    def _dtypes(cls, v):
-        out = [ALIASES.get(d, d) for d in v]
-        for d in out:
-            if d not in DTYPES:
-                raise ValueError(
-                    f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}"
-                )
-        return out
-
-    @field_validator("shapes")
-    @classmethod
-    def _shapes(cls, v):
-        for s in v:
-            if not s or any(d <= 0 for d in s):
-                raise ValueError(
-                    f"shape {s} must be a non-empty list of positive integers, e.g. [32768, 4096]"
-                )
-        return v
 
 
 class KernelfileModel(_Strict):
@@ -167,7 +201,7 @@ class Kernelfile:
 def _key_path(loc) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{_key(part)}" if out else _key(part))
     return out
 
 
@@ -200,8 +234,35 @@ def _explain(err: dict) -> str:
         return f"{where}: required key is missing; add it"
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    got_txt = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+    got_txt = (
+        f" (got {got!r})"
+        if got is not None and not isinstance(got, dict | list) and repr(got) not in msg
+        else ""
+    )
     return f"{where}: {msg}{got_txt}"
+
+
+def _model_errors(exc: ValidationError) -> list[str]:
+    """Every error, each explained; a required key left out is not reported when a misspelling of it is
+    (`dtype = [...]` is an unknown key that means dtypes, not a second error saying dtypes is missing)."""
+    errs = exc.errors()
+    meant = {
+        (tuple(e["loc"][:-1]), m[0])
+        for e in errs
+        if e["type"] == "extra_forbidden"
+        for m in [difflib.get_close_matches(str(e["loc"][-1]), _allowed_keys(e["loc"]), 1, 0.5)]
+        if m
+    }
+    return [
+        _explain(e)
+        for e in errs
+        if not (e["type"] == "missing" and (tuple(e["loc"][:-1]), e["loc"][-1]) in meant)
+    ]
+
+
+def _fail(path: Path, errors: list[str]) -> None:
+    if errors:
+        raise KernelfileError("\n".join(f"{path.name}: {e}" for e in errors))
 
 
 def parse(text: str, path: Path) -> Kernelfile:
@@ -212,29 +273,42 @@ def parse(text: str, path: Path) -> Kernelfile:
     try:
         model = KernelfileModel.model_validate(raw)
     except ValidationError as exc:
-        raise KernelfileError(f"{path.name}: {_explain(exc.errors()[0])}") from None
+        _fail(path, _model_errors(exc))
     root = path.parent.resolve()
+    errors = [
+        f"{table}.{_key(n)}: {why}"
+        for table, names in (("gpus", model.gpus), ("ops", model.ops))
+        for n in names
+        if (why := name_problem(n))
+    ]
+    for key in ("build_dir", "reports_dir"):
+        if (root / getattr(model.project, key)).is_file():
+            errors.append(
+                f"project.{key}: {getattr(model.project, key)} is a file, not a folder; name a folder "
+                "(ptxbuild writes into it) or move the file"
+            )
+    _fail(path, errors)
     gpus = _resolve_gpus(model, path.name)
     ops = {}
     for name, op in model.ops.items():
         targets = tuple(op.gpus) if op.gpus is not None else tuple(gpus)
         if not targets:
-            raise KernelfileError(
-                f"{path.name}: ops.{name}.gpus: empty, so nothing would be built; name at least one of "
+            errors.append(
+                f"ops.{name}.gpus: empty, so nothing would be built; name at least one of "
                 f"{', '.join(gpus)} (or leave the key out: every [gpus.*])"
             )
-        for i, g in enumerate(targets):
-            if g not in gpus:
-                raise KernelfileError(
-                    f"{path.name}: ops.{name}.gpus[{i}]: unknown GPU {g!r}"
-                    f"{did_you_mean(g, gpus)}; declare [gpus.{g}] or use one of {', '.join(gpus)}"
-                )
-        for i, dep in enumerate(op.depends):
-            if dep not in model.ops:
-                raise KernelfileError(
-                    f"{path.name}: ops.{name}.depends[{i}]: unknown op {dep!r}"
-                    f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]"
-                )
+        errors += [
+            f"ops.{name}.gpus[{i}]: unknown GPU {g!r}"
+            f"{did_you_mean(g, gpus)}; declare [gpus.{g}] or use one of {', '.join(gpus)}"
+            for i, g in enumerate(targets)
+            if g not in gpus
+        ]
+        errors += [
+            f"ops.{name}.depends[{i}]: unknown op {dep!r}"
+            f"{did_you_mean(dep, model.ops)}; declare [ops.{dep}]"
+            for i, dep in enumerate(op.depends)
+            if dep not in model.ops
+        ]
         template = op.template or name
         from ..oploader import op_dir, shipped_ops
 
@@ -243,8 +317,8 @@ def parse(text: str, path: Path) -> Kernelfile:
                 sorted(p.parent.name for p in d.glob("*/op.py")) if d else []
                 for d in (root / "ops", shipped_ops())
             )
-            raise KernelfileError(
-                f"{path.name}: ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
+            errors.append(
+                f"ops.{name}.template: no op.py in {os.path.relpath(op_dir(template, root), root)}"
                 f"{did_you_mean(template, local + own)}; ops/ holds: {', '.join(local) or 'none'}"
                 + (f"; ptxbuild ships: {', '.join(own)}" if own else "")
             )
@@ -267,6 +341,7 @@ def parse(text: str, path: Path) -> Kernelfile:
             ),
             depends=tuple(op.depends),
         )
+    _fail(path, errors)
     from .graph import find_cycle
 
     if cycle := find_cycle({n: list(o.depends) for n, o in ops.items()}):
@@ -325,4 +400,12 @@ def load(path: str | Path = "kernelfile.toml") -> Kernelfile:
         raise KernelfileError(
             f"{p}: no kernelfile here; create one (see README.md) or pass --kernelfile PATH"
         )
-    return parse(p.read_text(), p)
+    try:
+        text = p.read_bytes().decode()
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise KernelfileError(
+            f"{p.name}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}, line "
+            f"{line}); save it as UTF-8"
+        ) from None
+    return parse(text, p)

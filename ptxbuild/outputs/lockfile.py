@@ -57,23 +57,85 @@ def dumps(lock: dict) -> str:
     return json.dumps(lock, indent=1, sort_keys=True) + "\n"
 
 
+class LockUnreadable(LockError):
+    """The lock file itself is damaged (not JSON, conflict markers, another shape): a kernelfile mistake
+    (exit 2) that no command may paper over, since a build would rewrite the lock without its entries."""
+
+
+_ENTRY_KEYS = {"target": str, "variants": dict, "dispatch": list, "gpu": dict, "toolchain": dict}
+
+
+def _unreadable(path: Path, why: str) -> LockUnreadable:
+    name = path.name
+    return LockUnreadable(
+        f"{name} {why}; restore it from version control (git checkout -- {name}) or move it aside "
+        f"(mv {name} {name}.bad) and build to relock from scratch"
+    )
+
+
+def lock_problem(path: Path, data: bytes) -> dict | LockUnreadable:
+    """The parsed lock, or the LockUnreadable that says what is wrong with its bytes."""
+    name = path.name
+    text = data.decode("utf-8", "replace")
+    marks = [
+        i + 1 for i, ln in enumerate(text.splitlines()) if ln.startswith(("<<<<<<<", ">>>>>>>"))
+    ]
+    if marks:
+        return LockUnreadable(
+            f"{name} holds git conflict markers (line {marks[0]}): resolve the merge first: take one "
+            f"side (git checkout --ours {name} or --theirs), then ptxbuild build relocks what changed"
+        )
+    if not data.strip():
+        return _unreadable(path, "is empty")
+    try:
+        lock = json.loads(data.decode())
+    except UnicodeDecodeError as exc:
+        return _unreadable(
+            path, f"is not a JSON text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        )
+    except json.JSONDecodeError as exc:
+        return _unreadable(path, f"is not valid JSON (truncated? {exc})")
+    if not isinstance(lock, dict):
+        return _unreadable(path, f"is not a lock: a JSON {type(lock).__name__}, not an object")
+    if (v := lock.get("lock_version")) != LOCK_VERSION and isinstance(v, int) and v > LOCK_VERSION:
+        return LockUnreadable(
+            f"{name} has lock_version {v}, newer than this ptxbuild's; upgrade ptxbuild"
+        )
+    if lock.get("lock_version") != LOCK_VERSION:
+        return LockUnreadable(
+            f"{name} has lock_version {lock.get('lock_version')!r}, this ptxbuild writes "
+            f"{LOCK_VERSION}; restore it from version control (git checkout -- {name}), or move it "
+            f"aside (mv {name} {name}.bad) and build to relock"
+        )
+    targets = lock.get("targets")
+    if not isinstance(targets, dict):
+        return _unreadable(
+            path, f"is not a lock: its targets is a {type(targets).__name__}, not an object"
+        )
+    for t, e in targets.items():
+        bad = [
+            k
+            for k, typ in _ENTRY_KEYS.items()
+            if not isinstance(e, dict) or not isinstance(e.get(k), typ)
+        ]
+        if bad:
+            return _unreadable(path, f"is not a lock: targets.{t} lacks {', '.join(bad)}")
+    return lock
+
+
 def read_lock(kf) -> dict:
     path = lock_path(kf)
+    if path.is_dir():
+        raise LockUnreadable(
+            f"{path.name} is a folder, not a lock; move it aside (mv {path.name} {path.name}.bad)"
+        )
     if not path.is_file():
         raise LockError(
             f"{path} does not exist; run `ptxbuild build` once to write it, then commit it"
         )
-    try:
-        lock = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise LockError(
-            f"{path.name} is not valid JSON ({exc}); restore it from version control"
-        ) from None
-    if lock.get("lock_version") != LOCK_VERSION:
-        raise LockError(
-            f"{path.name} has lock_version {lock.get('lock_version')!r}, this ptxbuild writes "
-            f"{LOCK_VERSION}; rebuild to relock"
-        )
+    lock = lock_problem(path, path.read_bytes())
+    if isinstance(lock, LockError):
+        raise lock
     return lock
 
 
@@ -129,10 +191,9 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     if not ok:
         return None
     path = lock_path(kf)
-    try:
-        lock = read_lock(kf) if path.is_file() else {}
-    except LockError:
-        lock = {}
+    lock = (
+        read_lock(kf) if path.exists() else {}
+    )  # a damaged one raises: never rewritten without its entries
     targets = dict(lock.get("targets", {}))
     for r in ok:
         manifest = r.manifest or (target_dir(kf, r.target) / "manifest.json")
@@ -161,6 +222,8 @@ def pinned_binaries(kf) -> dict[str, list[str]]:
         return {
             k: [d["binary"] for d in e["dispatch"]] for k, e in read_lock(kf)["targets"].items()
         }
+    except LockUnreadable:
+        raise
     except LockError:
         return {}
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..oploader import source_files
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def ptx_isa(ptx: str) -> str:
@@ -38,19 +35,18 @@ def pin_ptx(dispatch: list[dict], shas: list, variants: dict) -> None:
             d["ptx_sha256"] = sha
 
 
-def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> Path:
-    """Write variants and manifest.json; the manifest is written last, so a kill leaves the old one."""
-    out = target_dir(kf, target)
-    out.mkdir(parents=True, exist_ok=True)
-    variants, shas = {}, []
+def assemble(
+    kf, target, gpu, op, chosen: list[dict], summary: dict
+) -> tuple[dict, dict[str, bytes]]:
+    """The manifest of a target's build and every file of its folder (name -> bytes), in memory."""
+    files, variants, shas = {}, {}, []
     for c in chosen:
         b = c.get("_binary")
         shas.append(b and hashlib.sha256(b.ptx.encode()).hexdigest())
         if b is None or b.digest in variants:
             continue
         stem = f"{b.entry}-{b.digest[:12]}"
-        _atomic_write(out / f"{stem}.ptx", b.ptx.encode())
-        _atomic_write(out / f"{stem}.cubin", b.cubin)
+        files[f"{stem}.ptx"], files[f"{stem}.cubin"] = b.ptx.encode(), b.cubin
         variants[b.digest] = {
             "entry": b.entry,
             "ptx": f"{stem}.ptx",
@@ -79,6 +75,66 @@ def write_artifacts(kf, target, gpu, op, chosen: list[dict], summary: dict) -> P
         "op_files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)},
         **({"incomplete": summary["incomplete"]} if summary.get("incomplete") else {}),
     }  # problems built/declared
-    path = out / "manifest.json"
-    _atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return path
+    files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    return manifest, files
+
+
+def replace_folder(out: Path, files: dict[str, bytes]) -> None:
+    """`out` holds exactly `files`, replaced as a whole: they are written to a folder beside it, which
+    then takes its place (a stop at any point leaves the old complete folder, or the new one)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    old = out.with_name(f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}")
+    try:
+        for name, data in files.items():
+            (new / name).write_bytes(data)
+        new.chmod(0o777 & ~_umask())
+        if out.exists():
+            os.replace(out, old)
+        os.replace(new, out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_artifacts(kf, target, gpu, op, chosen, summary, keep_complete: bool = False) -> Path:
+    """Write build/<target>/ (variants and manifest.json) as a whole; returns the manifest's path.
+    keep_complete (an interrupted build): a complete folder there stays as it is."""
+    out = target_dir(kf, target)
+    if not (keep_complete and not artifact_problem(kf, target)):
+        replace_folder(out, assemble(kf, target, gpu, op, chosen, summary)[1])
+    return out / "manifest.json"
+
+
+def artifact_problem(kf, target) -> str | None:
+    """Why build/<target>/ does not hold a complete build as its manifest lists it, or None: a file
+    missing, a manifest that does not parse, a cubin that is not the one its manifest names."""
+    folder = target_dir(kf, target)
+    path = folder / "manifest.json"
+    rel = functools.partial(os.path.relpath, start=kf.root)
+    if not path.is_file():
+        return f"artifact missing: {rel(path)}"
+    try:
+        m = json.loads(path.read_bytes())
+        files = [(d, folder / v["ptx"], folder / v["cubin"]) for d, v in m["variants"].items()]
+        if not isinstance(m["dispatch"], list):
+            raise TypeError("dispatch")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"{rel(path)} is damaged (not a manifest of this ptxbuild); a build writes it again"
+    if m.get("incomplete"):
+        return f"{rel(folder)} is incomplete ({m['incomplete']} problems, an interrupted build)"
+    for digest, ptx, cubin in files:
+        if missing := next((f for f in (ptx, cubin) if not f.is_file()), None):
+            return f"artifact missing: {rel(missing)}"
+        if hashlib.sha256(cubin.read_bytes()).hexdigest() != digest:
+            return f"{rel(cubin)} is not the cubin its manifest names (edited?)"
+    return None

@@ -42,7 +42,7 @@ def collect(kf, cache, target) -> dict | None:
     # A manifest file at that path may come from another build (another machine's or an earlier
     # one), so the build's own copy wins; the file serves only builds recorded before it was kept.
     manifest = summary.get("report_manifest") or (
-        json.loads(Path(build["manifest"]).read_text()) if Path(build["manifest"]).is_file() else {}
+        json.loads(m.read_text()) if (m := kf.root / build["manifest"]).is_file() else {}
     )
     attempts = cache.attempts(str(target), summary["run"])
     by_outcome = Counter(a["outcome"] for a in attempts)

@@ -178,19 +178,92 @@ def _v4(db: sqlite_utils.Database) -> None:
 MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 
 
+class CacheError(Exception):
+    """The cache file cannot be used (damaged, not SQLite, newer, a folder, read-only): one line that
+    names it and the way out."""
+
+
+def shown(path: Path) -> str:
+    """A path as the user would type it: relative to the working folder when under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def way_out(path: Path) -> str:
+    p = shown(path)
+    return (
+        f"move it aside: mv {p} {p}.bad (the next build starts a new cache from the lock and "
+        "cache/lessons.jsonl; `ptxbuild cache check` says what is wrong)"
+    )
+
+
+def cache_error(path: Path, exc: BaseException) -> CacheError:
+    """The CacheError of an SQLite (or OS) error raised while using the cache at `path`."""
+    text = str(exc)
+    if "readonly" in text or "unable to open" in text or isinstance(exc, PermissionError):
+        return CacheError(
+            f"{shown(path)}: not writable ({text}): the file or its folder is read-only; make both "
+            f"writable (chmod u+w), or point [project] cache at a writable path"
+        )
+    if "locked" in text or "busy" in text:
+        return CacheError(
+            f"{shown(path)}: busy ({text}): another ptxbuild is using it; wait, or stop it"
+        )
+    what = "is not an SQLite database" if "not a database" in text else f"is damaged ({text})"
+    return CacheError(f"{shown(path)}: {what}; {way_out(path)}")
+
+
+DAMAGE = ("not a database", "malformed", "readonly", "unable to open", "disk I/O")
+
+
+def _header_problem(path: Path) -> str | None:
+    """What the first 100 bytes say is wrong (not SQLite; shorter than its header says), or None."""
+    size = path.stat().st_size
+    if size == 0:
+        return None  # a new, empty database
+    with path.open("rb") as f:
+        head = f.read(100)
+    if not head.startswith(b"SQLite format 3\0"):
+        return "is not an SQLite database"
+    page = int.from_bytes(head[16:18], "big")
+    pages = int.from_bytes(head[28:32], "big") if head[24:28] == head[92:96] else 0
+    wal = path.with_name(path.name + "-wal")
+    if pages and not (wal.is_file() and wal.stat().st_size) and size < pages * (page or 65536):
+        return f"is damaged: truncated ({size} of {pages * (page or 65536)} bytes)"
+    return None
+
+
 class Cache:
     """One SQLite file (WAL). Every write commits at once, so a kill loses only work in flight."""
+
+    opened: Path | None = None  # the last cache opened (the CLI names it when SQLite fails later)
 
     def __init__(self, path: str | Path):
         path = Path(path)
         if str(path) != ":memory:":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(
-            sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        )
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.migrate()
+            if path.is_dir():
+                raise CacheError(f"{shown(path)}: is a folder, not a cache file; {way_out(path)}")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise cache_error(path, exc) from None
+            if path.is_file() and (why := _header_problem(path)):
+                raise CacheError(f"{shown(path)}: {why}; {way_out(path)}")
+            Cache.opened = path
+        try:
+            self.db = sqlite_utils.Database(
+                sqlite3.connect(str(path), timeout=30, isolation_level=None)
+            )
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.path = path
+            self.migrate()
+        except sqlite3.DatabaseError as exc:
+            if not any(d in str(exc) for d in DAMAGE):
+                raise  # e.g. another process creating the same new cache: theirs to finish
+            raise cache_error(path, exc) from None
 
     @contextmanager
     def transaction(self):
@@ -212,13 +285,15 @@ class Cache:
     def migrate(self) -> None:
         current = self.version()
         if current > SCHEMA_VERSION:
-            raise RuntimeError(
-                f"cache schema v{current} is newer than this ptxbuild (v{SCHEMA_VERSION}); upgrade ptxbuild"
+            raise CacheError(
+                f"{shown(self.path)}: cache schema v{current} is newer than this ptxbuild "
+                f"(v{SCHEMA_VERSION}); upgrade ptxbuild, or {way_out(self.path)}"
             )
         for v in range(current + 1, SCHEMA_VERSION + 1):
-            with self.transaction():
-                MIGRATIONS[v](self.db)
-                self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
+            with self.transaction():  # read again under the write lock: another process may have
+                if self.version() < v:  # migrated since (two builds opening one new cache)
+                    MIGRATIONS[v](self.db)
+                    self.db["meta"].upsert({"key": "schema_version", "value": str(v)}, pk="key")
         if 0 < current < 4 <= SCHEMA_VERSION:
             self.give_pages_back()  # v4 shrank the compiles table in place
 
@@ -356,3 +431,18 @@ class Cache:
 
     def integrity(self) -> str:
         return list(self.db.query("PRAGMA integrity_check"))[0]["integrity_check"]
+
+
+def check(path: Path) -> str:
+    """`ptxbuild cache check`: what the cache holds, or CacheError saying what is wrong and the way out."""
+    if not path.exists():
+        return "no cache yet (a build makes one)"
+    cache = Cache(path)
+    try:
+        result = cache.integrity()
+        rows = sum(cache.counts().values())
+    except sqlite3.DatabaseError as exc:
+        raise cache_error(path, exc) from None
+    if result != "ok":
+        raise CacheError(f"{shown(path)}: is damaged ({result.splitlines()[0]}); {way_out(path)}")
+    return f"schema v{cache.version()}, {rows} rows, integrity ok"
