@@ -109,6 +109,12 @@ def why_slower(r: dict) -> str:
             f"x {r.get('norms', '?')} norms per step; an eager step shorter than its launches is "
             "host-bound (issue 28, item 1: the launch path)"
         )
+    if r["mode"] == "compile":
+        reasons.append(
+            "likely: inductor fuses the residual add, the cast and torch's norm into one Triton "
+            "kernel, while ptxbuild's custom op is opaque to it, so the add before each norm stays a "
+            "kernel of its own (ptxbuild's residual mode would take it; patch_rmsnorm uses the plain one)"
+        )
     return "; ".join(reasons) or "not known"
 
 

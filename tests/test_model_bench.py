@@ -68,6 +68,8 @@ def test_report_json_rows_and_the_md_says_why_a_row_is_slower(tmp_path):
 def test_a_clear_loss_is_not_called_noise():
     r = mb.row("llama", "decode", "cudagraph", (8, 1), _t(1.0, 0.99, 1.01), _t(1.1, 1.09, 1.11))
     assert mb.why_slower(r) == "not known"
+    r = mb.row("llama", "decode", "compile", (8, 1), _t(1.0, 0.99, 1.01), _t(1.1, 1.09, 1.11))
+    assert mb.why_slower(r).startswith("likely: inductor fuses the residual add")
 
 
 def _tiny_llama():
