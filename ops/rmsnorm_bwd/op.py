@@ -147,7 +147,7 @@ def _data_regs(p: dict, problem: Problem) -> int:
 # are unpacked to floats for the math (hence A > 1), and without prefetch ptxas keeps more of them
 # live; every config check() accepts compiles without spills (tests/test_rmsnorm_bwd_op.py)
 REG_MODEL = {(True, "reg", True): (1.7, 24), (True, "reg", False): (2.7, 25),
-             (False, "reg", True): (1.0, 50), (False, "reg", False): (1.3, 40),
+             (False, "reg", True): (1.0, 50), (False, "reg", False): (1.45, 40),
              (True, "pass2", True): (1.2, 40), (False, "pass2", True): (1.2, 40)}
 
 

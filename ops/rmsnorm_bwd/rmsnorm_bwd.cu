@@ -451,13 +451,16 @@ __device__ __forceinline__ void combine_groups(const float (*src)[VEC], float* d
     }
   __syncthreads();
   for (int c4 = threadIdx.x; c4 < NP / 4; c4 += THREADS) {
-    float4 s = *reinterpret_cast<const float4*>(wsum + 4 * c4);
+    // scalar shared-memory reads: with float4 reinterpret_casts here NVRTC 13.0 emitted this
+    // kernel's PTX with nondeterministic register numbering (a few % of compiles, NOTES.md)
+    float s[4];
 #pragma unroll
-    for (int wi = 1; wi < NWARP; ++wi) {
-      const float4 v = *reinterpret_cast<const float4*>(wsum + wi * NP + 4 * c4);
-      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    for (int q = 0; q < 4; ++q) {
+      s[q] = wsum[4 * c4 + q];
+#pragma unroll
+      for (int wi = 1; wi < NWARP; ++wi) s[q] += wsum[wi * NP + 4 * c4 + q];
     }
-    *reinterpret_cast<float4*>(dst + 4 * c4) = s;
+    stf<4>(dst + 4 * c4, s);
   }
 }
 #endif
