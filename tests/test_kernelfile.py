@@ -45,7 +45,7 @@ CASES = [
         "unknown op template",
         GOOD.replace("[ops.scale]", "[ops.scael]"),
         "error: kernelfile.toml: ops.scael.template: no op.py in ops/scael (did you mean 'scale'?); ops/ holds: scale; "
-        "ptxbuild ships: kda, kda_prepare, kda_recurrence, rmsnorm",
+        "ptxbuild ships: kda, kda_prepare, kda_recurrence, rmsnorm, rmsnorm_bwd",
     ),
     (
         "empty shapes",
