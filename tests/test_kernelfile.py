@@ -6,6 +6,10 @@ import pytest
 from click.testing import CliRunner
 
 from ptxbuild.cli import EXIT_CONFIG, main
+from ptxbuild.oploader import shipped_ops
+
+# the ops ptxbuild ships (in a checkout: this repository's ops/), listed by an unknown-template error
+SHIPPED = ", ".join(sorted(p.parent.name for p in shipped_ops().glob("*/op.py")))
 
 GOOD = """
 [project]
@@ -45,7 +49,7 @@ CASES = [
         "unknown op template",
         GOOD.replace("[ops.scale]", "[ops.scael]"),
         "error: kernelfile.toml: ops.scael.template: no op.py in ops/scael (did you mean 'scale'?); ops/ holds: scale; "
-        "ptxbuild ships: kda, kda_prepare, kda_recurrence, rmsnorm, rmsnorm_bwd",
+        f"ptxbuild ships: {SHIPPED}",
     ),
     (
         "empty shapes",
@@ -160,3 +164,7 @@ def test_gates_and_the_metric_leave_the_op_config_as_locks_recorded_it(proj):
         "max_time_ms": None,
         "min_speedup": 1.0,
     }
+
+
+def test_the_shipped_ops_include_those_a_model_repository_uses():
+    assert {"rmsnorm", "kda", "kda_prepare", "kda_recurrence"} <= set(SHIPPED.split(", "))
