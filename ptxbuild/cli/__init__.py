@@ -269,15 +269,42 @@ def main(ctx, kernelfile):
 
 
 @main.command()
+@click.argument("op", required=False)
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also compile every valid config (no GPU) and run the op's Python side once with numpy.",
+)
+@click.option(
+    "--max-configs",
+    default=64,
+    show_default=True,
+    help="--deep: at most this many configs per problem (a seeded sample beyond).",
+)
 @click.pass_obj
-def check(kernelfile):
-    """Validate the kernelfile and list its targets.
+def check(kernelfile, op, deep, max_configs):
+    """Validate the kernelfile and list its targets; --deep checks each op (or OP) without a GPU.
 
-    Example: ptxbuild check
+    Example: ptxbuild check --deep rmsnorm
     """
     from ..declare.graph import all_targets
 
+    if op is not None and not deep:
+        raise click.UsageError("an OP is checked with --deep: ptxbuild check --deep OP")
     kf = _kernelfile(kernelfile)
+    if deep:
+        from ..compile.compiler import ToolchainMissing, toolchain
+        from .authoring import run_deep
+
+        if op is not None and op not in kf.ops:
+            raise ConfigError(
+                f"{kf.path.name} declares no op {op!r}; it declares {', '.join(kf.ops)}"
+            )
+        try:
+            toolchain()
+        except ToolchainMissing as exc:
+            raise ToolError(str(exc)) from None
+        return run_deep(kf, op, max_configs)
     targets = all_targets(kf)
     click.echo(
         f"{kf.path.name}: ok, {len(kf.ops)} op(s), {len(targets)} target(s): "
@@ -774,6 +801,10 @@ def record(kernelfile, out, op, gpu):
     )
     click.echo(f"{n} attempt(s) -> {out}")
 
+
+from .authoring import new as _new  # noqa: E402 - after main exists
+
+main.add_command(_new)
 
 if __name__ == "__main__":
     main()
