@@ -181,6 +181,8 @@ def test_entry_params_and_argument_widths():
     np = pytest.importorskip("numpy")
     types = deep.entry_params(ptx, "k")
     assert types == ["u64", "f32", "b8[16]", "u32"]
+    sm100 = ".entry k(\n\t.param .u64 .ptr .align 1 k_param_0,\n\t.param .f32 k_param_1\n)\n"
+    assert deep.entry_params(sm100, "k") == ["u64", "f32"]  # sm_100a PTX spells pointers so
     arr = np.zeros(4, np.float32)
     assert deep.args_mismatch([arr, np.float32(1), object(), np.int32(3)], types) is None
     assert deep.args_mismatch([arr, np.float32(1), 0], types) == (
