@@ -30,7 +30,7 @@
 // one partial row to scratch; rmsnorm_bwd_reduce sums the partial rows in a fixed order (no
 // atomics: bit-identical run to run) and casts them to dweight's / dbias's kind.
 // Scratch (fp32): [0] the number of partial rows P (as an int, written by block 0), then
-// dweight partials [PSTRIDE][N] from float 4, then dbias partials [PSTRIDE][N].
+// dweight partials [PSTRIDE][N] from float 4 (weight given), then dbias partials [PSTRIDE][N].
 // 64-bit element offsets throughout (the largest rows hold 2^31 elements).
 
 typedef unsigned int u32;
@@ -579,7 +579,7 @@ rmsnorm_bwd(const void* __restrict__ x, const void* __restrict__ dy, const void*
   // ---- the block's partial row(s): P = number of partial rows, written once
   if (blockIdx.x == 0 && threadIdx.x == 0) ((int*)part)[0] = (int)(gridDim.x / CLUSTER);
   float* pw = part + 4 + prow * (i64)NC + lo;
-  float* pb = part + 4 + (pstride + prow) * (i64)NC + lo;
+  float* pb = part + 4 + ((WT != 0 ? pstride : 0) + prow) * (i64)NC + lo;   // dbias after dweight's rows, if any
 #if STAGE == 1
 #pragma unroll 1
   for (int i = 0; i < VPT; ++i) {
@@ -636,7 +636,7 @@ rmsnorm_bwd_reduce(const float* __restrict__ part, void* __restrict__ dweight, v
   const int P = ((const int*)part)[0];
 #pragma unroll 1
   for (int pass = 0; pass < (WT != 0) + HAS_DB; ++pass) {
-    const float* src = part + 4 + (pass == 0 && WT != 0 ? 0 : pstride) * N;
+    const float* src = part + 4 + (pass == 1 ? pstride : 0) * N;   // pass 1 (dbias) follows dweight
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     if (ok) {
       int p = s;

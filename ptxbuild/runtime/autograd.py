@@ -37,10 +37,12 @@ _registered: dict = {}
 
 
 # ---------------------------------------------------------------- several kernels, one call
-def run_stages(kernel: BuiltKernel, **arrays) -> dict:
+def run_stages(kernel: BuiltKernel, mode, **arrays) -> dict:
     """BuiltKernel.run for an op of several kernels (KERNELS / launches / stage_args), torch tensors
     in, every output out by name (scratch outputs included)."""
-    mode, arrays = kernel.bind((), arrays)
+    # the mode is given: modes of one op can share input names (plain and fp32-weight + bias), so
+    # binding by names alone could pick another
+    arrays = {n: arrays[n] for n in mode.names}
     # not kernel.problem_of: its input check takes a [M] input (rstd) for a fixed-size one
     primary = arrays[mode.names[0]]
     for name, a in arrays.items():
@@ -101,7 +103,7 @@ def _bwd_op(bwd: BuiltKernel, mode) -> object:
     )
 
     def impl(*tensors):
-        res = run_stages(bwd, **dict(zip(mode.names, tensors)))
+        res = run_stages(bwd, mode, **dict(zip(mode.names, tensors)))
         return tuple(res[n] for n in outs)
 
     custom = torch.library.custom_op(qual, impl, mutates_args=(), schema=schema)
