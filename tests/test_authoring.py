@@ -120,21 +120,39 @@ def test_a_bug_in_one_non_default_config_is_caught_and_named(tmp_path):
     )
 
 
-@pytest.mark.compile
 def test_a_missing_gpu_side_function_is_named(tmp_path):
+    """It used to pass `check` and a compile-only build: nothing called it without a GPU."""
     folder = new_op(tmp_path)
     op_py = folder / "op.py"
     op_py.write_text(op_py.read_text().replace("def make_inputs(", "def _make_inputs("))
-    assert run(tmp_path, "check").exit_code == 0  # the plain check does not look at the GPU side
-    res = run(tmp_path, "check", "--deep")
-    assert res.exit_code == 1
-    assert (
-        "FAIL demo_op: op.py does not define make_inputs (GPU side: the verifier calls them)\n"
-        in res.output
+    error = (
+        "error: kernelfile.toml: ops.demo_op: the op demo_op does not define make_inputs (the GPU "
+        "side of the op contract, ops/README.md: the verifier calls them)\n"
     )
-    assert res.output.endswith(
-        "kernelfile.toml: check --deep 1 failure(s), 1 op(s), 16 compile(s)\n"
-    )
+    for args in (["check"], ["check", "--deep"], ["build", "--no-gpu"]):
+        res = run(tmp_path, *args)
+        assert (res.exit_code, res.output) == (2, error), args
+
+
+def test_the_deep_check_names_a_missing_function_itself(tmp_path):
+    new_op(tmp_path)
+    from ptxbuild.declare.kernelfile import load
+    from ptxbuild.oploader import load_op
+
+    kf = load(tmp_path / "kernelfile.toml")
+    op = load_op("demo_op", kf.root)
+    stub = SimpleNamespace(**{k: getattr(op, k) for k in dir(op) if not k.startswith("__")})
+    del stub.make_outputs, stub.tolerance
+    res = deep.deep_check(kf, kf.ops["demo_op"], stub, compile_fn=_fake_compile)
+    assert [f.what for f in res.failures] == [
+        "op.py does not define make_outputs, tolerance (GPU side: the verifier calls them)"
+    ]
+    assert res.compiles == 16 and not any(line.startswith("python side") for line in res.lines)
+
+
+def _fake_compile(kernel, arch):
+    params = ".param .u64 a, .param .u64 b, .param .f32 c, .param .u64 d"
+    return SimpleNamespace(ptx=f".entry {kernel.entry}({params})")
 
 
 @pytest.mark.compile

@@ -19,23 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..compile.compiler import CompileError, compile_kernel
-from ..declare.checks import problems_of
+from ..declare.checks import missing_gpu_side, problems_of
 from ..launch import param
 from ..problem import Launch, Problem
 
-GPU_SIDE = (
-    "make_inputs",
-    "make_outputs",
-    "kernel_args",
-    "reference",
-    "tolerance",
-    "verify_problems",
-)
-MULTI_KERNEL = ("launches", "stage_args")
 SPACE_SAMPLE = 4096  # configs drawn from a larger space (seeded) before check() filters them
-SMALL_ROWS = (
-    8  # the Python side runs on the first problem cut to this many rows (if check() allows)
-)
+# the Python side runs on the first problem cut to this many rows (if check() allows)
+SMALL_ROWS = 8
 
 
 @dataclass
@@ -270,8 +260,7 @@ def _stage_args(op, entry, cfg, p, arrays) -> list:
 def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -> OpResult:
     """Check one declared op: GPU-side functions, the Python side once, every valid config compiled."""
     res = OpResult(spec.name)
-    need = GPU_SIDE + (MULTI_KERNEL if hasattr(op, "KERNELS") else ())
-    if missing := [n for n in need if not callable(getattr(op, n, None))]:
+    if missing := missing_gpu_side(op):  # the CLI's declaration check says so first
         res.failures.append(
             Failure(
                 "missing",
