@@ -348,3 +348,47 @@ def test_a_quick_run_may_skip_memcheck_and_the_note_says_so(monkeypatch):
     s = object.__new__(GpuSession)  # no worker: the switch is read before anything starts
     monkeypatch.setenv("PTXBUILD_MEMCHECK", "0")
     assert s.memcheck("x", {}, P, None) == (None, "memcheck: not run (PTXBUILD_MEMCHECK=0)")
+
+
+def test_the_timing_pool_is_complete_before_any_kernel_reads_it():
+    """H200 run 25c: the pool's inputs were generated on cupy's current (legacy) stream while the
+    kernels ran on the worker's non-blocking stream, so on 128 MB+ problems an honest kernel read
+    half-generated inputs and its first judged call was called `stateful`. pool() waits now."""
+    from types import SimpleNamespace
+
+    log = []
+    g = object.__new__(runs.Gpu)
+    g._pool_key, g._pool, g._pool_ref = None, [], (None, None)
+    g.l2_bytes = 100
+    g.release = lambda: log.append("release")
+    g.sync = lambda: log.append("sync")
+    g.cp = SimpleNamespace(
+        cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (10_000, 10_000)))
+    )
+
+    class Arr:
+        nbytes = 40
+
+    op = SimpleNamespace(
+        FOLDER="op",
+        make_inputs=lambda problem, seed, xp: (
+            log.append(f"inputs{seed - 1_000_003}") or {"x": Arr()}
+        ),
+        make_outputs=lambda problem, xp: log.append("outputs") or {"y": Arr()},
+    )
+    pool = g.pool(op, "problem")
+    assert len(pool) == 4  # ceil(2 * 100 / 80) + 1 sets
+    made = [e for e in log if e.startswith(("inputs", "outputs"))]
+    assert made == [
+        "inputs0",
+        "outputs",
+        "inputs1",
+        "outputs",
+        "inputs2",
+        "outputs",
+        "inputs3",
+        "outputs",
+    ]
+    assert log[-1] == "sync" and log.index("sync") > log.index("inputs3")
+    log.clear()
+    assert g.pool(op, "problem") is pool and log == []  # the same problem reuses the pool

@@ -53,6 +53,9 @@ class Timing:
                 (op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
                 for i in range(1, n)
             ]
+            # the sets are made on cupy's current stream, which is not ours (a non-blocking stream
+            # does not wait for the legacy one): wait for every set before a kernel reads one
+            self.sync()
             self._pool_key = key
         return self._pool
 
