@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from .problem import Kernel, Problem, digest
 
 PIPELINE_VERSION = "1"  # bump when the build pipeline changes what it produces
-PROTOCOL_VERSION = "4"  # bump when the timing protocol changes (history: gpu/stats.py)
+# bump when how a timing is taken changes (every measurement is taken again): gpu/stats.py, runs.py
+# 2: batches behind a gate (gpu/gate.py); 3: each call alone, nvbench-cold (gpu/runs.py);
+# 4: outputs poisoned again before every timed call, the first timed call of every window judged
+# (gpu/runs.py _timer)
+PROTOCOL_VERSION = "4"
 SUITE_VERSION = "2"  # the worker's own checks beside the op's (history: gpu/runs.py SUITE_VERSION)
 
 
@@ -38,6 +40,8 @@ def build_key(
 
 def installed_version(name: str) -> str | None:
     """The installed version of the Python distribution `name` (a compiler wheel, a package), or None."""
+    from importlib import metadata  # ~0.1 s: only where a version is asked for
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from .errors import ConfigError
 
 REQUIRED = (
     "NAME",
@@ -25,7 +28,7 @@ REQUIRED = (
 )
 
 
-class OpError(Exception):
+class OpError(ConfigError):
     """An op folder is missing or does not honour the op contract."""
 
 
@@ -101,24 +104,31 @@ def import_failure(exc: BaseException) -> str:
     return f"cannot be imported: {type(exc).__name__}: {exc}"
 
 
+_CHECKED: dict[str, ModuleType] = {}  # module name -> the op module checked and completed
+
+
 def load_op(template: str, root: Path) -> ModuleType:
+    """The op module of `template`, checked against the contract once per module object (an op.py
+    that defines FOLDER itself is checked all the same; FOLDER is the loader's: the op's folder)."""
     folder = op_dir(template, root)
     path = folder / "op.py"
     if not path.is_file():
         raise OpError(f"no op at {path}: create {path} or fix the template name")
+    name = f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}"
     try:
-        mod = load_module(path, f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}")
+        mod = load_module(path, name)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - an op's import: SystemExit included
         raise OpError(f"{_shown(path, root)}: {import_failure(exc)}") from None
-    if getattr(mod, "FOLDER", None) is None:
+    if _CHECKED.get(name) is not mod:
         if missing := [a for a in REQUIRED if not hasattr(mod, a)]:
             raise OpError(
                 f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)"
             )
         mod.FOLDER = folder
         _attach_baselines(mod, folder)
+        _CHECKED[name] = mod
     return mod
 
 
@@ -135,3 +145,8 @@ def _attach_baselines(mod: ModuleType, folder: Path) -> None:
 def source_files(op: ModuleType) -> list[Path]:
     """op.py and every file it declares in SOURCES: what the build key hashes."""
     return [op.FOLDER / "op.py", *(op.FOLDER / s for s in op.SOURCES)]
+
+
+def file_digests(op: ModuleType) -> dict[str, str]:
+    """sha256 of each of source_files, by file name: what build keys, manifests and locks record."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}

@@ -1,6 +1,6 @@
 import pytest
 
-from ptxbuild.build.target import Context
+from ptxbuild.build.context import Context
 from ptxbuild.declare.kernelfile import load
 from ptxbuild.store.cache import Cache
 

@@ -6,8 +6,11 @@ import pytest
 from click.testing import CliRunner
 
 from ptxbuild import cli
+from ptxbuild.build import beside
 from ptxbuild.build import target as build_mod
-from ptxbuild.build.target import Context, build, plan
+from ptxbuild.build.context import Context
+from ptxbuild.build.plan import plan
+from ptxbuild.build.run import build
 from ptxbuild.declare.graph import Target
 from ptxbuild.declare.kernelfile import load
 from ptxbuild.store.cache import Cache
@@ -281,7 +284,9 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     ctx.force = True  # a forced rebuild judges the same
     assert build(ctx, [Target("scale", "h100")])[0].missed == res.missed
     monkeypatch.setattr(
-        cli, "_context", lambda kf, *a, **k: make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+        cli.shell,
+        "_context",
+        lambda kf, *a, **k: make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match),
     )
     monkeypatch.chdir(proj)
     kf.write_text(kf.read_text().replace("max_time_ms = 0.005", "max_time_ms = 0.5"))
@@ -304,7 +309,7 @@ def test_a_gate_edit_rejudges_the_built_kernels_without_a_new_search(proj, monke
     ), out.output
     # a compile-only build beside the measured report (another machine's, committed) must not re-judge that
     # report by its own untimed kernels: it showed "all met" over 14 misses (found in review)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     assert (
         CliRunner().invoke(cli.main, ["build", "--no-gpu", "--force", "scale@h100"]).exit_code == 0
     )
@@ -337,8 +342,6 @@ def test_a_second_sigint_while_the_partial_report_is_written_does_not_lose_it(pr
     arriving while the interrupted build writes its artifacts. The report must still be written."""
     import os
     import signal
-
-    import ptxbuild.build.target as build_mod
 
     class Interrupting(FakeCompiler):
         def __call__(self, kernel, arch):
@@ -389,8 +392,6 @@ def test_a_first_sigint_while_a_finished_build_is_saved_keeps_its_record_and_rep
     written, must not lose them: the build is recorded and reported, then the interrupt goes on."""
     import os
     import signal
-
-    import ptxbuild.build.target as build_mod
 
     real = build_mod.write_artifacts
 
@@ -994,14 +995,14 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
             t = 0.01 * self.measured
             return _M(Outcome.OK, t, t, t)
 
-    bouts, playoff = [], build_mod._Evaluator.playoff  # a playoff's bouts are timed in every run
+    bouts, playoff = [], beside.playoff  # a playoff's bouts are timed in every run
 
-    def counted(self, hist):
-        lead = playoff(self, hist)
-        bouts.append(len(self.bouts))
+    def counted(ev, hist):
+        lead = playoff(ev, hist)
+        bouts.append(len(ev.bouts))
         return lead
 
-    monkeypatch.setattr(build_mod._Evaluator, "playoff", counted)
+    monkeypatch.setattr(beside, "playoff", counted)
     first = FailOnceThenStop()
     _remeasure(proj, first, interrupted=True)
     rest, n_rest = Counting(), len(bouts)
@@ -1329,7 +1330,8 @@ def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
     kernels: the playoff holds their bout (it once compared the main launch only and skipped it)."""
     from types import SimpleNamespace as NS
 
-    from ptxbuild.build.target import _Evaluator
+    from ptxbuild.build.beside import playoff
+    from ptxbuild.build.evaluate import Evaluator
     from ptxbuild.gpu.session import MeasureResult
     from ptxbuild.outcome import Outcome
     from ptxbuild.problem import Launch, Problem
@@ -1348,7 +1350,7 @@ def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
             Outcome.OK, 0.0099, 0.0098, 0.0100, samples=10, incumbent_p50_ms=0.0100
         )
 
-    ev, one = _Evaluator.__new__(_Evaluator), NS(digest="d")
+    ev, one = Evaluator.__new__(Evaluator), NS(digest="d")
     ev.op, ev.problem, ev.gpu, ev.hw = (
         op,
         Problem.make("scale", "float32", (7, 100)),
@@ -1359,7 +1361,7 @@ def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
     ev.ctx = NS(
         cache=NS(get=lambda *a: None, put=lambda *a: None), timed=set(), gpu=NS(measure=measure)
     )
-    assert ev.playoff([({"g": 1}, 0.0100), ({"g": 2}, 0.0101)]) == ({"g": 2}, 0.0099)
+    assert playoff(ev, [({"g": 1}, 0.0100), ({"g": 2}, 0.0101)]) == ({"g": 2}, 0.0099)
     assert timed == [{"g": 2}]
 
 
@@ -1419,10 +1421,11 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(
     """`ptxbuild build` writes the lock when every target is done: Ctrl-C (or a lost GPU) in the second
     target must not cost the first one, finished and reported, its lock entry (a dependency built
     for twenty minutes, then the dependent interrupted, was left unlocked)."""
+    from ptxbuild.build import run as run_mod
     from ptxbuild.gpu.session import GpuError
     from ptxbuild.outputs.lockfile import read_lock
 
-    real, seen = build_mod._build_target_signals_held, []
+    real, seen = run_mod.build_target, []
 
     def stop_second(ctx, t, *a):
         seen.append(str(t))
@@ -1430,8 +1433,8 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(
             raise KeyboardInterrupt if stop == "ctrl-c" else GpuError("the GPU worker exited")
         return real(ctx, t, *a)
 
-    monkeypatch.setattr(build_mod, "_build_target_signals_held", stop_second)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(run_mod, "build_target", stop_second)
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
     assert res.exit_code == (130 if stop == "ctrl-c" else cli.EXIT_TOOL), res.output
@@ -1456,7 +1459,7 @@ def test_a_stop_held_while_a_finished_target_is_saved_still_locks_it(proj, monke
         return real(*a, **k)
 
     monkeypatch.setattr(build_mod, "write_report", report_then_ctrl_c)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])
     assert res.exit_code == 130 and len(calls) == 1, res.output

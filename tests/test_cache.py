@@ -219,7 +219,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.fakes import FakeCompiler
     from tests.conftest import make_ctx
-    from ptxbuild.build.target import build
+    from ptxbuild.build.run import build
     from pathlib import Path
     comp = FakeCompiler(delay_s=float(sys.argv[2]))
     build(make_ctx(Path(sys.argv[1]), comp))

@@ -55,7 +55,7 @@ def test_inputs_that_used_to_succeed_silently_are_errors_that_name_the_input(pro
     from .conftest import make_ctx
 
     monkeypatch.chdir(proj)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     run = lambda *args: CliRunner().invoke(cli.main, list(args))  # noqa: E731
     res = run("plan", "scale@")
     assert (
@@ -220,7 +220,7 @@ def test_plan_stops_the_gpu_worker_it_started(proj, monkeypatch):
 
     closed = []
     monkeypatch.setattr(
-        cli,
+        cli.shell,
         "_context",
         lambda kf, *a, **k: make_ctx(proj, gpu=SimpleNamespace(close=lambda: closed.append(1))),
     )
@@ -234,26 +234,25 @@ def test_plan_stops_the_gpu_worker_it_started(proj, monkeypatch):
 def test_a_stopped_build_still_prints_the_gate_misses_of_the_targets_it_finished(proj, monkeypatch):
     """Ctrl-C after a target finished: it is locked, and the gate misses it was judged with are printed
     as after a whole build (they were not: the user saw only "interrupted")."""
-    from ptxbuild.build import target as build_mod
+    from ptxbuild.build import run as run_mod
+    from ptxbuild.build.context import TargetResult
     from ptxbuild.declare.graph import Target
 
     from .conftest import make_ctx
 
     monkeypatch.chdir(proj)
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
 
     def stopped(ctx, targets):
-        (stop := KeyboardInterrupt()).finished = [
-            build_mod.TargetResult(
-                Target("scale", "h100"),
-                "built",
-                "",
-                missed=("float32[7x100]: p50 0.01 ms > max_time_ms 0.005",),
-            )
-        ]
-        raise stop
+        finished = TargetResult(
+            Target("scale", "h100"),
+            "built",
+            "",
+            missed=("float32[7x100]: p50 0.01 ms > max_time_ms 0.005",),
+        )
+        return run_mod.Run([finished], KeyboardInterrupt())
 
-    monkeypatch.setattr(build_mod, "build", stopped)
+    monkeypatch.setattr(run_mod, "run", stopped)
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu", "scale@h100"])
     assert res.exit_code == 130, res.output
     assert (

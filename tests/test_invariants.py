@@ -2,7 +2,7 @@
 
 Everything is driven through the CLI (`ptxbuild build` via click's CliRunner) and read back from the
 files and the SQLite cache it writes, so these tests hold whatever the modules are called. The one
-seam into the code is `cli._context`, patched to the fake compiler and GPU of tests/fakes.py (as
+seam into the code is `cli.shell._context`, patched to the fake compiler and GPU of tests/fakes.py (as
 test_cli.py does); when the CLI moves, follow it in `_fake_context` below and nowhere else.
 
 Golden files live in tests/golden/ (named *.golden, so that no tool takes them for a real lock or
@@ -40,7 +40,9 @@ def _fake_context(proj, monkeypatch):
     from ptxbuild import cli
 
     monkeypatch.setattr(
-        cli, "_context", lambda kf, *a, **k: make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+        cli.shell,
+        "_context",
+        lambda kf, *a, **k: make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match),
     )
     return cli.main
 

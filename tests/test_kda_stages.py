@@ -81,7 +81,7 @@ def test_inputs_outputs_args_reference(op, opts):
 
 def test_kernelfile_problems_accept_default_params():
     kf = load_kernelfile(ROOT / "kernelfile.toml")
-    from ptxbuild.build.target import problems_of
+    from ptxbuild.declare.checks import problems_of
 
     for name in STAGES:
         op = load_op(kf.ops[name].template, ROOT)
@@ -173,7 +173,7 @@ def test_build_key_follows_the_shared_sources(tmp_path):
         shutil.copytree(
             ROOT / "ops" / sub, tmp_path / "ops" / sub, ignore=shutil.ignore_patterns("__pycache__")
         )
-    from ptxbuild.build.target import _file_digests
+    from ptxbuild.oploader import file_digests as _file_digests
 
     for name, shared in (
         ("kda_prepare", "kda_prepare.cu"),

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.declare.catalog import CATALOG
 from ptxbuild.declare.graph import Target
 from ptxbuild.problem import Problem
-from ptxbuild.store import lessons
+from ptxbuild.store import learn, lessons
 from ptxbuild.store.cache import Cache
 
 from .conftest import make_ctx
@@ -118,18 +118,44 @@ OP = SimpleNamespace(
 )
 
 
+def test_a_failure_mid_derive_keeps_none_of_the_runs_lessons(tmp_path, monkeypatch):
+    """derive writes a run's lessons in one transaction: a stop while they are written (Ctrl-C after
+    the new rules, before the contradicted ones are weakened) leaves the lessons as they were; the
+    autocommit connection's `with conn:` kept the first half."""
+    cache = Cache(tmp_path / "c.sqlite")
+    for t in (64, 128):
+        _attempt(cache, "r1", {"threads": t, "vec": 2}, "spill")
+    _attempt(cache, "r1", {"threads": 256, "vec": 4}, "ok", 0.01)
+    learn.derive(cache, OP, "scale@h100", "r1")
+    before = _lessons(cache, "fails") + _lessons(cache, "best")
+    assert before  # r1 taught something, so the rows below are r2's alone
+    _attempt(cache, "r2", {"threads": 512, "vec": 8}, "spill")
+    _attempt(cache, "r2", {"threads": 256, "vec": 2}, "ok", 0.02)
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(learn, "_weaken", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        learn.derive(cache, OP, "scale@h100", "r2")
+    assert _lessons(cache, "fails") + _lessons(cache, "best") == before
+    monkeypatch.undo()
+    assert learn.derive(cache, OP, "scale@h100", "r2")  # the same run, derived again: it teaches
+    assert _lessons(cache, "fails") + _lessons(cache, "best") != before
+
+
 def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
     cache = Cache(tmp_path / "c.sqlite")
     for t in (64, 128):
         _attempt(cache, "r1", {"threads": t, "vec": 2}, "spill")
     _attempt(cache, "r1", {"threads": 256, "vec": 4}, "ok", 0.01)
-    lessons.derive(cache, OP, "scale@h100", "r1")
+    learn.derive(cache, OP, "scale@h100", "r1")
     (rule,) = _lessons(cache, "fails")
     assert (
         rule["rule"] == {"params": {"vec": 2}, "outcome": "spill"} and rule["confidence"] == 0.667
     )
     _attempt(cache, "r2", {"threads": 256, "vec": 2}, "ok", 0.02)  # new evidence: vec=2 can pass
-    produced = lessons.derive(cache, OP, "scale@h100", "r2")
+    produced = learn.derive(cache, OP, "scale@h100", "r2")
     (rule,) = [r for r in _lessons(cache, "fails") if r["id"] == rule["id"]]
     assert (
         rule["confidence"] == 0.3335
@@ -138,7 +164,7 @@ def test_contradicted_failure_rules_are_weakened_then_retired(tmp_path):
     )
     assert {"against"} <= set(rule["evidence"][-1]) and any(p.get("weakened") for p in produced)
     _attempt(cache, "r3", {"threads": 512, "vec": 2}, "ok", 0.02)
-    lessons.derive(cache, OP, "scale@h100", "r3")
+    learn.derive(cache, OP, "scale@h100", "r3")
     (rule,) = [r for r in _lessons(cache, "fails") if r["id"] == rule["id"]]
     assert rule["retired"] == 1
     prob = Problem.make("scale", "float32", (64, 1024))
@@ -158,13 +184,13 @@ def test_an_unfinished_problems_few_attempts_do_not_rederive_its_lessons(tmp_pat
         _attempt(cache, "r1", {"threads": t, "vec": v}, "ok", p50)
     _attempt(cache, "r1", {"threads": 64, "vec": 2}, "spill")
     _attempt(cache, "r1", {"threads": 128, "vec": 2}, "spill")
-    lessons.derive(cache, OP, "scale@h100", "r1")
+    learn.derive(cache, OP, "scale@h100", "r1")
     before = {
         r["id"]: r for kind in ("best", "sensitivity", "fails") for r in _lessons(cache, kind)
     }
     for t, v, p50 in [(64, 4, 0.02), (128, 4, 0.016), (512, 2, 0.04), (256, 1, 0.06)]:
         _attempt(cache, "r2", {"threads": t, "vec": v}, "ok", p50)
-    lessons.derive(cache, OP, "scale@h100", "r2", done=set())
+    learn.derive(cache, OP, "scale@h100", "r2", done=set())
     after = {r["id"]: r for kind in ("best", "sensitivity", "fails") for r in _lessons(cache, kind)}
     assert {i: r for i, r in after.items() if r["kind"] != "fails"} == {
         i: r for i, r in before.items() if r["kind"] != "fails"
@@ -174,7 +200,7 @@ def test_an_unfinished_problems_few_attempts_do_not_rederive_its_lessons(tmp_pat
     ]
     assert rule["confidence"] < before[rule["id"]]["confidence"]  # vec=2 passed at 512 threads
     done = {json.dumps(Problem.make("scale", "float32", (64, 1024)).key(), sort_keys=True)}
-    lessons.derive(cache, OP, "scale@h100", "r2", done=done)  # finished after all: it counts
+    learn.derive(cache, OP, "scale@h100", "r2", done=done)  # finished after all: it counts
     (sens,) = _lessons(cache, "sensitivity")
     assert sens["rule"] != before[sens["id"]]["rule"] and "run r2" in sens["source"]
 
@@ -185,7 +211,7 @@ def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path, stored
     cache = Cache(tmp_path / "c.sqlite")
     if stored == "in full":
         _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.02)
-        lessons.derive(cache, OP, "scale@h100", "r1")
+        learn.derive(cache, OP, "scale@h100", "r1")
         (old,) = _lessons(cache, "best")
         again = {"threads": 64, "vec": 4}
     else:
@@ -197,7 +223,7 @@ def test_a_best_config_beaten_by_more_than_2_percent_is_retired(tmp_path, stored
         again = {"threads": 64, "vec": 1}
     _attempt(cache, "r2", again, "ok", 0.02)
     _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.01)
-    lessons.derive(cache, OP, "scale@h100", "r2")
+    learn.derive(cache, OP, "scale@h100", "r2")
     rows = {r["id"]: r for r in _lessons(cache, "best")}
     assert rows[old["id"]]["retired"] == 1
     (new,) = [r for r in rows.values() if not r["retired"]]
@@ -212,12 +238,12 @@ def test_a_scope_keeps_one_live_best_the_latest_run_that_measured_it_wins(tmp_pa
     lesson's near list); one it never tried (a probe kernelfile with its own candidates) stays live."""
     cache = Cache(tmp_path / "c.sqlite")
     _attempt(cache, "r1", {"threads": 64, "vec": 4}, "ok", 0.0100)
-    lessons.derive(cache, OP, "scale@h100", "r1")
+    learn.derive(cache, OP, "scale@h100", "r1")
     (old,) = _lessons(cache, "best")
     if measured_again:
         _attempt(cache, "r2", {"threads": 64, "vec": 4}, "ok", 0.0100)
     _attempt(cache, "r2", {"threads": 256, "vec": 4}, "ok", 0.0099)
-    changed = lessons.derive(cache, OP, "scale@h100", "r2")
+    changed = learn.derive(cache, OP, "scale@h100", "r2")
     live = [r for r in _lessons(cache, "best") if not r["retired"]]
     new = next(r for r in _lessons(cache, "best") if r["id"] != old["id"])
     assert new["rule"]["params"] == {"threads": 256, "vec": 4}
@@ -406,7 +432,7 @@ def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
             "p50_ms": ms,
         }
 
-    rows = lessons.best_rows(
+    rows = learn.best_rows(
         "scale",
         [
             mk(1, 128, 0.0100),
@@ -426,7 +452,7 @@ def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
     w = {prob: ({"threads": 256, "vec": 4}, 0.0099)}
     (rule,) = [
         json.loads(r["rule"])
-        for r in lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)
+        for r in learn.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)
     ]
     assert rule == {
         "params": {"threads": 256, "vec": 4},
@@ -438,7 +464,7 @@ def test_a_best_lesson_keeps_the_configs_within_2_percent_of_its_winner():
     }  # faster in its window than the leader was in the search:
     (rule,) = [
         json.loads(r["rule"])
-        for r in lessons.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)
+        for r in learn.best_rows("scale", [mk(1, 128, 0.0100), mk(2, 256, 0.0101)], "test", w)
     ]
     assert rule["near"] == [
         {"threads": 128, "vec": 4}

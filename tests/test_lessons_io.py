@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.cli import main
 from ptxbuild.declare.graph import Target
 from ptxbuild.store import lessons_io

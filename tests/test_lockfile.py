@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ptxbuild.build.locked import build_locked
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.cli import main
 from ptxbuild.declare.graph import Target
 from ptxbuild.declare.kernelfile import load
@@ -563,7 +563,7 @@ def test_plan_says_when_build_holds_other_kernels_than_the_lock_pins(proj, monke
     ctx = make_ctx(proj)
     update_lock(ctx.kf, build(ctx, h100))
     assert read_lock(ctx.kf)["targets"]["scale@h100"]["measured_on_hardware"] is True
-    monkeypatch.setattr(cli, "_context", lambda kf, *a, **k: make_ctx(proj))
+    monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
     plan = lambda: CliRunner().invoke(main, ["plan", "scale@h100"]).output  # noqa: E731
     assert (
@@ -612,7 +612,7 @@ def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
     """`build --locked` records no cache build, so on a fresh clone `plan` said "never built" after it and a
     plain `build` searched again. build/ holding what a valid lock entry pins is up to date; an input the
     lock pins changing, or the target's GPU appearing for a compile-only entry, makes it stale again."""
-    from ptxbuild.build.target import plan
+    from ptxbuild.build.plan import plan
 
     from .fakes import FakeGpu, fake_match
 

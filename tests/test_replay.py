@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.declare.graph import Target
 from ptxbuild.search import replay
 

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.runtime import LoaderError, arch_runs_on, load, load_choice
 
 from .conftest import make_ctx
@@ -51,7 +51,7 @@ def test_import_needs_no_compiler_torch_or_cupy():
     code = (
         "import sys, ptxbuild, ptxbuild.runtime; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'cupy', 'cuda') "
-        "or m in ('ptxbuild.compile.compiler', 'ptxbuild.build.target')]; print(bad)"
+        "or m in ('ptxbuild.compile.compiler', 'ptxbuild.build.run')]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

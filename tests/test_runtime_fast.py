@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from ptxbuild.build.target import build
+from ptxbuild.build.run import build
 from ptxbuild.problem import Problem
 from ptxbuild.runtime import LoaderError, load
 

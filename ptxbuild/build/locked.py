@@ -12,7 +12,7 @@ import dataclasses
 import json
 
 from ..declare.graph import build_order
-from ..oploader import load_op, source_files
+from ..oploader import file_digests, load_op
 from ..outputs.lockfile import (
     KERNEL_SOURCE_SUFFIXES,
     RELOCK_GPU,
@@ -27,7 +27,7 @@ from ..outputs.lockfile import (
 from ..outputs.manifest import pin_ptx, write_artifacts
 from ..outputs.report import rejudge
 from ..problem import Binary, Launch, Problem, canonical_json
-from .target import TargetResult, hardware_for
+from .context import TargetResult, hardware_for
 
 
 def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict]:
@@ -86,7 +86,7 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
         entry,
         op,
     ) in order:  # every entry first: a missing or drifted one fails before anything compiles
-        check_entry(ctx, t, entry, op)
+        check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op)
     plan = []
     for t, entry, op in order:
         ctx.report("target_start", target=t, reason="locked")
@@ -140,8 +140,8 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
     for t in build_order(ctx.kf, targets):
         entry = entries.get(str(t))
         op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
-        check_entry(ctx, t, entry, op, op_files=False)
-        files = {p.name: sha256(p.read_bytes()) for p in source_files(op)}
+        check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op, op_files=False)
+        files = file_digests(op)
         changed = sorted(
             n
             for n in set(files) | set(entry["op_files"])

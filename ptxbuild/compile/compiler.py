@@ -5,15 +5,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from ..errors import BuildFailed, ToolError
 from ..keys import installed_version
 from ..problem import Binary, Kernel
 
 
-class CompileError(Exception):
+class CompileError(BuildFailed):
     """The candidate did not compile; the message is the compiler log."""
 
 
-class ToolchainMissing(RuntimeError):
+class ToolchainMissing(ToolError, RuntimeError):
     """The CUDA compiler wheels are not installed."""
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .catalog import did_you_mean
 
 
-class TargetError(Exception):
+class TargetError(ConfigError):
     """A target named on the command line does not exist in the kernelfile."""
 
 

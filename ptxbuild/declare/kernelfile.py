@@ -24,10 +24,11 @@ from pydantic import (
 )
 
 from ..dtypes import ALIASES, DTYPES
+from ..errors import ConfigError
 from .catalog import ARCHES, CATALOG, Gpu, did_you_mean
 
 
-class KernelfileError(Exception):
+class KernelfileError(ConfigError):
     """A mistake in kernelfile.toml: one line naming the key path and what to write instead."""
 
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..keys import PROTOCOL_VERSION  # noqa: F401  (the one version, in the keys it names)
 from ..outcome import Outcome
 
-PROTOCOL_VERSION = (
-    "4"  # bump when how a timing is taken changes (re-measures); keys.py has the same
-)
-# 2: batches behind a gate (gate.py); 3: each call alone, nvbench-cold (runs.py); 4: outputs poisoned
-# again before every timed call, the first timed call of every window judged (runs.py _timer)
 SUSPICIOUS_BELOW = 0.97  # p50 under this fraction of the roofline floor is never a win
 REMEASURE_MARGIN = 0.10  # a candidate beating the incumbent by more than this is re-timed alone
 ROUNDS = 10  # a candidate and its incumbent alternate over this many rounds

@@ -56,6 +56,11 @@ def judge(spec, chosen: list[dict], measured: bool) -> dict:
     }
 
 
+def misses(spec, chosen: list[dict], measured: bool) -> tuple[str, ...]:
+    """judge's gate failures alone: what plan, a build, a --locked rebuild and a report say is missed."""
+    return tuple(judge(spec, chosen, measured)["gates"]["failures"])
+
+
 def failures(gates: dict, chosen: list[dict]) -> list[str]:
     """One line per (problem, gate) that a timed winner misses (untimed problems, or no baseline: not judged)."""
     out = []

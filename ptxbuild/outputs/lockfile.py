@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 
 from ..declare.graph import all_targets
+from ..errors import EXIT_CONFIG, BuildFailed
 from ..keys import installed_version
-from ..oploader import load_op, source_files
+from ..oploader import file_digests, load_op
 from ..problem import canonical_json
 from .manifest import target_dir
 
@@ -24,7 +25,7 @@ WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 
 
-class LockError(Exception):
+class LockError(BuildFailed):
     """The lock does not hold, or the build drifted from it; one line naming target, variant, expected, got."""
 
 
@@ -60,6 +61,8 @@ def dumps(lock: dict) -> str:
 class LockUnreadable(LockError):
     """The lock file itself is damaged (not JSON, conflict markers, another shape): a kernelfile mistake
     (exit 2) that no command may paper over, since a build would rewrite the lock without its entries."""
+
+    exit_code = EXIT_CONFIG
 
 
 _ENTRY_KEYS = {"target": str, "variants": dict, "dispatch": list, "gpu": dict, "toolchain": dict}
@@ -173,7 +176,7 @@ def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
         "gpu": m["gpu"],
         "toolchain": m["toolchain"],
         "wheels": wheel_versions(),
-        "op_files": {p.name: sha256(p.read_bytes()) for p in source_files(op)},
+        "op_files": file_digests(op),
         "measured_on_hardware": m["measured_on_hardware"],
         "hardware": m.get("hardware"),
         "variants": variants,
@@ -265,8 +268,9 @@ def write_lock(path: Path, targets: dict) -> Path | None:
     return path
 
 
-def check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
-    kf = ctx.kf
+def check_entry(kf, toolchain: dict, t, entry: dict | None, op, op_files: bool = True) -> None:
+    """Raise LockError, naming what drifted, unless `entry` holds for `t` as the kernelfile, the
+    installed toolchain (`toolchain`: Toolchain.key()) and the op's files are now."""
     if entry is None:
         raise LockError(
             f"{t} is not in {lock_path(kf).name}; build it unlocked once (ptxbuild build {t}) and commit the lock"
@@ -293,7 +297,7 @@ def check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
             f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}"
         )
     # the compilers decide the bytes; the cuda-bindings wrapper version is recorded but does not count
-    now_tc = ctx.toolchain.key()
+    now_tc = toolchain
     for name in ("nvrtc", "nvjitlink"):
         if entry["toolchain"].get(name) != now_tc.get(name):
             raise LockError(
@@ -307,7 +311,7 @@ def check_entry(ctx, t, entry: dict | None, op, op_files: bool = True) -> None:
                 f"{t}: toolchain drift: {name} locked {want}, installed {now.get(name)}; "
                 f"run: pip install '{name}=={want}'"
             )
-    files = {p.name: sha256(p.read_bytes()) for p in source_files(op)}
+    files = file_digests(op)
     for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
         if files.get(name) != entry["op_files"].get(name):
             how = (

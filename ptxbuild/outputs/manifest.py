@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..oploader import source_files
+from ..oploader import file_digests
 
 
 def ptx_isa(ptx: str) -> str:
@@ -72,7 +72,7 @@ def assemble(
         "variants": variants,
         "dispatch": dispatch,
         "hardware": summary.get("hardware"),
-        "op_files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)},
+        "op_files": file_digests(op),
         **({"incomplete": summary["incomplete"]} if summary.get("incomplete") else {}),
     }  # problems built/declared
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..problem import Problem
 from .environment import environment, utc_time
-from .gates import closest_baseline, failures, judge
+from .gates import closest_baseline, failures, judge, misses
 
 EVERY_ROUND = {
     "min_speedup": 1.0,
@@ -464,8 +464,15 @@ def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tu
         }
         if rerender or _verdict(data) != _verdict(new):
             _save(path.parent, new)
-    return (
-        tuple(judge(spec, built["dispatch"], built["measured_on_hardware"])["gates"]["failures"])
-        if built
-        else ()
-    )
+    return misses(spec, built["dispatch"], built["measured_on_hardware"]) if built else ()
+
+
+def rerender(kf, cache, targets):
+    """`ptxbuild report`: each target's report judged again by the kernelfile's gates, then written
+    from the cache's last build; yields (target, data, path): data None where this cache has no build
+    of it (a committed report is rendered again from its report.json), path None where the report
+    there comes from a later build than this cache's last one (it is left as it is)."""
+    for t in targets:
+        data = collect(kf, cache, t)
+        rejudge(kf, t, rerender=data is None)  # by this kernelfile's gates, whatever comes next
+        yield t, data, None if data is None else write_report(kf, cache, t, keep_newer=True)

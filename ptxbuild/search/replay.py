@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from ..declare.catalog import CATALOG
 from ..problem import Problem
-from ..store import lessons
+from ..store import learn, lessons
 from .strategies import run_search
 
 FORMAT = "ptxbuild-recording/1"
@@ -69,16 +69,8 @@ def export_recording(
     """Write the attempts of `cache` (one op / one GPU) as a recording; returns the number of rows. Repeated
     attempts of one config (forced rebuilds) merge: the median p50 of the successes and the largest cost in
     seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
-    where = (
-        ["outcome not in ('invalid', 'pruned')"]
-        + (["op = ?"] if op else [])
-        + (["gpu = ?"] if gpu else [])
-    )
     merged: dict[tuple, dict] = {}
-    for a in cache.db.query(
-        f"select * from attempts where {' and '.join(where)} order by id",
-        [v for v in (op, gpu) if v],
-    ):
+    for a in cache.recorded_attempts(op, gpu):
         key = (a["op"], a["gpu"], a["problem"], a["params"])
         m = merged.setdefault(
             key,
@@ -181,12 +173,11 @@ def lessons_cache(rec: Recording, op: str, keep, extra_lessons: list | None = No
         for i, r in enumerate(rec.rows, 1)
         if r["op"] == op and keep(r)
     ]
-    for row in (
-        lessons.best_rows(op, attempts, "replay")
-        + lessons.fail_rows(op, attempts, "replay")
+    cache.put_lessons(
+        learn.best_rows(op, attempts, "replay")
+        + learn.fail_rows(op, attempts, "replay")
         + list(extra_lessons or [])
-    ):
-        cache.db["lessons"].upsert(row, pk="id")
+    )
     return cache
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlite_utils
 
+from ..errors import ToolError
 from ..problem import Binary
 
 SCHEMA_VERSION = 4
@@ -178,7 +179,7 @@ def _v4(db: sqlite_utils.Database) -> None:
 MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 
 
-class CacheError(Exception):
+class CacheError(ToolError):
     """The cache file cannot be used (damaged, not SQLite, newer, a folder, read-only): one line that
     names it and the way out."""
 
@@ -370,6 +371,24 @@ class Cache:
                 f"select * from attempts where {where} order by id", [v for v in (target, run) if v]
             )
         )
+
+    def recorded_attempts(self, op: str | None = None, gpu: str | None = None):
+        """Attempts (of one op, on one GPU, if given) in the order they were made, invalid and
+        pruned configs left out: what a replay recording holds."""
+        where = (
+            ["outcome not in ('invalid', 'pruned')"]
+            + (["op = ?"] if op else [])
+            + (["gpu = ?"] if gpu else [])
+        )
+        return self.db.query(
+            f"select * from attempts where {' and '.join(where)} order by id",
+            [v for v in (op, gpu) if v],
+        )
+
+    def put_lessons(self, rows) -> None:
+        """Insert or replace lesson rows by id."""
+        for row in rows:
+            self.db["lessons"].upsert(row, pk="id")
 
     def add_build(
         self,

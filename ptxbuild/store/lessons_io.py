@@ -27,6 +27,7 @@ from pydantic import (
 
 from ..declare.catalog import ARCHES, CATALOG
 from ..dtypes import DTYPES
+from ..errors import ConfigError
 from ..keys import installed_version
 from ..oploader import shipped
 from ..outcome import Outcome
@@ -144,7 +145,7 @@ class Record(_Strict):
         return self.rule.model_dump(exclude_unset=True)
 
 
-class LessonsFileError(Exception):
+class LessonsFileError(ConfigError):
     """A lessons file that cannot be imported; the message names the file, the line and the field."""
 
 

@@ -1,0 +1,140 @@
+"""What a build run knows: the kernelfile, the cache, the compile stage, maybe a GPU; a target's result."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..compile.compiler import compile_kernel
+from ..declare.graph import Target
+from ..errors import ConfigError, ToolError
+from ..outcome import Outcome
+from ..problem import Binary, Kernel, Problem
+
+
+@dataclass
+class Context:
+    """What a build run needs: the kernelfile, the cache, the compile stage and (maybe) a GPU."""
+
+    kf: Any
+    cache: Any
+    toolchain: Any  # compiler.Toolchain (or a fake in tests)
+    compile_fn: Callable[[Kernel, str], Binary] = compile_kernel
+    gpu: Any = None  # gpu.GpuSession or a fake with the same methods
+    gpu_match: Callable[[Any, Any], str | None] | None = None
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    report: Callable[..., None] = lambda *a, **k: None
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    force: bool = False
+    command: str = ""
+    # time every candidate and baseline again (compiles, verdicts cached): a report's numbers from one run
+    remeasure: bool = False
+    remeasure_only: tuple = ()  # only problems whose label holds one of these; the others keep their timings
+    timed: set = field(default_factory=set)  # keys timed in this run
+    timed_since: float | None = (
+        None  # resuming an interrupted --remeasure build: timings since then are this run's
+    )
+    resume: bool = True  # False: a --remeasure build starts over even after an interrupted one
+
+    def close(self) -> None:
+        """Stop the GPU worker, if this context started one."""
+        if self.gpu is not None:
+            self.gpu.close()
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    target: Target
+    status: str  # built | up_to_date | failed
+    reason: str
+    measured: bool = False
+    manifest: Path | None = None
+    missed: tuple = ()  # gates.judge's failures: built (and locked), but the declared bar is not met
+
+
+def hardware_for(ctx: Context, gpu) -> dict | None:
+    """The fingerprint of the GPU present if it is this target's GPU (or its model), else None."""
+    if ctx.gpu is None or ctx.gpu_match is None:
+        return None
+    return (
+        ctx.gpu.fingerprint.key()
+        if ctx.gpu_match(ctx.gpu.fingerprint, gpu) in ("exact", "model")
+        else None
+    )
+
+
+def remeasuring(ctx: Context, problem: Problem) -> bool:
+    """Does this run time `problem` again (--remeasure, or --remeasure-only and its label matches)?"""
+    return ctx.remeasure and (
+        not ctx.remeasure_only or any(p in problem.label() for p in ctx.remeasure_only)
+    )
+
+
+def must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> bool:
+    """Time `key` now: never timed, timed out (the deadline may be the harness's: run 24a), or --remeasure and not
+    timed in this run; a resumed --remeasure keeps its successful timings, not failed ones (maybe the SIGINT's)."""
+    if row is None or row.get("outcome") == Outcome.TIMEOUT.value:
+        return True
+    if not remeasuring(ctx, problem) or key in ctx.timed:
+        return False
+    return not (
+        ctx.timed_since is not None
+        and (row.get("created") or 0) >= ctx.timed_since
+        and row.get("outcome", "ok") == "ok"
+    )
+
+
+def open_context(
+    kf, jobs: int | None, use_gpu: bool, report, dry: bool = False, command: str = "", say=print
+) -> Context:
+    """A Context for `kf`: the toolchain (ToolchainMissing if none), the cache (dry, as for plan: an
+    in-memory one where there is none yet), the shared lessons file imported into a new cache, and
+    the GPU worker where one is present and `use_gpu`; `say` gets the lines a user should see."""
+    from ..compile.compiler import toolchain
+    from ..store.cache import Cache
+
+    tc = toolchain()
+    cache = Cache(":memory:" if dry and not kf.cache_path.exists() else kf.cache_path)
+    ctx = Context(kf=kf, cache=cache, toolchain=tc, report=report, command=command)
+    shared = kf.cache_path.parent / "lessons.jsonl"
+    counts = None if dry else _import_shared(kf, ctx.cache, shared)
+    if counts:
+        src = Path(counts["from"])
+        where = src.relative_to(kf.root) if src.is_relative_to(kf.root) else counts["from"]
+        say(f"lessons: imported {counts['added']} from {where} into a new cache")
+    if jobs:
+        ctx.jobs = jobs
+    if use_gpu:
+        try:
+            from ..gpu import GpuSession, gpu_available, match_gpu
+            from ..gpu.session import GpuError
+        except ImportError:
+            return ctx
+        if gpu_available():
+            say("gpu: starting the worker and measuring copy bandwidth ...")
+            try:
+                ctx.gpu = GpuSession()
+            except GpuError as exc:
+                raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu") from exc
+            say(f"gpu: {ctx.gpu.fingerprint}; copy bandwidth {ctx.gpu.copy_tbps:.2f} TB/s")
+            ctx.gpu_match = lambda fp, gpu: match_gpu(
+                fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]}
+            )
+    return ctx
+
+
+def _import_shared(kf, cache, shared):
+    """The shared lessons file (or those ptxbuild ships, where an op is one of its own) merged into
+    a new cache; lessons_io and its pydantic models are imported only here (`plan` reads none)."""
+    from ..oploader import from_shipped
+    from ..store.lessons_io import LessonsFileError, import_shared
+
+    try:
+        shipped = any(from_shipped(spec.template, kf.root) for spec in kf.ops.values())
+        return import_shared(cache, shared, shipped)
+    except LessonsFileError as exc:
+        raise ConfigError(f"{exc}; fix or remove {shared.name}") from None
