@@ -259,3 +259,15 @@ def test_a_stopped_build_still_prints_the_gate_misses_of_the_targets_it_finished
         "scale@h100: 1 gate(s) missed (ops.scale.gates):\n  - float32[7x100]: p50 0.01 ms > max_time_ms 0.005\n"
         in res.output
     ), res.output
+
+
+def test_doctor_runs_without_a_gpu_and_names_the_code_digest():
+    """`ptxbuild doctor` never raises: here (no GPU needed) it prints every check, the code first."""
+    from ptxbuild.outputs.environment import code_digest
+
+    res = CliRunner().invoke(cli.main, ["doctor"])
+    assert res.exit_code == 0, res.output
+    names = [line.split()[0] for line in res.output.splitlines()]
+    assert names[:3] == ["ptxbuild", "python", "numpy"], res.output
+    assert {"cupy", "torch", "nvidia-smi", "gpu", "compiler"} <= set(names), res.output
+    assert f"code {code_digest()}" in res.output.splitlines()[0]

@@ -16,7 +16,7 @@ def doctor() -> list[tuple[str, str]]:
     """(check, status) lines: python, numpy, cupy, torch, GPU + fingerprint, nvidia-smi, compiler."""
     from ..compile.compiler import INSTALL_HINT, toolchain
     from ..gpu.fingerprint import read, smi_line
-    from ..outputs.report import code_digest
+    from ..outputs.environment import code_digest
 
     lines = [
         ("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
