@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from ..declare.graph import all_targets
@@ -65,6 +66,7 @@ class LockUnreadable(LockError):
     exit_code = EXIT_CONFIG
 
 
+_CONFLICT = re.compile(r"^(<<<<<<<|>>>>>>>)", re.MULTILINE)
 _ENTRY_KEYS = {"target": str, "variants": dict, "dispatch": list, "gpu": dict, "toolchain": dict}
 
 
@@ -80,12 +82,11 @@ def lock_problem(path: Path, data: bytes) -> dict | LockUnreadable:
     """The parsed lock, or the LockUnreadable that says what is wrong with its bytes."""
     name = path.name
     text = data.decode("utf-8", "replace")
-    marks = [
-        i + 1 for i, ln in enumerate(text.splitlines()) if ln.startswith(("<<<<<<<", ">>>>>>>"))
-    ]
-    if marks:
+    mark = _CONFLICT.search(text)
+    if mark:
+        line = text.count("\n", 0, mark.start()) + 1
         return LockUnreadable(
-            f"{name} holds git conflict markers (line {marks[0]}): resolve the merge first: take one "
+            f"{name} holds git conflict markers (line {line}): resolve the merge first: take one "
             f"side (git checkout --ours {name} or --theirs), then ptxbuild build relocks what changed"
         )
     if not data.strip():
@@ -136,10 +137,19 @@ def read_lock(kf) -> dict:
         raise LockError(
             f"{path} does not exist; run `ptxbuild build` once to write it, then commit it"
         )
-    lock = lock_problem(path, path.read_bytes())
+    data = path.read_bytes()
+    key = (str(path.resolve()), hashlib.blake2b(data, digest_size=16).digest())
+    if _READ.get("key") != key:
+        # parsed once per content: plan and build ask for the lock once per target, and a lock of
+        # 24 targets is ~1 MB of JSON (callers read the result, they never change it)
+        _READ.update(key=key, lock=lock_problem(path, data))
+    lock = _READ["lock"]
     if isinstance(lock, LockError):
         raise lock
     return lock
+
+
+_READ: dict = {}
 
 
 def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
