@@ -69,9 +69,10 @@ def plan(kernelfile, targets, no_gpu):
     from ..build.plan import plan as do_plan
 
     kf = _kernelfile(kernelfile)
+    chosen = _targets(kf, targets)  # a target mistake is exit 2 before the toolchain is looked for
     # with a GPU present its fingerprint is part of each key: the worker that read it is stopped after
     with closing(shell._context(kf, None, not no_gpu, lambda *a, **k: None, dry=True)) as ctx:
-        verdicts = do_plan(ctx, _targets(kf, targets))
+        verdicts = do_plan(ctx, chosen)
     for t, fresh, why in verdicts:
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
