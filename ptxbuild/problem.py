@@ -129,3 +129,17 @@ class Binary:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.cubin).hexdigest()
+
+
+# A candidate may be a whole CUDA source a proposer wrote (issue 31): its config then holds the
+# source's digest under this key beside the template's parameters (which give its launch and
+# arguments). Only the build's proposal store (search/proposals.py) reads the key; the op's own
+# functions always get op_params, the config without it.
+SOURCE_PARAM = "source"
+
+
+def op_params(params: dict | None) -> dict | None:
+    """`params` without SOURCE_PARAM: what an op's check/launch/kernel_args are given."""
+    if not params or SOURCE_PARAM not in params:
+        return params
+    return {k: v for k, v in params.items() if k != SOURCE_PARAM}

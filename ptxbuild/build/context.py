@@ -39,6 +39,8 @@ class Context:
         None  # resuming an interrupted --remeasure build: timings since then are this run's
     )
     resume: bool = True  # False: a --remeasure build starts over even after an interrupted one
+    proposers: tuple = ()  # `ptxbuild try --proposer`: proposer commands instead of the kernelfile's
+    rounds: int = 0  # and their rounds a problem (0: the kernelfile's)
 
     def close(self) -> None:
         """Stop the GPU worker, if this context started one."""

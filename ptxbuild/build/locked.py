@@ -27,6 +27,7 @@ from ..outputs.lockfile import (
 from ..outputs.manifest import pin_ptx, write_artifacts
 from ..outputs.report import rejudge
 from ..problem import Binary, Launch, Problem, canonical_json
+from ..search.proposals import with_sources
 from .context import TargetResult, hardware_for
 
 
@@ -78,7 +79,11 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     """Rebuild exactly the locked artifacts (compile, compare, verify; no search); any drift leaves build/ as it was."""
     lock = read_lock(ctx.kf)
     order = [
-        (t, lock["targets"].get(str(t)), load_op(ctx.kf.ops[t.op].template, ctx.kf.root))
+        (
+            t,
+            lock["targets"].get(str(t)),
+            with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root),
+        )
         for t in build_order(ctx.kf, targets)
     ]
     for (
@@ -139,7 +144,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
     done = []
     for t in build_order(ctx.kf, targets):
         entry = entries.get(str(t))
-        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
+        op = with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root)
         check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op, op_files=False)
         files = file_digests(op)
         changed = sorted(

@@ -18,10 +18,11 @@ from ..outputs import gates
 from ..outputs.environment import environment, utc_time
 from ..outputs.manifest import assemble, write_artifacts
 from ..outputs.report import write_report
+from ..search.proposals import with_sources
 from ..search.strategies import best, neighbours, run_search
 from ..store import learn, lessons
 from ..store.lessons_io import shipped_among
-from . import beside
+from . import beside, factory
 from .context import Context, TargetResult, hardware_for, remeasuring
 from .evaluate import Evaluator
 from .plan import inputs
@@ -34,7 +35,7 @@ def build_target(
     """Build `t` (signals held by `irq`): its result, and the stop that came while it built, if any
     (a target stopped before it finished has no result; its partial build is recorded, interrupted)."""
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
-    op = load_op(spec.template, ctx.kf.root)
+    op = with_sources(load_op(spec.template, ctx.kf.root), ctx.kf.root)
     hw = hardware_for(ctx, gpu)
     search = spec.search
     chosen: list[dict] = []
@@ -131,6 +132,8 @@ def build_target(
                     else []
                 )
                 hist += list(zip(extra, ev(extra))) if extra else []
+            if factory.proposers_of(ctx, search)[0]:  # proposed sources, after the template's best
+                hist += factory.propose(ctx, ev, problem, hist, search)
             winner = (
                 beside.playoff(ev, hist) if hw else best(hist)
             )  # else: the first with the lowest finite score
@@ -169,6 +172,8 @@ def build_target(
                 "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
                 "_binary": binary,
             }
+            if factory.proposers_of(ctx, search)[0]:
+                entry["factory"] = factory.beside_template(ctx, ev, problem, hist, winner)
             t_base = time.perf_counter()
             if hw:
                 entry["timed_at"] = ev.timed_at.get(ck)

@@ -70,6 +70,10 @@ class SearchModel(_Strict):
     # after the search: the winner's neighbours along these parameters (each other value of each, one
     # at a time) are timed too, beyond the budget; a cheap fix for a coordinate the search left untried
     polish: list[str] = []
+    # proposer commands (issue 31): each gets tasks and answers with candidate sources over the
+    # proposer protocol (README.md), `rounds` rounds a problem after the template search
+    proposers: list[str] = []
+    rounds: int = Field(default=1, gt=0, le=1000, strict=True)
 
 
 class GatesModel(_Strict):
@@ -338,7 +342,10 @@ def parse(text: str, path: Path) -> Kernelfile:
                 }
             ),
             search=op.search.model_dump(
-                exclude={k for k in ("candidates", "polish") if not getattr(op.search, k)}
+                exclude={
+                    k for k in ("candidates", "polish", "proposers") if not getattr(op.search, k)
+                }
+                | ({"rounds"} if not op.search.proposers else set())
             ),
             depends=tuple(op.depends),
         )

@@ -201,6 +201,7 @@ def _one(job: dict, device: int, cp, index: int = 0) -> None:
     from types import SimpleNamespace
 
     from ..oploader import load_op
+    from ..problem import op_params
     from . import check
     from . import device as device_mod
     from .runs import Gpu
@@ -219,7 +220,8 @@ def _one(job: dict, device: int, cp, index: int = 0) -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device(device).synchronize()
     print(f"{MARK} launch {index}", flush=True)
-    for kern, geom, args in g.launches(op, job["params"], problem, binary, inputs, outputs):
+    params = op_params(job["params"])
+    for kern, geom, args in g.launches(op, params, problem, binary, inputs, outputs):
         device_mod.launch(kern, geom, args, stream)
     stream.synchronize()
     cp.cuda.Device(device).synchronize()

@@ -10,7 +10,7 @@ import sys
 import traceback
 from dataclasses import asdict
 
-from ..problem import Binary, Problem
+from ..problem import Binary, Problem, op_params
 from . import errors
 
 
@@ -49,7 +49,7 @@ def encode_config(c: tuple | None) -> list | None:
 
 
 def decode_config(c: list | None) -> tuple | None:
-    return (c[0], decode_binary(c[1])) if c else None
+    return (op_params(c[0]), decode_binary(c[1])) if c else None
 
 
 def handle(gpu, cmd: str, a: dict):
@@ -61,7 +61,7 @@ def handle(gpu, cmd: str, a: dict):
         return gpu.verify(
             a["op_folder"],
             a["root"],
-            a["params"],
+            op_params(a["params"]),
             decode_problem(a["problem"]),
             decode_binary(a["binary"]),
             a.get("seeds"),
@@ -70,7 +70,7 @@ def handle(gpu, cmd: str, a: dict):
         return gpu.measure(
             a["op_folder"],
             a["root"],
-            a["params"],
+            op_params(a["params"]),
             decode_problem(a["problem"]),
             decode_binary(a["binary"]),
             decode_config(a.get("incumbent")),

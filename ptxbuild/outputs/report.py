@@ -242,6 +242,7 @@ def markdown(data: dict) -> str:
             f"of it, each in one window, alternating ({len(bouts)} bouts, largest difference there {gap:.1%}); "
             f"a challenger won in {len({lbl for lbl, b in bouts if b['won']})} (`playoff` in report.json).",
         ]
+    lines += proposed_section(data["dispatch"])
     base_rows = [
         (d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()
     ]
@@ -330,6 +331,30 @@ def markdown(data: dict) -> str:
     ]
     lines += lessons_section(s, data)
     return "\n".join(lines) + "\n"
+
+
+def proposed_section(dispatch: list) -> list[str]:
+    """Per problem a proposer ran on (issue 31): each proposer's attempts by outcome, the winner
+    (template or proposed, with its lineage) and a proposed winner's p50 in one window with the best
+    template config (`factory` in report.json)."""
+    rows = [(d["label"], d["factory"]) for d in dispatch if d.get("factory")]
+    if not rows:
+        return []
+    out = ["", "## Proposed sources", "", "| problem | proposers: attempts by outcome | winner | "
+           "same window: winner / best template (us) | speed-up |", "|---|---|---|---:|---:|"]  # fmt: skip
+    for label, f in rows:
+        who = "; ".join(f"`{c}`: " + ", ".join(f"{k} {n}" for k, n in sorted(o.items()))
+                        for c, o in f["proposers"].items())  # fmt: skip
+        lin, w = f.get("lineage") or {}, f.get("same_window") or {}
+        won = (
+            f"proposed `{lin.get('digest')}` (round {lin.get('round')}: {lin.get('edit')})"
+            if lin
+            else "template"
+        )
+        sp = f"{w['speedup']:.2f}x" if w.get("speedup") else "-"
+        out.append(f"| {label} | {who} | {won} | {_ms(w.get('winner_p50_ms'))} / "
+                   f"{_ms(w.get('template_p50_ms'))} | {sp} |")  # fmt: skip
+    return out
 
 
 def lessons_section(s: dict, data: dict) -> list[str]:

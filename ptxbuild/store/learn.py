@@ -9,7 +9,7 @@ import math
 from collections import defaultdict
 from statistics import mean
 
-from ..problem import Problem
+from ..problem import SOURCE_PARAM, Problem
 from .lessons import (
     FAIL_OUTCOMES,
     NEAR_BEST,
@@ -250,8 +250,12 @@ def derive(
         {n: v[0] for n, v in op.SPACE.items()},
     )  # params stored before one existed: its first value
 
-    def full(rows):
-        return [{**r, "params": json.dumps({**canon, **json.loads(r["params"])})} for r in rows]  # noqa: E731
+    def full(rows):  # template configs only: a proposed source's attempts teach `edit` lessons
+        return [
+            {**r, "params": json.dumps({**canon, **p})}
+            for r in rows
+            if SOURCE_PARAM not in (p := json.loads(r["params"]))
+        ]
 
     mine = full(
         cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run])

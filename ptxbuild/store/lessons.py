@@ -59,7 +59,13 @@ def _scope(gpu: str, arch: str, problem: dict) -> dict:
 
 def lesson_id(kind: str, op: str, scope: dict, rule: dict) -> str:
     """A lesson's identity: its kind, op, scope and the configuration it is about (not its numbers)."""
-    what = {"best": rule.get("params"), "fails": rule.get("params"), "sensitivity": None}[kind]
+    what = {
+        "best": rule.get("params"),
+        "fails": rule.get("params"),
+        "sensitivity": None,
+        # a source edit (build/factory.py): the source it made (or the edit that did not apply)
+        "edit": [rule.get("source"), rule.get("edit"), rule.get("params")],
+    }[kind]
     return digest(kind, op, scope, what)[:16]
 
 
@@ -289,6 +295,10 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
             if r["kind"] == "best"
             else f"{params} -> {rule['outcome']}"
             if r["kind"] == "fails"
+            else f"{rule['edit']} ({params}) -> {rule['verdict']}"
+            + (f" {rule['ratio']:.2f}x" if rule.get("ratio") else "")
+            + (f": {rule['why']}" if rule.get("why") and rule["verdict"] == "failed" else "")
+            if r["kind"] == "edit"
             else ", ".join(f"{k} {rule['params'][k] * 100:.0f}%" for k in rule["order"][:4])
         )
         src = r["source"] or ""

@@ -77,6 +77,13 @@ class Rule(_Strict):
         Annotated[list[Annotated[dict[Ident, Scalar], Field(max_length=64)]], Field(max_length=8)]
         | None
     ) = None
+    # an `edit` lesson (a proposed source: build/factory.py): the edit, what it did, the evidence
+    edit: Text | None = None
+    verdict: Literal["helped", "hurt", "failed", "built"] | None = None
+    result: Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")] | None = None
+    why: Text | None = None
+    source: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
+    ratio: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
 
 
 class Evidence(_Strict):
@@ -105,7 +112,7 @@ class Record(_Strict):
     format: Literal[FORMAT]
     id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
     op: Name
-    kind: Literal["best", "fails", "sensitivity"]
+    kind: Literal["best", "fails", "sensitivity", "edit"]
     scope: Scope
     rule: Rule
     evidence: Annotated[list[Evidence], Field(max_length=200)]
@@ -119,6 +126,15 @@ class Record(_Strict):
         r = self.rule
         if self.kind == "best" and (r.p50_ms is None or r.outcome or r.order):
             raise ValueError("a 'best' rule has params, p50_ms and optionally near only")
+        edit_fields = (r.edit, r.verdict, r.result, r.why, r.source, r.ratio)
+        if self.kind == "edit" and (
+            r.edit is None or r.verdict is None or r.p50_ms or r.outcome or r.order
+        ):
+            raise ValueError(
+                "an 'edit' rule has params, edit, verdict and optionally result, why, source, ratio"
+            )
+        if self.kind != "edit" and any(f is not None for f in edit_fields):
+            raise ValueError("only an 'edit' rule has edit, verdict, result, why, source or ratio")
         if self.kind != "best" and r.near is not None:
             raise ValueError("only a 'best' rule has near-best configs (near)")
         if self.kind == "fails" and (

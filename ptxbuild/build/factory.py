@@ -1,0 +1,274 @@
+"""The factory's rounds (issue 31): proposers get a task, answer with candidate sources, and each
+candidate goes through the build's own Evaluator (compile -> resources -> verify -> time -> cache),
+its result sent back as feedback and kept as an `edit` lesson (what edit helped, hurt or failed, and
+why). The protocol's messages are in ptxbuild/search/proposer.schema.json and README.md."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+from .. import keys
+from ..outcome import Outcome
+from ..problem import SOURCE_PARAM, Problem, digest
+from ..search.proposals import (
+    MAX_CANDIDATES,
+    EditError,
+    ProposalError,
+    Proposer,
+    apply_edits,
+    candidate_errors,
+)
+from ..store import lessons
+from .context import Context, must_time
+
+ATTEMPTS_IN_TASK = 24  # the most recent attempts of the problem a task carries
+LESSONS_IN_TASK = 24
+
+
+def proposers_of(ctx: Context, search: dict) -> tuple[list[str], int]:
+    """The proposer commands and rounds of a target: the run's (ptxbuild try) or the kernelfile's."""
+    cmds = list(getattr(ctx, "proposers", ()) or search.get("proposers") or ())
+    return cmds, int(getattr(ctx, "rounds", 0) or search.get("rounds") or 1)
+
+
+def _key(cfg: dict) -> tuple:
+    return tuple(sorted(cfg.items()))
+
+
+def _best(hist: list):
+    ok = [h for h in hist if math.isfinite(h[1])]
+    return min(ok, key=lambda h: h[1]) if ok else None
+
+
+def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, cmd: str) -> dict:
+    """What a proposer is told: the op, the problem, the GPU, the reference's source, the template
+    (its SPACE, default and rendered source), the incumbent with its time and % of floor, recent
+    attempts with their evidence, the edit lessons, the budget."""
+    op, arch, inc, hw = ev.op, ev.gpu.arch, _best(hist), bool(ev.hw)
+    default = op.default_params(problem)
+    floor = op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else ev.gpu.dram_tbps) * 1e9)
+    try:
+        ref = inspect.getsource(op.reference)
+    except (OSError, TypeError, AttributeError):
+        ref = ""
+    kern = op.render(default, problem, arch)
+    keep = ("params", "outcome", "detail", "p50_ms")
+    return dict(
+        round=rnd, rounds=rounds, proposer=cmd, op=op.NAME, target=str(ev.t), reference=ref,
+        problem={**problem.key(), "label": problem.label()},
+        gpu=dict(name=ev.gpu.name, arch=arch, sm_count=ev.gpu.sm_count, measured=hw),
+        template=dict(space=op.SPACE, default_params=default, entry=kern.entry, source=kern.source),
+        incumbent=inc and dict(
+            params=inc[0], source=op.render(inc[0], problem, arch).source,
+            p50_ms=inc[1] if hw else None, fraction_of_floor=floor / inc[1] if hw and inc[1] else None,
+        ),
+        floor_ms=floor, bytes_moved=op.bytes_moved(problem),
+        attempts=[{k: r.get(k) for k in keep} for r in list(ev.results.values())[-ATTEMPTS_IN_TASK:]],
+        lessons=edit_lessons(ctx.cache, op.NAME, arch),
+        budget={"candidates": MAX_CANDIDATES, "rounds_left": rounds - rnd},
+    )  # fmt: skip
+
+
+def edit_lessons(cache, op_name: str, arch: str, limit: int = LESSONS_IN_TASK) -> list[dict]:
+    rows = cache.db.query(
+        "select scope, rule, confidence from lessons where op = ? and kind = 'edit' and retired = 0 "
+        "order by created desc limit ?",
+        [op_name, 4 * limit],
+    )
+    out = []
+    for r in rows:
+        scope = json.loads(r["scope"])
+        if scope.get("arch") in (None, arch):
+            out.append({"scope": scope, **json.loads(r["rule"])})
+    return out[:limit]
+
+
+def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | None, str]:
+    """A reply's candidate as a config naming its stored source, or (None, why it is not one)."""
+    if why := candidate_errors(c):
+        return None, why
+    op = ev.op
+    params = {**op.default_params(problem), **c.get("params", {})}
+    params.pop(SOURCE_PARAM, None)
+    if "source" in c:
+        text = c["source"]
+    else:
+        base_cfg = inc[0] if c.get("base", "incumbent") == "incumbent" and inc else params
+        try:
+            text = apply_edits(op.render(base_cfg, problem, ev.gpu.arch).source, c["edits"])
+        except EditError as exc:
+            return None, str(exc)
+    parent = meta.get("parent")
+    lineage = {
+        **meta,
+        "op": op.NAME,
+        "problem": problem.label(),
+        "params": params,
+        "rationale": c.get("rationale", "")[:2000],
+        "edit": c.get("edit", "")[:200],
+        "parent": c.get("parent") or parent,
+    }
+    return {**params, SOURCE_PARAM: op.store.put(text, lineage)}, ""
+
+
+def propose(ctx: Context, ev, problem: Problem, hist: list, search: dict) -> list:
+    """Every proposer's rounds for one problem; the (config, score) of each candidate built."""
+    cmds, rounds = proposers_of(ctx, search)
+    added: list = []
+    ev.proposed = getattr(ev, "proposed", {})
+    for cmd in cmds:
+        try:
+            p = Proposer(cmd, ctx.kf.root)
+        except ProposalError as exc:
+            ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
+            continue
+        try:
+            for rnd in range(rounds):
+                if not _round(ctx, ev, problem, hist + added, rnd, rounds, cmd, p, added):
+                    break
+        finally:
+            p.close()
+    return added
+
+
+def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> bool:
+    try:
+        cands = p.ask(task(ctx, ev, problem, hist, rnd, rounds, cmd))
+    except ProposalError as exc:
+        ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
+        return False
+    inc = _best(hist)
+    parent = (
+        inc[0].get(SOURCE_PARAM) or "template " + json.dumps(inc[0], sort_keys=True)
+        if inc
+        else None
+    )
+    meta = {"proposer": cmd, "round": rnd, "parent": parent}
+    results, cfgs = [], []
+    for i, c in enumerate(cands):
+        cfg, why = (
+            (None, f"over the budget of {MAX_CANDIDATES} a reply")
+            if i >= MAX_CANDIDATES
+            else materialize(ev, problem, c, meta, inc)
+        )
+        results.append({"index": i, "outcome": "rejected", "detail": why} if cfg is None else cfg)
+        if cfg is not None and cfg not in cfgs:
+            cfgs.append(cfg)
+    scores = dict(zip(map(_key, cfgs), ev(cfgs))) if cfgs else {}
+    added += [(cfg, scores[_key(cfg)]) for cfg in cfgs]
+    out = []
+    for i, r in enumerate(results):
+        c = cands[i] if isinstance(cands[i], dict) else {}
+        if r.get("outcome") == "rejected":
+            out.append(r)
+            _lesson(ctx, ev, problem, None, c, "failed", "rejected", r["detail"], None)
+            continue
+        row = ev.results[_key(r)]
+        p50 = row.get("p50_ms") if row["outcome"] == "ok" else None
+        ratio = p50 / inc[1] if p50 and inc and ev.hw and inc[1] > 0 else None
+        verdict = (
+            "failed"
+            if row["outcome"] != "ok"
+            else ("helped" if ratio is not None and ratio < 1 else "hurt" if ratio else "built")
+        )
+        ev.proposed[_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
+        out.append(
+            {
+                "index": i,
+                "digest": r[SOURCE_PARAM],
+                "params": r,
+                "outcome": row["outcome"],
+                "detail": row["detail"],
+                "p50_ms": p50,
+                "vs_incumbent": ratio,
+                "verdict": verdict,
+            }
+        )
+        _lesson(ctx, ev, problem, r, c, verdict, row["outcome"], row["detail"], ratio)
+    try:
+        p.tell({"round": rnd, "results": out})
+    except ProposalError as exc:
+        ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
+        return False
+    return True
+
+
+def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
+    """An `edit` lesson: which edit (its label, else its rationale), on which op, arch, dtype and
+    shape, helped / hurt / failed, by how much, and the first line of the evidence."""
+    edit = (c.get("edit") or c.get("rationale") or "").strip().splitlines()
+    scope = {
+        "arch": ev.gpu.arch,
+        "family": lessons.family_of("", ev.gpu.arch),
+        "dtype": problem.dtype,
+        "shape": list(problem.shape),
+        "bucket": lessons.shape_bucket(problem.shape),
+        "options": problem.opts_json,
+    }
+    rule = {
+        "params": {k: v for k, v in (cfg or {}).items() if k != SOURCE_PARAM},
+        "edit": _line(edit[0] if edit else "(unnamed edit)"),
+        "verdict": verdict,
+        "result": outcome,
+        "why": _line(next((ln for ln in (detail or "").splitlines() if ln.strip()), "")),
+        **({"source": cfg[SOURCE_PARAM]} if cfg else {}),
+        **({"ratio": round(ratio, 4)} if ratio is not None else {}),
+    }
+    row = lessons._row(ev.op.NAME, "edit", scope, rule, [], 1.0 if ev.hw else 0.5, f"run {ctx.run}")
+    ctx.cache.put_lessons([row])
+
+
+def _line(text: str) -> str:
+    """One line of text as a lesson keeps it (no control characters, at most 300)."""
+    return "".join(ch if ch.isprintable() else " " for ch in text).strip()[:300]
+
+
+def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> dict:
+    """What the factory did for one problem: each proposer's attempts by outcome, the winner's
+    lineage and, when a proposed source won on a GPU, it timed in one window with the best template
+    config (alternating, as a playoff bout), both p50s from that window."""
+    counts: dict = {}
+    for info in getattr(ev, "proposed", {}).values():
+        by = counts.setdefault(info["proposer"], {})
+        by[info["outcome"]] = by.get(info["outcome"], 0) + 1
+    out: dict = {"proposers": counts}
+    tmpl = _best([h for h in hist if SOURCE_PARAM not in h[0]])
+    if tmpl:
+        out["template_best"] = {"params": tmpl[0], "p50_ms": tmpl[1] if ev.hw else None}
+    if winner is None or SOURCE_PARAM not in winner[0]:
+        out["winner"] = "template"
+        return out
+    out["winner"] = "proposed"
+    out["lineage"] = ev.op.store.meta(winner[0][SOURCE_PARAM])
+    if not (ev.hw and tmpl):
+        return out
+    wb, tb = ev.binaries[_key(winner[0])], ev.binaries[_key(tmpl[0])]
+    key = digest(
+        "beside-template", wb.digest, tb.digest, ev.hw, problem.key(), winner[0], tmpl[0],
+        keys.PROTOCOL_VERSION,
+    )  # fmt: skip
+    row = ctx.cache.get("measurements", key)
+    if must_time(ctx, key, row, problem):
+        ctx.timed.add(key)
+        r = ctx.gpu.measure(str(ev.op.FOLDER), winner[0], problem, wb, incumbent=(tmpl[0], tb))
+        row = {
+            "key": key,
+            "binary": "beside-template",
+            "fingerprint": json.dumps(ev.hw, sort_keys=True),
+            "problem": json.dumps(problem.key()),
+            "outcome": r.outcome.value,
+            "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
+            "detail": json.dumps({"template_p50_ms": r.incumbent_p50_ms}),
+        }
+        if r.outcome is Outcome.OK:
+            ctx.cache.put("measurements", row)
+    t50 = json.loads(row["detail"]).get("template_p50_ms")
+    out["same_window"] = {
+        "outcome": row["outcome"],
+        "winner_p50_ms": row["p50_ms"],
+        "template_p50_ms": t50,
+        "speedup": t50 / row["p50_ms"] if t50 and row["p50_ms"] else None,
+    }
+    return out

@@ -1,0 +1,265 @@
+"""Source-level candidates (issue 31): the store of proposed CUDA sources, the op seen with them,
+the rewriter that applies a proposer's edits, and the proposer protocol's process client.
+
+A proposed source is content-addressed: its digest (sha256 of the text, 16 hex digits) is the value
+of SOURCE_PARAM in the candidate's config, beside the template parameters that give its launch and
+arguments. The text and its lineage (parent, proposer, rationale, the problem it was written for)
+are files under <kernelfile folder>/proposed/<op>/, so a committed winner is rebuilt by
+`build --locked` in a fresh clone. What a proposer sends is data: text that is compiled and judged
+like any candidate, never code that ptxbuild runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import selectors
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from ..problem import SOURCE_PARAM, Problem, op_params
+
+PROTOCOL = "ptxbuild.proposer/1"
+SCHEMA = Path(__file__).with_name("proposer.schema.json")
+MAX_LINE_BYTES = 1 << 20  # the largest reply line a proposer may send
+MAX_CANDIDATES = 16  # per reply; the rest are dropped (and said so in the results)
+REPLY_SECONDS = 300.0  # how long a proposer may think before one reply
+
+
+class ProposalError(Exception):
+    """A proposer broke the protocol (bad JSON, too large, too slow, exited); one line."""
+
+
+def source_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class SourceStore:
+    """Proposed sources of one op: <folder>/<digest>.cu and <digest>.json (the lineage)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    @classmethod
+    def of(cls, root: Path, op_name: str) -> SourceStore:
+        return cls(Path(root) / "proposed" / op_name)
+
+    def put(self, text: str, meta: dict) -> str:
+        digest = source_digest(text)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        cu = self.folder / f"{digest}.cu"
+        if not cu.is_file():
+            cu.write_text(text)
+        lineage = self.folder / f"{digest}.json"
+        if not lineage.is_file():  # the first proposer of a text keeps its lineage
+            lineage.write_text(json.dumps({**meta, "digest": digest}, indent=1, sort_keys=True))
+        return digest
+
+    def get(self, digest: str) -> str | None:
+        p = self.folder / f"{digest}.cu"
+        if not p.is_file():
+            return None
+        text = p.read_text()
+        return text if source_digest(text) == digest else None  # an edited file is not that source
+
+    def meta(self, digest: str) -> dict:
+        p = self.folder / f"{digest}.json"
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+class WithSources:
+    """The op, with configs that name a proposed source: check() also asks that the source exists
+    and was written for this problem, render() returns its text with the template's entry and
+    flags for the config's parameters; every op function gets the parameters without SOURCE_PARAM."""
+
+    def __init__(self, op, store: SourceStore):
+        self._op, self.store = op, store
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def check(self, params: dict, problem: Problem) -> str | None:
+        digest = params.get(SOURCE_PARAM)
+        if digest is not None:
+            if self.store.get(digest) is None:
+                return f"proposed source {digest} is not in {self.store.folder}"
+            meant = self.store.meta(digest).get("problem")
+            if meant is not None and meant != problem.label():
+                return f"proposed source {digest} was written for {meant}, not {problem.label()}"
+        return self._op.check(op_params(params), problem)
+
+    def render(self, params: dict, problem: Problem, arch: str):
+        kernel = self._op.render(op_params(params), problem, arch)
+        digest = params.get(SOURCE_PARAM)
+        return kernel if digest is None else replace(kernel, source=self.store.get(digest))
+
+    def launch(self, params: dict, problem: Problem, sm_count: int):
+        return self._op.launch(op_params(params), problem, sm_count)
+
+    def launches(self, params: dict, problem: Problem, sm_count: int):
+        return self._op.launches(op_params(params), problem, sm_count)
+
+
+def with_sources(op, root: Path) -> WithSources:
+    return op if isinstance(op, WithSources) else WithSources(op, SourceStore.of(root, op.NAME))
+
+
+class EditError(ValueError):
+    """A proposer's edit does not apply to its base source."""
+
+
+def apply_edits(base: str, edits: list) -> str:
+    """The rewriter: each edit {"find": text, "replace": text, "count": n (default 1; 0 = every
+    occurrence)} applied in order; a `find` that occurs fewer than `count` times is an EditError."""
+    text = base
+    for i, e in enumerate(edits):
+        if not isinstance(e, dict) or not isinstance(e.get("find"), str) or not e["find"]:
+            raise EditError(f"edit {i}: needs a non-empty string 'find'")
+        if not isinstance(e.get("replace"), str):
+            raise EditError(f"edit {i}: needs a string 'replace'")
+        count = e.get("count", 1)
+        if not isinstance(count, int) or count < 0:
+            raise EditError(f"edit {i}: 'count' must be an integer >= 0")
+        found = text.count(e["find"])
+        if found == 0 or found < count:
+            raise EditError(
+                f"edit {i}: 'find' occurs {found} time(s) in the base source, not {count or 'at least 1'}"
+            )
+        text = text.replace(e["find"], e["replace"], count or found)
+    return text
+
+
+def candidate_errors(c) -> str | None:
+    """Why one candidate of a reply is not one (see proposer.schema.json), or None."""
+    if not isinstance(c, dict):
+        return "a candidate must be an object"
+    if ("source" in c) == ("edits" in c):
+        return "a candidate has exactly one of 'source' (the whole text) and 'edits'"
+    if "source" in c and (not isinstance(c["source"], str) or not c["source"].strip()):
+        return "'source' must be a non-empty string"
+    if "edits" in c and not isinstance(c["edits"], list):
+        return "'edits' must be a list"
+    if not isinstance(c.get("params", {}), dict):
+        return "'params' must be an object (the template parameters: launch and arguments)"
+    if c.get("base", "incumbent") not in ("incumbent", "template"):
+        return "'base' is 'incumbent' or 'template'"
+    for k in ("rationale", "edit"):
+        if not isinstance(c.get(k, ""), str):
+            return f"'{k}' must be a string"
+    return None
+
+
+def parse_reply(line: bytes) -> list:
+    """The candidates of one reply line (a ProposalError if it is not a reply of this protocol)."""
+    try:
+        msg = json.loads(line)
+    except ValueError as exc:
+        raise ProposalError(f"a reply is not JSON ({exc})") from None
+    if not isinstance(msg, dict) or msg.get("type") != "candidates":
+        raise ProposalError('a reply must be an object with "type": "candidates"')
+    if msg.get("protocol") != PROTOCOL:
+        raise ProposalError(f"a reply names protocol {msg.get('protocol')!r}, not {PROTOCOL!r}")
+    if not isinstance(msg.get("candidates"), list):
+        raise ProposalError('a reply needs a list "candidates"')
+    return msg["candidates"]
+
+
+def command_argv(cmd: str) -> list[str]:
+    """A proposer command line as argv; a leading `python`/`python3` is this interpreter."""
+    argv = shlex.split(cmd)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+class Proposer:
+    """One proposer process, JSON lines over its stdin/stdout: ask() sends a task and reads one
+    reply (within `seconds`, at most MAX_LINE_BYTES), tell() sends the results, close() ends it."""
+
+    def __init__(
+        self, cmd: str, cwd: Path, seconds: float = REPLY_SECONDS, env: dict | None = None
+    ):
+        self.cmd, self.seconds = cmd, seconds
+        self._err = tempfile.TemporaryFile()  # a pipe could fill and stop a chatty proposer
+        try:
+            self.proc = subprocess.Popen(
+                command_argv(cmd),
+                cwd=cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._err,
+                env={**os.environ, **(env or {})},
+            )
+        except OSError as exc:
+            raise ProposalError(f"proposer {cmd!r} cannot start: {exc.strerror}") from None
+        self._buf = b""
+
+    def _send(self, msg: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(msg, sort_keys=True) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise ProposalError(f"proposer {self.cmd!r} exited ({self._stderr()})") from None
+
+    def _stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "still running"
+        self._err.seek(0)
+        tail = self._err.read().decode(errors="replace").strip().splitlines()
+        return f"exit {self.proc.returncode}" + (f": {tail[-1][:300]}" if tail else "")
+
+    def _line(self) -> bytes:
+        deadline = time.monotonic() + self.seconds
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            if len(self._buf) > MAX_LINE_BYTES:
+                raise ProposalError(f"proposer {self.cmd!r}: a reply over {MAX_LINE_BYTES} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise ProposalError(f"proposer {self.cmd!r}: no reply within {self.seconds:g} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise ProposalError(f"proposer {self.cmd!r} exited ({self._wait()})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        if len(line) > MAX_LINE_BYTES:
+            raise ProposalError(f"proposer {self.cmd!r}: a reply over {MAX_LINE_BYTES} bytes")
+        return line
+
+    def _wait(self) -> str:
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return "closed its output"
+        return self._stderr()
+
+    def ask(self, task: dict) -> list:
+        self._send({"protocol": PROTOCOL, "type": "task", **task})
+        return parse_reply(self._line())
+
+    def tell(self, results: dict) -> None:
+        self._send({"protocol": PROTOCOL, "type": "results", **results})
+
+    def close(self) -> None:
+        try:
+            self._send({"protocol": PROTOCOL, "type": "done"})
+            self.proc.stdin.close()
+        except (ProposalError, OSError):
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._err.close()
