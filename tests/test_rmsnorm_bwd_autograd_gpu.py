@@ -9,6 +9,7 @@ backward under torch.compile(fullgraph=True) (a graph break fails it).
 
 import math
 import os
+import traceback
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def built(tmp_path_factory):
         res = CliRunner().invoke(main, ["build", "--no-gpu", "-q"], catch_exceptions=False)
     finally:
         os.chdir(cwd)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 0, (
+        f"exit {res.exit_code}\n{res.output}\nstderr: {getattr(res, 'stderr', '')}\n"
+        f"{''.join(traceback.format_exception(*res.exc_info)) if res.exc_info else ''}"
+    )
     import ptxbuild
 
     return (
