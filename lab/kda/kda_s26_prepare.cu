@@ -87,22 +87,18 @@ __device__ __forceinline__ void s26_mma1688(float* d, u32 a0, u32 a1, u32 a2, u3
 __device__ __forceinline__ float s26_lo(u32 w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float s26_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 
-extern "C" __global__ void __launch_bounds__(32 * S26_WPB, S26_MINB)
-kda_s26_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
-                const bf16_t* __restrict__ b,        // beta logits [T, HV]
-                const float* __restrict__ A_log,     // [HV]
-                const float* __restrict__ dt_bias,   // [HV, K]
-                const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
-                unsigned char* __restrict__ ws, float scale, int nc) {
-  extern __shared__ __align__(16) unsigned char s26_smem[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int c = blockIdx.x * S26_WPB + warp, hv = blockIdx.y, h = hv / (HV / H);
-  if (c >= nc) return;                                   // no block barrier anywhere: safe
-  S26Warp& sm = reinterpret_cast<S26Warp*>(s26_smem)[warp];
-  const int t0 = chunk_start[c], m = chunk_len[c];
-  unsigned char* blob = ws + ((size_t)c * HV + hv) * WS_BLOB;
+// One chunk-head's prepare by one warp: rows [t0, t0 + m) of head hv into `blob` (global memory, or a
+// ring slot in shared memory in kda_s26_fused.cu: generic stores), U^T only for value blocks
+// [vg_lo, vg_hi). sm is this warp's scratch. Leaves no cp.async in flight.
+__device__ __forceinline__ void s26_chunk(S26Warp& sm, unsigned char* blob, const bf16_t* __restrict__ q,
+                                          const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                                          const bf16_t* __restrict__ a, const bf16_t* __restrict__ b,
+                                          const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                                          long long t0, int m, int hv, int h, float scale, int lane, int vg_lo,
+                                          int vg_hi) {
+  const int g = lane >> 2, t = lane & 3;
   const unsigned FULL = 0xffffffffu;
+  __syncwarp();   // a warp that runs several chunks (kda_s26_fused.cu): every lane is done with the last one's smem
 
   // 0. v rows (for U^T) by cp.async into this warp's smem, zero-filled past m; in flight until step 5
 #pragma unroll
@@ -325,8 +321,8 @@ kda_s26_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncwarp();                                          // every lane's v pieces have landed
-#pragma unroll
-  for (int vg = 0; vg < VDIM / 16; ++vg) {
+#pragma unroll 2
+  for (int vg = vg_lo; vg < vg_hi; ++vg) {
     const int col = 16 * vg + g;
     float acc[2][4] = {};
 #pragma unroll
@@ -348,4 +344,21 @@ kda_s26_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
       dst[j] = o;
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * S26_WPB, S26_MINB)
+kda_s26_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
+                const bf16_t* __restrict__ b,        // beta logits [T, HV]
+                const float* __restrict__ A_log,     // [HV]
+                const float* __restrict__ dt_bias,   // [HV, K]
+                const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
+                unsigned char* __restrict__ ws, float scale, int nc) {
+  extern __shared__ __align__(16) unsigned char s26_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = blockIdx.x * S26_WPB + warp, hv = blockIdx.y, h = hv / (HV / H);
+  if (c >= nc) return;                                   // no block barrier anywhere: safe
+  S26Warp& sm = reinterpret_cast<S26Warp*>(s26_smem)[warp];
+  s26_chunk(sm, ws + ((size_t)c * HV + hv) * WS_BLOB, q, k, v, a, b, A_log, dt_bias, chunk_start[c], chunk_len[c],
+            hv, h, scale, lane, 0, VDIM / 16);
 }

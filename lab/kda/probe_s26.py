@@ -4,7 +4,7 @@ kda_recurrence, verified against the float64 reference and timed beside kda@h200
 FlashKDA on kda.md's six scenarios (plan and predictions: lab/kda/plan-session26.md).
 
     python3 lab/kda/probe_s26.py --compile-only      # CPU: NVRTC + nvJitLink, registers / spills / smem
-    python3 lab/kda/probe_s26.py                     # GPU: verify, then time; table + JSON
+    python3 lab/kda/probe_s26.py                     # GPU: verify, time, then the same for the fused kernel
 
 Nothing under ops/ changes: the new prepare writes ops/kda's workspace layout, so the op's own
 recurrence (compiled from ops/kda with the op's default config) reads it, and the op's stage check
@@ -47,6 +47,10 @@ VARIANTS = {
     "w2": (2, 5),
     "w1": (1, 11),
 }  # warps per block, blocks per SM (launch bounds)
+# kda_s26_fused: V split, producer warps, ring slots
+FUSED = {"f1p4": (1, 4, 4), "f1p5": (1, 5, 5), "f2p4": (2, 4, 4)}
+FUSED_SRC = HERE / "kda_s26_fused.cu"
+BLOB = 21504  # ops/kda workspace blob (workspace.sizes(128, 128)["BLOB"])
 
 kda = load_op(str(ROOT / "ops" / "kda"), ROOT)
 
@@ -73,16 +77,103 @@ def source(params: dict, problem: Problem, wpb: int, minb: int) -> str:
     return defs + (ROOT / "ops" / "kda" / "kda_common.cuh").read_text() + SRC.read_text()
 
 
-_BINARIES: dict = {}  # source -> Binary
+_BINARIES: dict = {}  # (source, entry) -> Binary: every compile of this process goes through it
+
+
+def _compile_one(kernel: Kernel):
+    from ptxbuild.compile import compiler
+
+    plain = getattr(compiler.compile_kernel, "__wrapped__", compiler.compile_kernel)
+    return (kernel.source, kernel.entry), plain(kernel, "sm_90a")
+
+
+def install_memo() -> None:
+    """ptxbuild's compile_kernel, memoised in _BINARIES (kda_bench_gpu compiles through it too)."""
+    from ptxbuild.compile import compiler
+
+    if hasattr(compiler.compile_kernel, "__wrapped__"):
+        return
+    plain = compiler.compile_kernel
+
+    def memo(kernel, arch):
+        key = (kernel.source, kernel.entry)
+        if arch != "sm_90a" or kernel.flags:
+            return plain(kernel, arch)
+        if key not in _BINARIES:
+            _BINARIES[key] = plain(kernel, arch)
+        return _BINARIES[key]
+
+    memo.__wrapped__ = plain
+    compiler.compile_kernel = memo
+
+
+def precompile(kernels: list, workers: int) -> float:
+    """Compile every distinct kernel in a process pool (NVRTC only: no CUDA context, so before cupy)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    install_memo()
+    todo = list(
+        {(k.source, k.entry): k for k in kernels if (k.source, k.entry) not in _BINARIES}.values()
+    )
+    t0 = time.perf_counter()
+    if workers <= 1 or len(todo) <= 1:
+        for k in todo:
+            key, b = _compile_one(k)
+            _BINARIES[key] = b
+    else:
+        with ProcessPoolExecutor(workers) as ex:
+            for key, b in ex.map(_compile_one, todo):
+                _BINARIES[key] = b
+    return time.perf_counter() - t0
+
+
+def _compile(kernel: Kernel):
+    from ptxbuild.compile import compiler
+
+    install_memo()
+    return compiler.compile_kernel(kernel, "sm_90a")
 
 
 def compile_s26(params: dict, problem: Problem, wpb: int, minb: int):
-    from ptxbuild.compile.compiler import compile_kernel
+    return _compile(Kernel(source(params, problem, wpb, minb), "kda_s26_prepare"))
 
-    src = source(params, problem, wpb, minb)
-    if src not in _BINARIES:
-        _BINARIES[src] = compile_kernel(Kernel(src, "kda_s26_prepare"), "sm_90a")
-    return _BINARIES[src]
+
+def fused_source(params: dict, problem: Problem, split: int, P: int, R: int) -> str:
+    defs = (
+        kda.host.defines({**params, "split": split}, problem)
+        + f"#define FZ_P {P}\n#define FZ_R {R}\n"
+    )
+    ops = ROOT / "ops" / "kda"
+    return defs + "".join(
+        f.read_text() for f in (ops / "kda_common.cuh", ops / "kda_recurrence.cu", SRC, FUSED_SRC)
+    )
+
+
+def compile_fused(params: dict, problem: Problem, variant: str):
+    return _compile(Kernel(fused_source(params, problem, *FUSED[variant]), "kda_s26_fused"))
+
+
+def kernels_for(problem: Problem, variants, fused, op: bool = True) -> list:
+    """What the GPU run compiles for `problem`: the op's module and entries (as kda_bench_gpu's
+    load_module asks for them), the s26 prepare variants, the fused variants."""
+    params = kda.default_params(problem)
+    out = []
+    if op:
+        k = kda.render(params, problem, "sm_90a")
+        out += [k] + [Kernel(k.source, s) for s in kda.launches(params, problem, 132)]
+    out += [Kernel(source(params, problem, *VARIANTS[v]), "kda_s26_prepare") for v in variants]
+    out += [Kernel(fused_source(params, problem, *FUSED[v]), "kda_s26_fused") for v in fused]
+    return out
+
+
+def fused_launch(problem: Problem, variant: str) -> Launch:
+    d = kda.dims(problem)
+    split, P, R = FUSED[variant]
+    return Launch(
+        (d["N"] * d["HV"] * split, 1, 1),
+        ((d["V"] // split // 16 + P) * 32, 1, 1),
+        R * BLOB + P * WARP_BYTES,
+    )
 
 
 def launch_of(problem: Problem, wpb: int) -> Launch:
@@ -115,20 +206,70 @@ def compile_only() -> int:
                     f"{b.registers} regs, {b.spill_bytes} B spill, {wpb * WARP_BYTES} B smem/block "
                     f"({time.perf_counter() - t0:.1f} s)"
                 )
+        for name in FUSED:
+            t0 = time.perf_counter()
+            b = compile_fused(params, problem, name)
+            smem = fused_launch(problem, name).smem_bytes
+            ok = b.spill_bytes == 0 and smem + 64 <= 232448
+            bad += not ok
+            log(
+                f"{'OK  ' if ok else 'BAD '} {problem.shape} {dict(problem.options)} fused {name}: "
+                f"{b.registers} regs, {b.spill_bytes} B spill, {smem} B smem/block ({time.perf_counter() - t0:.1f} s)"
+            )
     log("compile-only: " + ("ALL OK" if not bad else f"{bad} BAD"))
     return 1 if bad else 0
+
+
+SMALL = [
+    ([16], 1, {}),
+    ([17], 1, {}),
+    ([17, 33, 65], 4, {}),
+    ([97], 4, {}),
+    ([0, 15], 4, {}),
+    ([1000], 4, {}),
+    ([97], 64, {}),
+    ([1000], 64, {}),
+    ([37], 96, {}),
+    ([97, 33], 4, dict(a_shift=8.0)),
+    ([97, 33], 4, dict(a_shift=-8.0)),
+    ([97, 33], 4, dict(bias_scale=8.0)),
+    ([97, 33], 4, dict(a_scale=8.0)),
+    ([97, 33], 4, dict(initial_state=False)),
+    ([97, 33], 4, dict(final_state=False)),
+    ([97, 33], 4, dict(HV=8)),
+    ([200], 4, dict(use_qk_l2norm=False, qk_scale=0.1)),
+    ([64], 4, dict(v_scale=30.0)),
+    ([1] * 7 + [300], 4, {}),
+]
+BIG = [([8192], 96, {}), (list(MIXED), 64, {}), ([1024] * 8, 16, {})]
+FUSED_SMALL = {0, 1, 2, 4, 9, 13, 14, 15, 18}  # SMALL cases the fused kernels are also verified on
+
+
+def plan(variants, fused, big: bool):
+    """[(phase, case index, (lens, H, kw), variant, stages)] in run order: the prepare's phase first,
+    so that a fused kernel that traps (corrupting the context) cannot lose the prepare's results."""
+    cases = SMALL + (BIG if big else [])
+    steps = []
+    for j, c in enumerate(cases):
+        for v in variants if j < 3 else variants[:1]:
+            steps.append(("prepare", j, c, v, j < len(SMALL)))
+    for j, c in enumerate(cases):
+        if j in FUSED_SMALL or j >= len(SMALL):
+            for v in fused if j < 3 or j >= len(SMALL) else fused[:1]:
+                steps.append(("fused", j, c, v, False))
+    return steps
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument(
-        "--variants",
-        default="w4,w2,w1",
-        help=f"of {sorted(VARIANTS)}; the first is verified at full size",
+        "--variants", default="w4,w2,w1", help=f"prepare variants, of {sorted(VARIANTS)}"
     )
+    ap.add_argument("--fused", default="f1p4,f1p5,f2p4", help=f"fused variants, of {sorted(FUSED)}")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-big", action="store_true", help="skip the T = 8192 verification cases")
+    ap.add_argument("--workers", type=int, default=0, help="compile processes (default: CPUs)")
     ap.add_argument(
         "--flashkda-wait",
         type=float,
@@ -139,18 +280,61 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.compile_only:
         return compile_only()
+    import os
+
+    import kda_bench_gpu as bench
+
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    fused = [v.strip() for v in a.fused.split(",") if v.strip()]
+    t_start = time.perf_counter()
+    steps = plan(variants, fused, not a.no_big)
+    problems = {j: bench.problem_of(*c) for _, j, c, _, _ in steps}
+    kernels = []
+    for phase, j, _, v, _ in steps:  # exactly what each verification step builds
+        pr = problems[j][0]
+        kernels += (
+            kernels_for(pr, [v], [], op=True)
+            if phase == "prepare"
+            else kernels_for(pr, [], [v], op=False)
+        )
+    kernels += [
+        k for H, _, lens in SCENARIOS for k in kernels_for(problem_of(lens, H), variants, fused)
+    ]
+    secs = precompile(kernels, a.workers or os.cpu_count() or 1)
+    log(f"precompiled {len(_BINARIES)} kernels in {secs:.0f} s")
+    out = {
+        "variants": {v: VARIANTS[v] for v in variants},
+        "fused": {v: FUSED[v] for v in fused},
+        "binaries": {
+            f"{e}:{hash(src) & 0xFFFFFFFF:08x}": f"{b.registers} regs {b.spill_bytes} B spill"
+            for (src, e), b in _BINARIES.items()
+            if e.startswith("kda_s26")
+        },
+        "verify": [],
+        "timing": [],
+    }
+
+    def save():
+        out["seconds"] = time.perf_counter() - t_start
+        Path(a.json).write_text(json.dumps(out, indent=1, default=str))
+
     try:
         import torch  # noqa: F401  (before cupy: kda_bench_gpu's note on FLA; FlashKDA is a torch extension)
     except ImportError:
         pass
     import cupy as cp
-    import kda_bench_gpu as bench
 
     from ptxbuild.gpu import device
 
     baselines = kda.host.load("baselines")
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    t_start = time.perf_counter()
+    funcs: dict = {}  # (cubin, entry) -> loaded function
+
+    def load(binary, entry):
+        if (binary.cubin, entry) not in funcs:
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(binary.cubin)
+            funcs[(binary.cubin, entry)] = cp.RawModule(path=f.name).get_function(entry)
+        return funcs[(binary.cubin, entry)]
 
     class S26Built(bench.Built):
         """The op's kernels (its module, default config), with kda_prepare replaced by the s26 kernel."""
@@ -159,12 +343,8 @@ def main(argv=None) -> int:
             super().__init__(cp, params, problem)
             wpb, minb = VARIANTS[variant]
             b = compile_s26(params, problem, wpb, minb)
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(b.cubin)
-            self.s26_info = f"{b.registers} regs, {b.spill_bytes} B spill"
-            if b.cubin not in _FUNCS:
-                _FUNCS[b.cubin] = cp.RawModule(path=f.name).get_function("kda_s26_prepare")
-            self.s26 = _FUNCS[b.cubin]
+            self.info = f"{b.registers} regs, {b.spill_bytes} B spill"
+            self.s26 = load(b, "kda_s26_prepare")
             self.s26_launch = launch_of(problem, wpb)
 
         def run(self, stage, inputs, outputs):
@@ -172,8 +352,7 @@ def main(argv=None) -> int:
                 return super().run(stage, inputs, outputs)
             if int(inputs["chunk_start"].size) == 0:
                 return None
-            d = kda.dims(self.problem)
-            i = inputs
+            d, i = kda.dims(self.problem), inputs
             args = [
                 i["q"],
                 i["k"],
@@ -191,53 +370,67 @@ def main(argv=None) -> int:
             device.launch(self.s26, self.s26_launch, args, self.cp.cuda.get_current_stream())
             return None
 
-    cache: dict = {}
-    _FUNCS: dict = {}  # cubin -> loaded function
+    class FusedBuilt:
+        """kda_s26_fused alone: one launch, no workspace (verify(stages=False) only)."""
 
-    def s26_for(problem, variant):
+        def __init__(self, cp, params, problem, variant):
+            self.cp, self.params, self.problem = cp, params, problem
+            b = compile_fused(params, problem, variant)
+            self.info = f"{b.registers} regs, {b.spill_bytes} B spill"
+            self.fn = load(b, "kda_s26_fused")
+            self.geom = fused_launch(problem, variant)
+
+        def forward(self, inputs, outputs):
+            d, i = kda.dims(self.problem), inputs
+            args = [
+                i["q"],
+                i["k"],
+                i["v"],
+                i["a"],
+                i["b"],
+                i["A_log"],
+                i["dt_bias"],
+                outputs["o"],
+                i["h0"],
+                outputs["hT"],
+                i["cu_seqlens"],
+                i["seq_order"],
+                np.float32(d["K"] ** -0.5),
+            ]
+            device.launch(self.fn, self.geom, args, self.cp.cuda.get_current_stream())
+
+    cache: dict = {}
+
+    def built(problem, variant):
         key = (problem, variant)
         if key not in cache:
-            cache[key] = S26Built(cp, kda.default_params(problem), problem, variant)
+            cls = FusedBuilt if variant in FUSED else S26Built
+            cache[key] = cls(cp, kda.default_params(problem), problem, variant)
         return cache[key]
 
-    out = {"verify": [], "timing": [], "variants": {v: VARIANTS[v] for v in variants}}
-    failures = 0
+    cases: dict = {}
+    failed: set = set()  # variants with a failed case: not timed
+    stop = False
 
-    # 1. correctness: stage by stage (workspace fields) on small / adversarial cases, every variant;
-    #    end to end at full size, first variant
-    small = [
-        ([16], 1, {}),
-        ([17], 1, {}),
-        ([97], 4, {}),
-        ([0, 15], 4, {}),
-        ([17, 33, 65], 4, {}),
-        ([1000], 4, {}),
-        ([97], 64, {}),
-        ([1000], 64, {}),
-        ([37], 96, {}),
-        ([97, 33], 4, dict(a_shift=8.0)),
-        ([97, 33], 4, dict(a_shift=-8.0)),
-        ([97, 33], 4, dict(bias_scale=8.0)),
-        ([97, 33], 4, dict(a_scale=8.0)),
-        ([97, 33], 4, dict(initial_state=False)),
-        ([97, 33], 4, dict(final_state=False)),
-        ([97, 33], 4, dict(HV=8)),
-        ([200], 4, dict(use_qk_l2norm=False, qk_scale=0.1)),
-        ([64], 4, dict(v_scale=30.0)),
-        ([1] * 7 + [300], 4, {}),
-    ]
-    big = [] if a.no_big else [([8192], 96, {}), (list(MIXED), 64, {}), ([1024] * 8, 16, {})]
-    log("== correctness (relative RMS vs float64; gate 5e-3; ws_* stage fields gate 2e-3) ==")
-    for j, (lens, H, kw) in enumerate(small + big):
-        problem, ckw = bench.problem_of(lens, H, kw)
-        case = kda.case_for(problem, 1000 + j, **ckw)
-        for variant in variants if j < 3 else variants[:1]:  # every variant on the first three
+    def verify_phase(phase: str) -> None:
+        nonlocal stop
+        log(
+            f"== correctness, {phase} (relative RMS vs float64; gate 5e-3; ws_* stage fields gate 2e-3) =="
+        )
+        for ph, j, (lens, H, kw), variant, stages in steps:
+            if ph != phase or stop:
+                continue
+            problem, ckw = problems[j]
+            if j not in cases:
+                cases[j] = kda.case_for(problem, 1000 + j, **ckw)
             label = f"{variant} {lens if len(lens) < 6 else f'{len(lens)} segs'} H={H} {kw or ''}"
             try:
-                built = s26_for(problem, variant)
-                res = bench.verify(cp, built, case, stages=j < len(small), label=label)
+                res = bench.verify(
+                    cp, built(problem, variant), cases[j], stages=stages, label=label
+                )
                 log(bench.fmt(res))
-                failures += not res["ok"]
+                if not res["ok"]:
+                    failed.add(variant)
                 out["verify"].append(
                     {
                         k: (float(v) if isinstance(v, (float, np.floating)) else v)
@@ -245,90 +438,133 @@ def main(argv=None) -> int:
                     }
                 )
             except Exception as exc:  # noqa: BLE001 - an outcome, reported
-                failures += 1
-                log(f"FAIL {label}: {type(exc).__name__}: {str(exc)[:400]}")
-                out["verify"].append(
-                    {"case": label, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
-                )
-                if "illegal" in str(exc).lower():
-                    log("context is corrupted after an illegal address: stopping")
-                    Path(a.json).write_text(json.dumps(out, indent=1))
-                    return 1
-    log(f"(verification took {time.perf_counter() - t_start:.0f} s)")
+                failed.add(variant)
+                msg = f"{type(exc).__name__}: {exc}"[:400]
+                log(f"FAIL {label}: {msg}")
+                out["verify"].append({"case": label, "ok": False, "error": msg})
+                if any(
+                    w in msg.lower()
+                    for w in ("illegal", "launch", "trap", "unspecified", "exception")
+                ):
+                    log("the CUDA context may be corrupted: stopping here")
+                    stop = True
+            save()
+        for j in [j for j in cases if j >= len(SMALL)] if phase == "fused" else []:
+            del cases[j]
 
-    # 2. timing, the six scenarios: kda@h200's kernels (default config), the s26 variants, FlashKDA
-    fk = baselines.flashkda_built()
-    t_wait = time.perf_counter() + a.flashkda_wait
-    while fk is None and time.perf_counter() < t_wait:
-        time.sleep(2.0)
-        fk = baselines.flashkda_built()
-    log(f"\nFlashKDA: {'built in ' + str(fk['path']) if fk else baselines.not_built()}")
-    log("== timing (ms: median of n, L2 flushed before each call; one process, same inputs) ==")
-    for j, (H, name, lens) in enumerate(SCENARIOS):
-        problem = problem_of(lens, H)
-        inputs, outputs = bench.gpu_inputs(cp, problem, 200 + j), bench.make_outputs(cp, problem)
-        base = bench.Built(cp, kda.default_params(problem), problem)
-        row = {"scenario": f"H{H} {name}", "params": kda.default_params(problem)}
+    fk_state = {"built": baselines.flashkda_built(), "waited": False}
 
-        def t(fn):
-            return bench.bench_ms(cp, fn, reps=a.reps)[0]
-
-        row["base_fwd"] = t(lambda: base.forward(inputs, outputs))
-        row["base_prep"] = t(lambda: base.run("kda_prepare", inputs, outputs))
-        row["base_rec"] = t(lambda: base.run("kda_recurrence", inputs, outputs))
-        for variant in variants:
-            s = s26_for(problem, variant)
-            row[f"{variant}_fwd"] = t(lambda s=s: s.forward(inputs, outputs))
-            row[f"{variant}_prep"] = t(lambda s=s: s.run("kda_prepare", inputs, outputs))
-            row[f"{variant}_info"] = s.s26_info
-        row["flashkda"] = None
-        if fk is not None:
-            try:
-                import torch
-
-                run = baselines.flashkda_call(problem, inputs, fk)
-                run()
-                torch.cuda.synchronize()
-                row["flashkda"] = t(run)
-            except Exception as exc:  # noqa: BLE001
-                row["flashkda_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                log(f"  FlashKDA failed: {row['flashkda_error']}")
-        row["base_fwd_again"] = t(lambda: base.forward(inputs, outputs))  # drift check, same window
-        out["timing"].append(row)
-        log(
-            f"  {row['scenario']}: base {row['base_fwd']:.3f} (prep {row['base_prep']:.3f} rec {row['base_rec']:.3f}) "
-            + " ".join(f"{v} {row[f'{v}_fwd']:.3f} (prep {row[f'{v}_prep']:.3f})" for v in variants)
-            + (f" FlashKDA {row['flashkda']:.3f}" if row["flashkda"] else "")
-        )
-
-    best = lambda r: min(r[f"{v}_fwd"] for v in variants)  # noqa: E731
-    log(
-        f"\n{'scenario':<14} {'base fwd':>9} {'prep':>7} {'rec':>7} "
-        + " ".join(f"{v + ' fwd':>8} {v + ' prep':>8}" for v in variants)
-        + f" {'FlashKDA':>9} {'FK/base':>8} {'FK/s26':>7} {'target':>7}"
-    )
-    for r in out["timing"]:
-        fkms = r["flashkda"]
-        log(
-            f"{r['scenario']:<14} {r['base_fwd']:9.3f} {r['base_prep']:7.3f} {r['base_rec']:7.3f} "
-            + " ".join(f"{r[f'{v}_fwd']:8.3f} {r[f'{v}_prep']:8.3f}" for v in variants)
-            + (
-                f" {fkms:9.3f} {fkms / r['base_fwd']:7.2f}x {fkms / best(r):6.2f}x {fkms / 1.6:7.3f}"
-                if fkms
-                else f" {'-':>9} {'-':>8} {'-':>7} {'-':>7}"
+    def flashkda():
+        if fk_state["built"] is None and not fk_state["waited"]:
+            t_wait = time.perf_counter() + max(
+                0.0, a.flashkda_wait - (time.perf_counter() - t_start)
             )
+            while fk_state["built"] is None and time.perf_counter() < t_wait:
+                time.sleep(2.0)
+                fk_state["built"] = baselines.flashkda_built()
+            fk_state["waited"] = True
+            log(
+                f"FlashKDA: {'built in ' + str(fk_state['built']['path']) if fk_state['built'] else baselines.not_built()}"
+            )
+        return fk_state["built"]
+
+    def timing_phase(names, with_base: bool) -> None:
+        names = [v for v in names if v not in failed]
+        log(
+            f"== timing {names} (ms: median of {a.reps}, L2 flushed before each call; same inputs) =="
+        )
+        for j, (H, name, lens) in enumerate(SCENARIOS):
+            if stop:
+                return
+            problem = problem_of(lens, H)
+            inputs, outputs = (
+                bench.gpu_inputs(cp, problem, 200 + j),
+                bench.make_outputs(cp, problem),
+            )
+            if with_base:
+                out["timing"].append(
+                    {"scenario": f"H{H} {name}", "params": kda.default_params(problem)}
+                )
+            if j >= len(out["timing"]):
+                return
+            row = out["timing"][j]
+
+            def t(fn):
+                return bench.bench_ms(cp, fn, reps=a.reps)[0]
+
+            try:
+                if with_base:
+                    base = bench.Built(cp, kda.default_params(problem), problem)
+                    row["base_fwd"] = t(lambda: base.forward(inputs, outputs))
+                    row["base_prep"] = t(lambda: base.run("kda_prepare", inputs, outputs))
+                    row["base_rec"] = t(lambda: base.run("kda_recurrence", inputs, outputs))
+                for v in names:
+                    s = built(problem, v)
+                    row[f"{v}_fwd"] = t(lambda s=s: s.forward(inputs, outputs))
+                    if v in VARIANTS:
+                        row[f"{v}_prep"] = t(lambda s=s: s.run("kda_prepare", inputs, outputs))
+                    row[f"{v}_info"] = s.info
+                if with_base and (fk := flashkda()) is not None:
+                    import torch
+
+                    run = baselines.flashkda_call(problem, inputs, fk)
+                    run()
+                    torch.cuda.synchronize()
+                    row["flashkda"] = t(run)
+                    row["base_fwd_again"] = t(
+                        lambda: base.forward(inputs, outputs)
+                    )  # drift, same window
+            except Exception as exc:  # noqa: BLE001
+                row.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}"[:300])
+                log(f"  {row['scenario']}: {row['errors'][-1]}")
+            log(
+                f"  {row['scenario']}: "
+                + " ".join(f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float))
+            )
+            save()
+
+    verify_phase("prepare")
+    timing_phase(variants, with_base=True)
+    verify_phase("fused")
+    timing_phase(fused, with_base=False)
+
+    cols = [v for v in variants + fused if any(f"{v}_fwd" in r for r in out["timing"])]
+    log(
+        f"\n{'scenario':<14} {'base':>7} {'prep':>6} {'rec':>6} "
+        + " ".join(f"{v:>6}" for v in cols)
+        + " "
+        + " ".join(f"{v + 'p':>6}" for v in cols if v in VARIANTS)
+        + f" {'FK':>6} {'FK/base':>7} {'FK/best':>7} {'best':>5} {'target':>6}"
+    )
+    nan = float("nan")
+    for r in out["timing"]:
+        fkms = r.get("flashkda") or nan
+        bv = (
+            min(cols, key=lambda v: r.get(f"{v}_fwd", nan) if r.get(f"{v}_fwd") else 1e9)
+            if cols
+            else "-"
+        )
+        best = r.get(f"{bv}_fwd", nan)
+        log(
+            f"{r['scenario']:<14} {r.get('base_fwd', nan):7.3f} {r.get('base_prep', nan):6.3f} "
+            f"{r.get('base_rec', nan):6.3f} "
+            + " ".join(f"{r.get(f'{v}_fwd', nan):6.3f}" for v in cols)
+            + " "
+            + " ".join(f"{r.get(f'{v}_prep', nan):6.3f}" for v in cols if v in VARIANTS)
+            + f" {fkms:6.3f} {fkms / r.get('base_fwd', nan):6.2f}x {fkms / best:6.2f}x {bv:>5} {fkms / 1.6:6.3f}"
         )
     log(
-        "(base: kda@h200's default config, ops/kda; s26: the same recurrence after lab/kda/kda_s26_prepare.cu; "
-        "target: FlashKDA / 1.6, issue 30)"
+        "(ms. base: kda@h200's default config (ops/kda), prep / rec its stages; w*: lab/kda/kda_s26_prepare.cu + "
+        "the same recurrence, w*p its prepare alone; f*: kda_s26_fused.cu; FK: FlashKDA; target: FK / 1.6)"
     )
-    out["failures"] = failures
-    out["seconds"] = time.perf_counter() - t_start
-    Path(a.json).write_text(json.dumps(out, indent=1, default=str))
+    nfail = sum(not r.get("ok") for r in out["verify"])
+    out["failures"] = nfail
+    save()
     log(
-        f"\n{'ALL PASS' if failures == 0 else f'{failures} FAILURE(S)'} in {out['seconds']:.0f} s; wrote {a.json}"
+        f"\n{'ALL PASS' if nfail == 0 and not stop else f'{nfail} FAILURE(S)'} in {out['seconds']:.0f} s; "
+        f"wrote {a.json}"
     )
-    return 0 if failures == 0 else 1
+    return 0 if nfail == 0 and not stop else 1
 
 
 if __name__ == "__main__":
