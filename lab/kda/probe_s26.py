@@ -489,34 +489,40 @@ def main(argv=None) -> int:
                 return
             row = out["timing"][j]
 
-            def t(fn):
-                return bench.bench_ms(cp, fn, reps=a.reps)[0]
+            def t(key, make):
+                """row[key] = the median of make()'s callable; an error is recorded, the row goes on."""
+                try:
+                    row[key] = bench.bench_ms(cp, make(), reps=a.reps)[0]
+                except Exception as exc:  # noqa: BLE001
+                    row.setdefault("errors", []).append(f"{key}: {type(exc).__name__}: {exc}"[:300])
+                    log(f"  {row['scenario']}: {row['errors'][-1]}")
 
-            try:
-                if with_base:
-                    base = bench.Built(cp, kda.default_params(problem), problem)
-                    row["base_fwd"] = t(lambda: base.forward(inputs, outputs))
-                    row["base_prep"] = t(lambda: base.run("kda_prepare", inputs, outputs))
-                    row["base_rec"] = t(lambda: base.run("kda_recurrence", inputs, outputs))
-                for v in names:
-                    s = built(problem, v)
-                    row[f"{v}_fwd"] = t(lambda s=s: s.forward(inputs, outputs))
-                    if v in VARIANTS:
-                        row[f"{v}_prep"] = t(lambda s=s: s.run("kda_prepare", inputs, outputs))
-                    row[f"{v}_info"] = s.info
-                if with_base and (fk := flashkda()) is not None:
+            base = None
+            if with_base:
+                base = bench.Built(cp, kda.default_params(problem), problem)
+                t("base_fwd", lambda: lambda: base.forward(inputs, outputs))
+                t("base_prep", lambda: lambda: base.run("kda_prepare", inputs, outputs))
+                t("base_rec", lambda: lambda: base.run("kda_recurrence", inputs, outputs))
+            for v in names:
+                s = built(problem, v)
+                row[f"{v}_info"] = s.info
+                t(f"{v}_fwd", lambda s=s: lambda: s.forward(inputs, outputs))
+                if v in VARIANTS:
+                    t(f"{v}_prep", lambda s=s: lambda: s.run("kda_prepare", inputs, outputs))
+            if base is not None and flashkda() is not None:
+
+                def fk_run():
                     import torch
 
-                    run = baselines.flashkda_call(problem, inputs, fk)
+                    run = baselines.flashkda_call(problem, inputs, fk_state["built"])
                     run()
                     torch.cuda.synchronize()
-                    row["flashkda"] = t(run)
-                    row["base_fwd_again"] = t(
-                        lambda: base.forward(inputs, outputs)
-                    )  # drift, same window
-            except Exception as exc:  # noqa: BLE001
-                row.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}"[:300])
-                log(f"  {row['scenario']}: {row['errors'][-1]}")
+                    return run
+
+                t("flashkda", fk_run)
+                t(
+                    "base_fwd_again", lambda: lambda: base.forward(inputs, outputs)
+                )  # drift, same window
             log(
                 f"  {row['scenario']}: "
                 + " ".join(f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float))
