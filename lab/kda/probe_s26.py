@@ -48,7 +48,13 @@ VARIANTS = {
     "w1": (1, 11),
 }  # warps per block, blocks per SM (launch bounds)
 # kda_s26_fused: V split, producer warps, ring slots
-FUSED = {"f1p4": (1, 4, 4), "f1p5": (1, 5, 5), "f2p4": (2, 4, 4)}
+FUSED = {
+    "f1p4": (1, 4, 4),
+    "f1p5": (1, 5, 5),
+    "f2p4": (2, 4, 4),
+    "f2p2": (2, 2, 2),
+    "f4p2": (4, 2, 2),
+}
 FUSED_SRC = HERE / "kda_s26_fused.cu"
 BLOB = 21504  # ops/kda workspace blob (workspace.sizes(128, 128)["BLOB"])
 
@@ -266,7 +272,9 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--variants", default="w4,w2,w1", help=f"prepare variants, of {sorted(VARIANTS)}"
     )
-    ap.add_argument("--fused", default="f1p4,f1p5,f2p4", help=f"fused variants, of {sorted(FUSED)}")
+    ap.add_argument(
+        "--fused", default="f1p4,f1p5,f2p4,f2p2,f4p2", help=f"fused variants, of {sorted(FUSED)}"
+    )
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-big", action="store_true", help="skip the T = 8192 verification cases")
     ap.add_argument("--workers", type=int, default=0, help="compile processes (default: CPUs)")
