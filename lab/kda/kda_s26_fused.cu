@@ -11,7 +11,7 @@
 //   full[s]  (count 32: every lane of the producing warp arrives after its writes)
 //   empty[s] (count 32 * NWARP: every consumer thread arrives after its reads)
 // Chunk j's producer waits for the consumption of chunk j - FZ_R (empty[s], its (j / FZ_R - 1)-th
-// completion); consumers wait full[s]'s (i / FZ_R)-th completion. Parity waits need FZ_P <= FZ_R:
+// completion); consumers wait full[s]'s (i / FZ_R)-th completion. Parity waits need FZ_P <= FZ_R
 // then no barrier is ever two phases ahead of a waiter. (Why warps, not a 128-thread group per
 // chunk: lab/kda/plan-session26.md; kda_fused.cu, one lockstep producer group, measured 3.04 ms.)
 
@@ -21,8 +21,14 @@
 #ifndef FZ_R
 #define FZ_R 4
 #endif
+// FZ_P > FZ_R: a producer can be two phases behind on empty[s], which a parity wait cannot tell, so
+// the consumers publish instead how many chunks all of them are done with (a shared counter after a
+// named barrier among the consumers); producers poll it. full[s] keeps its parity waits either way
+// (a consumer is never two phases behind: chunk i + FZ_R cannot be produced before chunk i is consumed).
 #if FZ_P > FZ_R
-#error "kda_s26_fused: the parity waits need FZ_P <= FZ_R"
+#define FZ_COUNTER 1
+#else
+#define FZ_COUNTER 0
 #endif
 #define FZ_NCONS (NWARP * 32)
 #define FZ_THREADS ((NWARP + FZ_P) * 32)
@@ -57,6 +63,7 @@ kda_s26_fused(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const 
   unsigned char* ring = fz_smem;                                       // FZ_R blobs
   S26Warp* scratch = reinterpret_cast<S26Warp*>(fz_smem + FZ_R * WS_BLOB);   // FZ_P warps' scratch
   __shared__ __align__(8) unsigned long long full[FZ_R], empty[FZ_R];
+  __shared__ int consumed;                                             // FZ_COUNTER: chunks all consumers are done with
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int sp = blockIdx.x % SPLIT, hv = (blockIdx.x / SPLIT) % HV, h = hv / (HV / H);
@@ -72,6 +79,7 @@ kda_s26_fused(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const 
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(fz_u32(&empty[s])), "r"(FZ_NCONS));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    consumed = 0;
   }
   __syncthreads();
 
@@ -79,7 +87,18 @@ kda_s26_fused(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const 
     const int p = warp - NWARP;
     for (int j = p; j < nc; j += FZ_P) {
       const int s = j % FZ_R, use = j / FZ_R;
+#if FZ_COUNTER
+      if (use > 0) {                                                   // chunk j - FZ_R consumed
+        const long long start = clock64();
+        while (*(volatile int*)&consumed < j - FZ_R + 1) {
+          __nanosleep(20);
+          if (clock64() - start > 4000000000ll) __trap();
+        }
+        __threadfence_block();
+      }
+#else
       if (use > 0) fz_wait(&empty[s], (u32)((use - 1) & 1));
+#endif
       const long long t0 = bos + (long long)j * CH;
       const int m = (int)min((long long)CH, eos - t0);
       s26_chunk(scratch[p], ring + (size_t)s * WS_BLOB, q, k, v, a, b, A_log, dt_bias, t0, m, hv, h, scale, lane, vg0,
@@ -100,7 +119,15 @@ kda_s26_fused(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const 
     const unsigned char* st = ring + (size_t)s * WS_BLOB;
     rec_chunk(S, st, (const F4*)(st + WS_U) + ((vg0 + warp) * 32 + lane) * 2, o, bos + (long long)i * CH,
               cu_seqlens + n + 1, hv, v0, lane);
+#if FZ_COUNTER
+    asm volatile("bar.sync 1, %0;" ::"n"(FZ_NCONS) : "memory");      // every consumer is done with slot s
+    if (tid == 0) {
+      __threadfence_block();
+      *(volatile int*)&consumed = i + 1;
+    }
+#else
     fz_arrive(&empty[s]);
+#endif
   }
   rec_store_state(S, hT, sbase, v0, g, t);
 }
