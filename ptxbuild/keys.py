@@ -10,7 +10,7 @@ PIPELINE_VERSION = "1"  # bump when the build pipeline changes what it produces
 # 4: outputs poisoned again before every timed call, the first timed call of every window judged
 # (gpu/runs.py _timer)
 PROTOCOL_VERSION = "4"
-SUITE_VERSION = "2"  # the worker's own checks beside the op's (history: gpu/runs.py SUITE_VERSION)
+SUITE_VERSION = "3"  # the worker's own checks beside the op's (history: gpu/runs.py SUITE_VERSION)
 
 
 def compile_key(kernel: Kernel, arch: str, toolchain: dict) -> str:

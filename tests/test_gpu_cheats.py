@@ -43,23 +43,23 @@ def build(bad: str, cc: str, threads: int = 128):
 
 
 @pytest.mark.parametrize(
-    "bad,outcome,where",
+    "bad,threads,outcome,where",
     [
-        ("none", Outcome.OK, ""),
-        ("skip", Outcome.STATEFUL, "same buffers"),  # class 1
-        ("zeros", Outcome.WRONG_RESULT, "relative L2"),  # class 2
-        ("bf16acc", Outcome.WRONG_RESULT, "x32768]"),  # class 3: only at 8N
-        (
-            "oob",
-            Outcome.OK,
-            "",
-        ),  # class 4: values right (or a fault past a 2 MiB page); memcheck below
-        ("counter", Outcome.OK, ""),  # honest for its first 100 calls; measure below
+        ("none", 128, Outcome.OK, ""),
+        ("skip", 128, Outcome.STATEFUL, "same buffers"),  # class 1
+        ("zeros", 128, Outcome.WRONG_RESULT, "relative L1"),  # class 2: 8% of the mass
+        ("bf16acc", 128, Outcome.WRONG_RESULT, "x32768]"),  # class 3: only at 8N
+        # 256 threads: 0.8% off at 8N, inside suite 2's relative-L2 limit (accepted on the H200),
+        # ~5x what rounding to bf16 costs (suite 3 bounds it at 2x)
+        ("bf16acc", 256, Outcome.WRONG_RESULT, "rounding the reference to bfloat16"),
+        ("oob", 128, Outcome.OK, ""),  # class 4: values right (or a fault past a 2 MiB page)
+        ("counter", 128, Outcome.OK, ""),  # honest for its first 100 calls; measure below
     ],
 )
-def test_each_cheat_gets_its_outcome_in_verify(session, bad, outcome, where):
-    params, binary = build(bad, session.fingerprint.cc)
+def test_each_cheat_gets_its_outcome_in_verify(session, bad, threads, outcome, where):
+    params, binary = build(bad, session.fingerprint.cc, threads)
     r = session.verify(OP, params, P, binary)
+    print(f"{bad}/{threads}: {r.outcome} {r.detail}")
     if bad == "oob" and r.outcome is Outcome.ILLEGAL_ADDRESS:
         return  # x ended on an unmapped page: rejected all the same
     assert r.outcome is outcome, r.detail

@@ -1,14 +1,12 @@
 """CPU tests of the checks issue 27 asked for, each against the cheat it must catch: the worker's real
 verify() and timer over numpy emulations of tests/planted_softmax's kernels (tests/fake_softmax.py),
-and the pure pieces (relative L2, the size classes, the poison and check schedule, shape coverage)."""
+and the pure pieces (the size classes, the poison and check schedule, shape coverage)."""
 
 import random
 
-import numpy as np
 import pytest
 
-from ptxbuild.dtypes import from_float
-from ptxbuild.gpu import check, runs, suite, timing
+from ptxbuild.gpu import runs, suite, timing
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Problem
 from tests import fake_softmax
@@ -41,21 +39,25 @@ def test_a_kernel_skipping_rows_whose_output_looks_written_is_stateful(monkeypat
     assert "same buffers" in r["detail"] and "seed 13]" in r["detail"], r["detail"]
 
 
-def test_zeros_below_atol_pass_the_band_and_fail_relative_l2(monkeypatch):
-    """Class 2: on the declared problem, within atol + rtol everywhere, 9% relative L2."""
+def test_zeros_below_atol_pass_the_band_and_fail_the_scale_criterion(monkeypatch):
+    """Class 2: on the declared problem, within atol + rtol everywhere; 8% of the mass (relative L1)."""
     r, _ = verify(monkeypatch, "zeros")
     assert r["outcome"] == "wrong_result", r
-    assert "relative L2" in r["detail"] and "within the band" in r["detail"]
+    assert "relative L1" in r["detail"] and "within the band" in r["detail"]
     assert "[bfloat16[256x4096], seed 11]" in r["detail"], r["detail"]
 
 
-def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch):
-    """Class 3: every declared and adversarial shape passes; the size class 8N fails."""
-    r, _ = verify(monkeypatch, "bf16acc")
+@pytest.mark.parametrize("threads", [128, 256])
+def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch, threads):
+    """Class 3: every declared and adversarial shape passes; the size class 8N fails. At 256 threads
+    (128 bf16 adds a thread at 8N) the rows are 0.8% off, inside the relative-L2 limit 2^-6 of suite 2
+    (accepted on the H200): ~5x what rounding to bf16 costs, over the bound of 2x (suite 3)."""
+    r, _ = verify(monkeypatch, "bf16acc", threads=threads)
     assert r["outcome"] == "wrong_result", r
     assert "bfloat16[64x32768]" in r["detail"], r["detail"]
+    assert "what rounding the reference to bfloat16 costs" in r["detail"], r["detail"]
     monkeypatch.setattr(suite, "SIZE_FACTORS", (2,))
-    assert verify(monkeypatch, "bf16acc")[0]["outcome"] == "ok"  # 2N is not enough to see it
+    assert verify(monkeypatch, "bf16acc", threads=threads)[0]["outcome"] == "ok"  # 2N: not enough
 
 
 def test_a_masked_read_past_the_end_passes_every_value_check(monkeypatch):
@@ -137,72 +139,6 @@ def test_check_positions_are_first_last_and_one_random():
 
 def check_positions_all(n):
     return timing.check_positions(n, random.Random(0))
-
-
-def test_relative_l2_is_per_output_and_per_row():
-    ref = np.ones((4, 100))
-    got = ref.copy()
-    got[2, :3] = 0  # one row 17% off, the whole 8.7%
-    whole, row, at = check.rel_l2(got, ref, "float32", np)
-    assert (
-        at == 2
-        and row == pytest.approx(np.sqrt(3 / 100))
-        and whole == pytest.approx(np.sqrt(3 / 400))
-    )
-    assert "row 2" in check.scale_verdict(got, ref, "float32", 0.1, np)
-    assert "whole output" in check.scale_verdict(got, ref, "float32", 0.01, np)
-    assert check.scale_verdict(got, ref, "float32", 0.2, np) is None
-
-
-def test_bf16_rounding_passes_the_bf16_limit_with_room_and_float32_limit_does_not():
-    """An output rounded once to bf16 has relative L2 <= 2^-8 (RMS ~2^-9): the limit 2^-6 holds it
-    (rmsnorm's bf16 y); float32's 1e-4 would not, so the limit goes by the stored type."""
-    rng = np.random.RandomState(0)
-    want = rng.standard_normal((199, 13)) * np.exp(rng.standard_normal((199, 1)))
-    got = from_float(want.astype(np.float32), "bfloat16", np)
-    whole, row, _ = check.rel_l2(got, want, "bfloat16", np)
-    assert 2**-10 < whole < 2**-8 and row <= 2**-8 < check.REL_L2["bfloat16"]
-    assert check.stored_type(got, "bfloat16") == "bfloat16"
-    assert (
-        check.judge("bfloat16", {}, {}, {"y": got}, {"y": want}, lambda n: (3e-2, 1e-2), np)[0]
-        is Outcome.OK
-    )
-    assert check.stored_type(want.astype(np.float32), "bfloat16") == "float32"
-
-
-def test_an_op_may_declare_a_stricter_limit():
-    want = np.ones((2, 50))
-    got = want * (1 + 1e-3)  # 1e-3 relative: inside the band and float32's default 1e-4? no: over
-    outcome = check.judge("float32", {}, {}, {"y": got}, {"y": want}, lambda n: (1e-2, 1e-2), np)[0]
-    assert outcome is Outcome.WRONG_RESULT
-    loose = check.judge(
-        "float32",
-        {},
-        {},
-        {"y": got},
-        {"y": want},
-        lambda n: (1e-2, 1e-2),
-        np,
-        scale=lambda n, k: 2e-3,
-    )
-    assert loose[0] is Outcome.OK
-    strict = check.judge(
-        "float32",
-        {},
-        {},
-        {"y": want * (1 + 1e-5)},
-        {"y": want},
-        lambda n: (1e-2, 1e-2),
-        np,
-        scale=lambda n, k: 1e-6,
-    )
-    assert strict[0] is Outcome.WRONG_RESULT and "exceeds 1e-06" in strict[1]
-
-
-def test_non_finite_and_all_zero_rows_are_left_to_the_band():
-    want = np.array([[0.0, 0.0], [1.0, np.inf]])
-    got = np.array([[0.0, 0.0], [1.0, np.inf]])
-    assert check.rel_l2(got, want, "float32", np) == (0.0, 0.0, None)
 
 
 def test_size_classes_of_a_runtime_n_and_not_of_a_compile_time_one():

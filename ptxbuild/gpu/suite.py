@@ -9,8 +9,9 @@ from . import check
 VERIFY_ROWS = 512  # extra seeds run on this many rows (same binary: rows are a runtime size)
 # The test suite the worker runs beside the op's own (op.VERSION): bump when it changes, so verdicts
 # taken before are taken again (keys.py has the same). 2: a call on dirty buffers (stateful), larger
-# and odd sizes (size_classes), relative L2 beside the band (check.py).
-SUITE_VERSION = "2"
+# and odd sizes (size_classes), relative L2 beside the band (check.py). 3: the scale criterion judges
+# L1 and L2 error against what rounding the reference to the output type costs (check.py).
+SUITE_VERSION = "3"
 SIZE_FACTORS = (2, 8)  # the last axis (a row's length) is also verified at these multiples, and odd
 SIZE_ROWS = 64  # ... on at most this many rows
 SIZE_MAX_BYTES = 256 << 20  # ... where the op moves at most this many bytes (or the problem's own)
@@ -106,9 +107,9 @@ def custom_compare(op, problem, xp):
 
 
 def scale_limit(op, problem):
-    """The op's optional rel_l2_tolerance(problem, output) -> float | None (None: check.REL_L2 of the
-    output's stored type), bound to a problem, as check.judge's `scale`."""
-    fn = getattr(op, "rel_l2_tolerance", None)
+    """The op's optional error_bound(problem, output) -> (factor, floor) | None (None: the default of
+    the output's stored type, check.default_bound), bound to a problem, as check.judge's `scale`."""
+    fn = getattr(op, "error_bound", None)
     return None if fn is None else (lambda name, kind: fn(problem, name))
 
 
