@@ -270,7 +270,12 @@ def scale_kernel(problem, inputs, alpha=2.0):
     }
 
 
-OPS = {name: load_op(name, ROOT) for name in ("rmsnorm", "rmsnorm_bwd")}
+def softmax_kernel(problem, inputs, threads=256):
+    """ops/softmax's kernel: max, sum of expf per thread then a tree, outputs rounded once."""
+    return {"y": softmax(to_float(inputs["x"], problem.dtype, np), threads)}
+
+
+OPS = {name: load_op(name, ROOT) for name in ("rmsnorm", "rmsnorm_bwd", "softmax")}
 RMSNORM_MODES = [
     {},
     {"weight": "fp32"},
@@ -320,6 +325,24 @@ def test_honest_rmsnorm_bwd_passes_in_every_mode_and_input_class(dtype, opts):
                 "rmsnorm_bwd", rmsnorm_bwd_kernel, dtype, shape, opts, seed
             )
             assert outcome is Outcome.OK, (shape, seed, detail)
+
+
+@pytest.mark.parametrize("shape", [(64, 4096), (7, 50257), (199, 13), (1, 1)])
+def test_honest_softmax_op_passes_on_its_peaked_inputs(shape):
+    """ops/softmax's inputs: 3 N(0, 1) logits with +20 on every 97th column (peaked rows)."""
+    for seed in (0, 1, 2):
+        outcome, detail, *_ = judged("softmax", softmax_kernel, "bfloat16", shape, {}, seed)
+        assert outcome is Outcome.OK, (shape, seed, detail)
+    # its rows are so peaked that zeroing everything below atol 1e-6 (99% of a row) loses 5e-6 of
+    # the mass: far under what rounding to bf16 costs, so the criterion (rightly) cannot see it
+    prob = Problem.make("softmax", "bfloat16", (64, 4096), {})
+    op = OPS["softmax"]
+    inputs = op.make_inputs(prob, 0, np)
+    ref = op.reference(prob, dict(inputs), np)
+    zeroed = softmax(to_float(inputs["x"], "bfloat16", np), 256, zero_below=1e-6)
+    lost = (ref["y"] * (to_float(zeroed, "bfloat16", np) == 0)).sum(axis=1)
+    assert (to_float(zeroed, "bfloat16", np) == 0).mean() > 0.9 and lost.max() < 1e-5
+    assert suite.judge_run(op, prob, inputs, {}, {"y": zeroed}, ref, np)[0] is Outcome.OK
 
 
 def test_rmsnorm_with_a_bf16_sum_of_squares_fails_where_the_old_limit_passed_it():
