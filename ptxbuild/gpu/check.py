@@ -69,9 +69,8 @@ def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
         return _compare_chunked(out, ref, dtype, atol, rtol, xp)
 
 
-CHUNK = (
-    1 << 26
-)  # elements compared at once: float64 temporaries of a 2^31-element output would not fit
+# elements compared at once: float64 temporaries of a 2^31-element output would not fit
+CHUNK = 1 << 26
 
 
 def _compare_chunked(out, ref, dtype, atol, rtol, xp) -> dict:
@@ -82,15 +81,11 @@ def _compare_chunked(out, ref, dtype, atol, rtol, xp) -> dict:
     for start in range(0, o.size, CHUNK):
         c = _compare(o[start : start + CHUNK], r[start : start + CHUNK], dtype, atol, rtol, xp)
         total["bad"] += c["bad"]
-        total["max_abs"], total["max_rel"] = (
-            max(total["max_abs"], c["max_abs"]),
-            max(total["max_rel"], c["max_rel"]),
-        )
+        total["max_abs"] = max(total["max_abs"], c["max_abs"])
+        total["max_rel"] = max(total["max_rel"], c["max_rel"])
         if c["bad"] and (total["worst"] is None or c["score"] > worst_score):
             worst_score = c["score"]
-            total["worst"] = tuple(
-                int(i) for i in np.unravel_index(start + c["worst"][0], out.shape)
-            )
+            total["worst"] = tuple(map(int, np.unravel_index(start + c["worst"][0], out.shape)))
             total["got"], total["want"] = c["got"], c["want"]
     return total
 
@@ -107,11 +102,8 @@ def _compare(out, ref, dtype, atol, rtol, xp) -> dict:
     n = int(bad.sum())
     errf = xp.where(finite, err, 0)
     max_abs = float(errf.max()) if errf.size else 0.0
-    max_rel = (
-        float((errf / xp.maximum(xp.abs(xp.where(finite, r, 1)), 1e-30)).max())
-        if errf.size
-        else 0.0
-    )
+    rel = errf / xp.maximum(xp.abs(xp.where(finite, r, 1)), 1e-30)
+    max_rel = float(rel.max()) if errf.size else 0.0
     res = {
         "bad": n,
         "worst": None,
@@ -151,83 +143,57 @@ def stored_type(out, dtype: str) -> str:
     return {2: "float16", 4: "float32", 8: "float64"}.get(out.dtype.itemsize, "float32")
 
 
-def default_bound(kind: str) -> tuple[float, float]:
-    return ROUNDING_FACTOR, FLOOR.get(kind, 1e-4)
-
-
-def rounded(ref, kind: str, xp):
-    """The float reference rounded to the element type `kind`, as float64 (non-finite: the reference)."""
+def _rounded(r, kind: str, xp):
+    """The float64 reference `r` rounded to the element type `kind`, as float64."""
     if kind == "bfloat16":
-        q = to_float(from_float(ref.astype(xp.float32), "bfloat16", xp), "bfloat16", xp)
-    else:
-        q = ref.astype(getattr(xp, kind))
-    q = q.astype(xp.float64)
-    return xp.where(xp.isfinite(q), q, ref)
-
-
-_STATS = ("err1", "err2", "rnd1", "rnd2", "mass1", "mass2")
+        return to_float(from_float(r.astype(xp.float32), kind, xp), kind, xp).astype(xp.float64)
+    return r.astype(getattr(xp, kind)).astype(xp.float64)
 
 
 def error_norms(out, ref, dtype: str, xp):
     """Yields (first row, {stat: per-row array}) over row chunks of the output (rows: the last axis;
-    an output of one axis is one row): err_p = ||got - want||_p^p, rnd_p = ||round(want) - want||_p^p,
-    mass_p = ||want||_p^p, p = 1, 2, over the elements finite in both (the band judges the others).
-    Float64 sums, CHUNK elements at a time (a 2^31-element output's temporaries would not fit)."""
-    o, r = xp.ascontiguousarray(out), xp.ascontiguousarray(ref)
-    n = max(o.shape[-1] if o.ndim else 1, 1)
-    o, r = o.reshape(-1, n), r.reshape(-1, n)
-    kind = stored_type(out, dtype)
+    an output of one axis is one row): errP = ||got - want||_P^P, rndP = ||round(want) - want||_P^P,
+    massP = ||want||_P^P, P = 1, 2, over the elements finite in got, want and round(want) (the band
+    judges the others). Float64, CHUNK elements at a time (a 2^31-element output's would not fit)."""
+    kind, n = stored_type(out, dtype), max(out.shape[-1] if out.ndim else 1, 1)
+    o, r = xp.ascontiguousarray(out).reshape(-1, n), xp.ascontiguousarray(ref).reshape(-1, n)
     step = max(1, CHUNK // n)
-    for start in range(0, o.shape[0], step):
-        oc = o[start : start + step]
+    for at in range(0, o.shape[0], step):
+        oc, rc = o[at : at + step], r[at : at + step].astype(xp.float64)
         oc = (to_float(oc, dtype, xp) if kind == "bfloat16" else oc).astype(xp.float64)
-        rc = r[start : start + step].astype(xp.float64)
-        ok = xp.isfinite(oc) & xp.isfinite(rc)
+        q = _rounded(rc, kind, xp)
+        ok = xp.isfinite(oc) & xp.isfinite(rc) & xp.isfinite(q)
         w = xp.where(ok, rc, 0.0)
-        e = xp.abs(xp.where(ok, oc, 0.0) - w)
-        d = xp.abs(xp.where(ok, rounded(rc, kind, xp), 0.0) - w)
-        a = xp.abs(w)
-        yield start, dict(zip(_STATS, (e.sum(1), (e * e).sum(1), d.sum(1), (d * d).sum(1),
-                                       a.sum(1), (a * a).sum(1))))  # fmt: skip
-
-
-def _norm(s: dict, p: int, i=None):
-    """(err, rnd, mass) of norm p from the summed powers (of row i, or of scalars)."""
-    vals = [s[f"{k}{p}"] if i is None else s[f"{k}{p}"][i] for k in ("err", "rnd", "mass")]
-    return [float(v) ** (1 / p) for v in vals]
+        diffs = zip(("err", "rnd", "mass"), (oc - w, q - w, w))
+        yield at, {f"{k}{p}": (xp.abs(xp.where(ok, d, 0.0)) ** p).sum(1) for k, d in diffs for p in (1, 2)}  # fmt: skip
 
 
 def scale_verdict(out, ref, dtype: str, bound: tuple[float, float], xp) -> str | None:
     """Why `out` fails the criterion above with bound (factor, floor), or None: the whole output
     first, then the worst row (rows whose reference is all zero are left to the band)."""
     factor, floor = bound
-    kind = stored_type(out, dtype)
+    total, worst = {}, (1.0, 0, "", ())  # (err / bound, p, where, (err, rnd, mass))
     with _quiet(xp):
-        total = dict.fromkeys(_STATS, 0.0)
-        worst = (1.0, None, None, None)  # (score, p, row, norms): score = err / bound
-        for start, s in error_norms(out, ref, dtype, xp):
-            for k in _STATS:
-                total[k] += float(s[k].sum())
+        for at, s in error_norms(out, ref, dtype, xp):
+            total = {k: total.get(k, 0.0) + float(v.sum()) for k, v in s.items()}
             for p in (1, 2):
                 err, rnd, mass = (s[f"{k}{p}"] ** (1 / p) for k in ("err", "rnd", "mass"))
-                lim = factor * rnd + floor * mass
-                score = xp.where(mass > 0, err / xp.where(lim > 0, lim, 1e-300), 0.0)
+                score = xp.where(mass > 0, err / xp.maximum(factor * rnd + floor * mass, 1e-300), 0)
                 i = int(xp.argmax(score)) if score.size else 0
                 if score.size and float(score[i]) > worst[0]:
-                    worst = (float(score[i]), p, start + i, _norm(s, p, i))
+                    worst = (float(score[i]), p, f"row {at + i}", (err[i], rnd[i], mass[i]))
     for p in (1, 2):
-        err, rnd, mass = _norm(total, p)
+        err, rnd, mass = (total.get(f"{k}{p}", 0.0) ** (1 / p) for k in ("err", "rnd", "mass"))
         if mass > 0 and err > factor * rnd + floor * mass:
-            return _why(p, "the whole output", err, rnd, mass, factor, floor, kind)
-    if worst[1] is not None:
-        return _why(worst[1], f"row {worst[2]}", *worst[3], factor, floor, kind)
-    return None
-
-
-def _why(p, where, err, rnd, mass, factor, floor, kind) -> str:
+            worst = (2.0, p, "the whole output", (err, rnd, mass))
+            break
+    if worst[0] <= 1.0:
+        return None
+    _, p, where, (err, rnd, mass) = worst
     return (
         f"relative L{p} {err / mass:.3g} of {where} exceeds {(factor * rnd + floor * mass) / mass:.3g}"
-        f" = {factor:g} x {rnd / mass:.3g} (what rounding the reference to {kind} costs) + {floor:.3g}"
+        f" = {factor:g} x {rnd / mass:.3g} (what rounding the reference to "
+        f"{stored_type(out, dtype)} costs) + {floor:.3g}"
     )
 
 
@@ -248,7 +214,7 @@ def judge(
     `custom(name, got, want) -> (ok, detail) | None` (an op's optional `compare` hook) judges an output
     instead of the elementwise band when it returns a verdict. An output judged by the band is also
     judged by the scale criterion (scale_verdict: L1 and L2, whole and per row) with the bound
-    `scale(name, stored_type) -> (factor, floor) | None` (None: default_bound of the stored type). Returns (outcome, detail, max_abs_err, max_rel_err)."""
+    `scale(name, stored_type) -> (factor, floor) | None` (None: ROUNDING_FACTOR, FLOOR of the type). Returns (outcome, detail, max_abs_err, max_rel_err)."""
     for name, before in inputs_before.items():
         n, at = differs(inputs[name], before, xp)
         if n:
@@ -294,9 +260,8 @@ def judge(
                 max_rel,
             )
         kind = stored_type(outputs[name], dtype)
-        bound = scale(name, kind) if scale is not None else None
-        bound = default_bound(kind) if bound is None else tuple(float(b) for b in bound)
-        why = scale_verdict(outputs[name], want, dtype, bound, xp)
+        bound = (scale(name, kind) if scale else None) or (ROUNDING_FACTOR, FLOOR.get(kind, 1e-4))
+        why = scale_verdict(outputs[name], want, dtype, tuple(map(float, bound)), xp)
         if why:
             return Outcome.WRONG_RESULT, f"output {name}: {why} (within the band)", max_abs, max_rel
     for name, out in (outputs_again or {}).items():

@@ -108,7 +108,7 @@ def custom_compare(op, problem, xp):
 
 def scale_limit(op, problem):
     """The op's optional error_bound(problem, output) -> (factor, floor) | None (None: the default of
-    the output's stored type, check.default_bound), bound to a problem, as check.judge's `scale`."""
+    the output's stored type: check.ROUNDING_FACTOR, check.FLOOR), bound to a problem, as check.judge's `scale`."""
     fn = getattr(op, "error_bound", None)
     return None if fn is None else (lambda name, kind: fn(problem, name))
 
