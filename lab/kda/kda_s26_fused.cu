@@ -101,6 +101,19 @@ kda_s26_fused(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const 
 #endif
       const long long t0 = bos + (long long)j * CH;
       const int m = (int)min((long long)CH, eos - t0);
+      if (j + FZ_P < nc) {      // this warp's next chunk: its q, k, a, v rows into L2 while this one computes
+        const long long t1 = t0 + (long long)FZ_P * CH;
+        const int m1 = (int)min((long long)CH, eos - t1);
+#pragma unroll
+        for (int i = lane; i < 4 * CH * 2; i += 32) {
+          const int x = i >> 5, r = (i >> 1) & 15, half = i & 1;
+          if (r < m1) {
+            const size_t row = (size_t)(t1 + r);
+            const bf16_t* src = x < 2 ? (x ? k : q) + (row * H + h) * KDIM : (x == 2 ? a : v) + (row * HV + hv) * KDIM;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(src + 64 * half));
+          }
+        }
+      }
       s26_chunk(scratch[p], ring + (size_t)s * WS_BLOB, q, k, v, a, b, A_log, dt_bias, t0, m, hv, h, scale, lane, vg0,
                 vg0 + NWARP);
       __syncwarp();
