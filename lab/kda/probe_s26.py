@@ -89,10 +89,14 @@ _BINARIES: dict = {}  # (source, entry) -> Binary: every compile of this process
 
 
 def _compile_one(kernel: Kernel):
+    """(key, Binary) or (key, the error's text): one bad kernel must not stop the others."""
     from ptxbuild.compile import compiler
 
     plain = getattr(compiler.compile_kernel, "__wrapped__", compiler.compile_kernel)
-    return (kernel.source, kernel.entry), plain(kernel, "sm_90a")
+    try:
+        return (kernel.source, kernel.entry), plain(kernel, "sm_90a")
+    except Exception as exc:  # noqa: BLE001 - reported by the step that needs it (compiled again there)
+        return (kernel.source, kernel.entry), f"{type(exc).__name__}: {exc}"[:2000]
 
 
 def install_memo() -> None:
@@ -124,14 +128,16 @@ def precompile(kernels: list, workers: int) -> float:
         {(k.source, k.entry): k for k in kernels if (k.source, k.entry) not in _BINARIES}.values()
     )
     t0 = time.perf_counter()
-    if workers <= 1 or len(todo) <= 1:
-        for k in todo:
-            key, b = _compile_one(k)
-            _BINARIES[key] = b
-    else:
-        with ProcessPoolExecutor(workers) as ex:
-            for key, b in ex.map(_compile_one, todo):
-                _BINARIES[key] = b
+    ex = ProcessPoolExecutor(workers) if workers > 1 and len(todo) > 1 else None
+    try:
+        for (src, entry), b in ex.map(_compile_one, todo) if ex else map(_compile_one, todo):
+            if isinstance(b, str):
+                log(f"COMPILE ERROR {entry}: {b[:600]}")
+            else:
+                _BINARIES[(src, entry)] = b
+    finally:
+        if ex:
+            ex.shutdown()
     return time.perf_counter() - t0
 
 
