@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ptxbuild import coverage
 from ptxbuild.dtypes import from_float, to_float
 from ptxbuild.gpu import GpuError, GpuSession, check, errors, stats
 from ptxbuild.gpu.fingerprint import (
@@ -871,7 +872,6 @@ def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
     (every candidate "failed" on the H200). They are left to builds of problems with those options."""
     from pathlib import Path
 
-    from ptxbuild.gpu import runs
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
 
@@ -879,7 +879,7 @@ def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
     p = Problem.make("kda", "bfloat16", (8192, 4), {})
     params = kda.default_params(p)
     every = kda.verify_problems(p)
-    kept = runs.adversarial(kda, p, params)
+    kept = coverage.adversarial(kda, p, params)
     dropped = [q for q in every if q not in kept]
     assert dropped and all(
         not (q.opts.get("initial_state", True) and q.opts.get("final_state", True)) for q in dropped
@@ -892,9 +892,9 @@ def test_the_verifier_runs_only_problems_the_candidate_binary_was_built_for():
     off = Problem.make("kda", "bfloat16", (8192, 4), {"initial_state": False})
     assert any(
         q.shape == (64, 4) and q.opts["initial_state"] is False
-        for q in runs.adversarial(kda, off, params)
+        for q in coverage.adversarial(kda, off, params)
     )
-    assert runs.fewer_rows(kda, p, params).shape == (runs.VERIFY_ROWS, 4)
+    assert coverage.fewer_rows(kda, p, params).shape == (coverage.VERIFY_ROWS, 4)
 
 
 def test_a_problem_sent_to_the_worker_comes_back_hashable_and_equal():

@@ -220,6 +220,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     the adversarial shapes included (final_state off: hT_unused passed and left alone)."""
     import contextlib
 
+    from ptxbuild import coverage
     from ptxbuild.gpu import runs
     from ptxbuild.problem import Problem
 
@@ -274,9 +275,9 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
     if corrupt:
         assert "output hT: relative RMS" in res["detail"]
     else:
-        assert res["cases"] == 1 + len(runs.adversarial(op, problem, params)) and res["tolerances"][
-            "o"
-        ] == [0.0, 5e-3]
+        assert res["cases"] == 1 + len(coverage.adversarial(op, problem, params)) and res[
+            "tolerances"
+        ]["o"] == [0.0, 5e-3]
         # without a final state the kernels get hT_unused and must leave it alone (its own binary)
         off = Problem.make("kda", "bfloat16", (37, 2), {"final_state": False})
         res = g.verify(

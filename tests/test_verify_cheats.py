@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from ptxbuild.gpu import runs, suite, timing
+from ptxbuild import coverage
+from ptxbuild.gpu import runs, timing
 from ptxbuild.outcome import Outcome
 from ptxbuild.problem import Problem
 from tests import fake_softmax
@@ -28,7 +29,7 @@ def test_the_honest_kernel_passes_every_check_and_says_which_shapes(monkeypatch)
     assert r["cases"] == 1 + 2 + 3 + 3 and state["calls"] == 2 * 9 + 1
     assert [64, 32768] in r["shapes"] and [64, 8193] in r["shapes"] and [256, 4096] in r["shapes"]
     # the same shapes, without a GPU, for a build to record what a verdict covered
-    planned = suite.plan_problems(fake_softmax.op(), P, {"BAD": "none", "THREADS": 128})
+    planned = coverage.plan_problems(fake_softmax.op(), P, {"BAD": "none", "THREADS": 128})
     assert sorted({p.shape for p in planned}) == [tuple(s) for s in r["shapes"]]
 
 
@@ -56,7 +57,7 @@ def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch,
     assert r["outcome"] == "wrong_result", r
     assert "bfloat16[64x32768]" in r["detail"], r["detail"]
     assert "what rounding the reference to bfloat16 costs" in r["detail"], r["detail"]
-    monkeypatch.setattr(suite, "SIZE_FACTORS", (2,))
+    monkeypatch.setattr(coverage, "SIZE_FACTORS", (2,))
     assert verify(monkeypatch, "bf16acc", threads=threads)[0]["outcome"] == "ok"  # 2N: not enough
 
 
@@ -146,7 +147,7 @@ def test_size_classes_of_a_runtime_n_and_not_of_a_compile_time_one():
 
     o = fake_softmax.op()
     params = {"BAD": "none", "THREADS": 128}
-    got = [p.shape for p in runs.size_classes(o, P, params)]
+    got = [p.shape for p in coverage.size_classes(o, P, params)]
     assert got == [(64, 8192), (64, 32768), (64, 8193)]
     # an N baked into the source (an exact config): another N needs another binary, none is run
     exact = SimpleNamespace(
@@ -154,21 +155,21 @@ def test_size_classes_of_a_runtime_n_and_not_of_a_compile_time_one():
         check=lambda prm, p: None,
         bytes_moved=o.bytes_moved,
     )
-    assert runs.size_classes(exact, P, params) == []
+    assert coverage.size_classes(exact, P, params) == []
     # check() refusing a size drops it; the op may name its own classes (or none)
     picky = SimpleNamespace(
         render=o.render,
         check=lambda prm, p: "N > 9000" if p.shape[1] > 9000 else None,
         bytes_moved=o.bytes_moved,
     )
-    assert [p.shape for p in runs.size_classes(picky, P, params)] == [(64, 8192), (64, 8193)]
+    assert [p.shape for p in coverage.size_classes(picky, P, params)] == [(64, 8192), (64, 8193)]
     own = SimpleNamespace(
         size_classes=lambda p, prm: [], render=o.render, check=o.check, bytes_moved=o.bytes_moved
     )
-    assert runs.size_classes(own, P, params) == []
+    assert coverage.size_classes(own, P, params) == []
     # and a size that moves more than SIZE_MAX_BYTES (and more than the problem) is not run
     big = Problem.make("planted_softmax", "bfloat16", (8, 1 << 20))
-    assert [p.shape for p in runs.size_classes(o, big, params)] == []
+    assert [p.shape for p in coverage.size_classes(o, big, params)] == []
 
 
 def test_coverage_is_sizes_up_to_the_largest_verified_and_alignments_seen():

@@ -164,8 +164,10 @@ def error_norms(out, ref, dtype: str, xp):
         q = _rounded(rc, kind, xp)
         ok = xp.isfinite(oc) & xp.isfinite(rc) & xp.isfinite(q)
         w = xp.where(ok, rc, 0.0)
-        diffs = zip(("err", "rnd", "mass"), (oc - w, q - w, w))
-        yield at, {f"{k}{p}": (xp.abs(xp.where(ok, d, 0.0)) ** p).sum(1) for k, d in diffs for p in (1, 2)}  # fmt: skip
+        dev = {
+            k: abs(xp.where(ok, d, 0.0)) for k, d in zip(("err", "rnd", "mass"), (oc - w, q - w, w))
+        }
+        yield at, {f"{k}{p}": (v**p).sum(1) for k, v in dev.items() for p in (1, 2)}
 
 
 def scale_verdict(out, ref, dtype: str, bound: tuple[float, float], xp) -> str | None:

@@ -37,7 +37,7 @@ def find() -> str | None:
 
 def small_problem(op, problem, params: dict, arch: str = "sm_90a"):
     """The problem on at most ROWS rows if the config accepts it and the binary serves it, else itself."""
-    from .suite import same_binary
+    from ..coverage import same_binary
 
     if len(problem.shape) < 2 or problem.shape[0] <= ROWS:
         return problem

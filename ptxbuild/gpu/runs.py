@@ -7,29 +7,14 @@ import secrets
 import sys
 from pathlib import Path
 
+from ..coverage import plan_problems, verified_shapes
 from ..dtypes import storage_dtype
 from ..oploader import load_op
 from ..outcome import Outcome
 from . import check, device, stats
 from . import fingerprint as fingerprint_mod
 from .gate import Gate
-from .suite import (  # noqa: F401 - re-exported: the worker's plan and judging live there
-    SIZE_FACTORS,
-    SIZE_MAX_BYTES,
-    SIZE_ROWS,
-    SUITE_VERSION,
-    VERIFY_ROWS,
-    _hidden_options,
-    adversarial,
-    custom_compare,
-    fewer_rows,
-    judge_run,
-    plan_problems,
-    same_binary,
-    scale_limit,
-    size_classes,
-    verified_shapes,
-)
+from .suite import SUITE_VERSION, _hidden_options, custom_compare, judge_run  # noqa: F401
 from .timing import GATE_BATCH, TimedWrong, Timing, nbytes  # noqa: F401 - GATE_BATCH re-exported
 
 ONE_SEED_ABOVE_BYTES = (

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .. import coverage
 from ..oploader import file_digests
 
 
@@ -36,9 +37,10 @@ def pin_ptx(dispatch: list[dict], shas: list, variants: dict) -> None:
 
 
 def assemble(
-    kf, target, gpu, op, chosen: list[dict], summary: dict
+    kf, target, gpu, op, chosen: list[dict], summary: dict, cover: bool = False
 ) -> tuple[dict, dict[str, bytes]]:
-    """The manifest of a target's build and every file of its folder (name -> bytes), in memory."""
+    """The manifest of a target's build and every file of its folder (name -> bytes), in memory;
+    `cover`: with the "coverage" record (coverage.record: it renders every entry's plan)."""
     files, variants, shas = {}, {}, []
     for c in chosen:
         b = c.get("_binary")
@@ -74,7 +76,8 @@ def assemble(
         "hardware": summary.get("hardware"),
         "op_files": file_digests(op),
         **({"incomplete": summary["incomplete"]} if summary.get("incomplete") else {}),
-    }  # problems built/declared
+        **({"coverage": coverage.record(op, dispatch, gpu.arch)} if cover else {}),
+    }  # problems built/declared; coverage: what the runtime may serve
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode()
     return manifest, files
 
@@ -111,7 +114,7 @@ def write_artifacts(kf, target, gpu, op, chosen, summary, keep_complete: bool = 
     keep_complete (an interrupted build): a complete folder there stays as it is."""
     out = target_dir(kf, target)
     if not (keep_complete and not artifact_problem(kf, target)):
-        replace_folder(out, assemble(kf, target, gpu, op, chosen, summary)[1])
+        replace_folder(out, assemble(kf, target, gpu, op, chosen, summary, cover=True)[1])
     return out / "manifest.json"
 
 

@@ -4,10 +4,12 @@ them, and choosing the dispatch entry whose binary is correct for a problem."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..coverage import served
 from ..problem import Problem
 from .arrays import dtype_of
 from .errors import LoaderError
@@ -152,10 +154,27 @@ class Dispatch:
                 if self.op.render(e["params"], problem, self.arch) == self.op.render(
                     e["params"], built, self.arch
                 ):
+                    if not self._verified_for(e, problem):
+                        continue
                     choice = e
                     break
         self._choice[key] = choice
         return choice
+
+    def _verified_for(self, entry: dict, problem: Problem) -> bool:
+        """Whether `entry`'s kernel was verified on the class of `problem`'s shape (coverage.served;
+        outside it the caller answers as for an unbuilt shape), warned once per shape."""
+        if served(self.manifest, entry, problem.shape):
+            return True
+        why = (
+            f"{self.target}: {problem.label()} is outside the shapes the kernel built for "
+            f"{entry['label']} was verified on; not dispatched there: declare the shape in "
+            "kernelfile.toml and rebuild"
+        )
+        if why not in (warned := self.__dict__.setdefault("_warned", set())):
+            warned.add(why)
+            warnings.warn(why, RuntimeWarning, stacklevel=4)
+        return False
 
     def _built_shapes(self, dtype: str, opts: dict) -> str:
         want = self._fixed_options(opts)
