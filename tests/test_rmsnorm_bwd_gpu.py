@@ -54,6 +54,53 @@ REGIMES = {
         (200, 65536),
         {"regime": "cluster", "cluster": 4, "threads": 512, "stage": "pass2"},
     ),
+    # stage=smem: the row part staged in shared memory by bulk copies (a ring of `stages` buffers)
+    "cluster4-smem-16k": (
+        "bfloat16",
+        (600, 16384),
+        {"regime": "cluster", "cluster": 4, "threads": 256, "stage": "smem", "stages": 4},
+    ),
+    "block-smem-4096": (
+        "bfloat16",
+        (2048, 4096),
+        {"regime": "block", "stage": "smem", "stages": 8},
+    ),
+    "smem-131072-default": ("bfloat16", (64, 131072), {}),
+    "smem-262144-default": ("bfloat16", (40, 262144), {}),
+    "smem-262144-fp32-one-buffer": ("float32", (40, 262144), {}),
+    # 192 lanes over 512 vectors per CTA: a tail of 128 (the fault of run26a was pass2's, below)
+    "cluster16-smem-tail": (
+        "bfloat16",
+        (300, 65536),
+        {
+            "regime": "cluster",
+            "cluster": 16,
+            "threads": 192,
+            "stage": "smem",
+            "stages": 6,
+            "load_hint": "ef",
+            "pdl": True,
+        },
+    ),
+    "block-smem-tail-fp16": (
+        "float16",
+        (999, 8192),
+        {"regime": "block", "threads": 384, "stage": "smem", "stages": 4},
+    ),
+    # run26a's cudaErrorIllegalAddress: pass2's shared-memory sums written past the part at the tail
+    "cluster16-pass2-tail": (
+        "bfloat16",
+        (300, 65536),
+        {
+            "regime": "cluster",
+            "cluster": 16,
+            "threads": 192,
+            "stage": "pass2",
+            "load_hint": "ef",
+            "pdl": True,
+            "red_threads": 128,
+        },
+    ),
     "noprefetch-hints": (
         "bfloat16",
         (5000, 2048),
@@ -96,7 +143,7 @@ def _verify(gpu, dtype, shape, opts, extra):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("regime", ["warp-256", "cluster16-pass2"])
+@pytest.mark.parametrize("regime", ["warp-256", "cluster16-pass2", "cluster4-smem-16k"])
 def test_every_mode_verifies(gpu, mode, regime):
     dtype, shape, extra = REGIMES[regime]
     extra = dict(extra)
@@ -110,6 +157,20 @@ def test_every_mode_verifies(gpu, mode, regime):
 def test_every_regime_verifies(gpu, regime, mode):
     dtype, shape, extra = REGIMES[regime]
     _verify(gpu, dtype, shape, MODES[mode], extra)
+
+
+@pytest.mark.parametrize(
+    "regime",
+    [
+        "smem-131072-default",
+        "smem-262144-default",
+        "smem-262144-fp32-one-buffer",
+        "cluster16-pass2-tail",
+    ],
+)
+def test_long_rows_verify_plain(gpu, regime):
+    dtype, shape, extra = REGIMES[regime]
+    _verify(gpu, dtype, shape, MODES["plain"], extra)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -223,6 +223,45 @@ def test_check_refuses_what_the_kernel_cannot_do():
         full({"threads": 128, "blocks_per_sm": 4}), P("float32", (8, 8192))
     )
     assert "reduce" in op.check(full({"pdl": True}), P("bfloat16", (4, 4096), {"weight": "none"}))
+    smem = {"stage": "smem", "stages": 2}
+    assert op.check(full(smem), prob) is None
+    assert "stages only" in op.check(full({"stages": 2}), prob)
+    assert "block and cluster" in op.check(full({**smem, "regime": "warp"}), prob)
+    assert "moot" in op.check(full({**smem, "load_hint": "none"}), prob)
+    assert "use more threads" in op.check(full({**smem, "threads": 32}), prob)
+    assert "16-byte" in op.check(full({**smem, "vec_bytes": 8}), P("bfloat16", (4, 4100)))
+    # 8 buffers of a residual 16384-row (96 KB each) do not fit; 2 do, but not at 2 blocks per SM
+    big = P("bfloat16", (4, 16384), RES)
+    assert "do not fit" in op.check(full({**smem, "threads": 512, "stages": 8}), big)
+    assert op.check(full({**smem, "threads": 512}), big) is None
+    assert "do not fit" in op.check(full({**smem, "threads": 512, "blocks_per_sm": 2}), big)
+
+
+@pytest.mark.parametrize(
+    "shape,opts,want",
+    [
+        ((8192, 262144), {}, ("cluster", 16, "smem", 3)),
+        ((16384, 131072), {}, ("cluster", 8, "smem", 3)),
+        ((8192, 262144), RES, ("cluster", 16, "smem", 2)),
+        ((16384, 131072), RES, ("cluster", 8, "smem", 2)),
+        ((32768, 4096), RES, ("block", 1, "smem", 4)),
+        ((32768, 8192), RES, ("block", 1, "smem", 2)),
+        ((32768, 32768), RES, ("cluster", 2, "smem", 2)),
+        ((32768, 65536), {}, ("cluster", 8, "reg", 1)),
+        ((32768, 4096), {}, ("block", 1, "reg", 1)),
+    ],
+)
+def test_defaults_stage_rows_in_shared_memory_where_registers_hold_too_little(shape, opts, want):
+    """run26a (H200): the register-held rows reached 72-80% of the floor with a residual from N =
+    4096 on, pass2 36-48% at N >= 131072; there the default stages the row part in shared memory
+    with >= 64 KB of rows in flight per SM; elsewhere it keeps the register configs that won."""
+    prob = P("bfloat16", shape, opts)
+    d = op.default_params(prob)
+    assert (d["regime"], d["cluster"], d["stage"], d["stages"]) == want
+    if d["stage"] == "smem":
+        per = op._smem_bytes(d, prob) // d["stages"]
+        assert d["blocks_per_sm"] * (d["stages"] - 1) * per >= 64 * 1024
+        assert op._geometry(d, prob)[2] <= 4
 
 
 def test_launches_leave_out_the_reduce_without_sums():
@@ -288,6 +327,13 @@ def _coverage(p, prob, sm):
         ("float32", (45, 760), {"regime": "block", "threads": 64}),
         ("bfloat16", (13, 1128), {"regime": "block", "threads": 128, "vec_bytes": 8}),
         ("bfloat16", (21, 8192), {"regime": "cluster", "cluster": 4, "threads": 256}),
+        # stage=smem: the same partition over the staged part; 192 lanes leave a tail of 64 vectors
+        (
+            "bfloat16",
+            (21, 8192),
+            {"regime": "cluster", "cluster": 4, "threads": 192, "stage": "smem", "stages": 3},
+        ),
+        ("float16", (9, 4096), {"regime": "block", "threads": 384, "stage": "smem", "stages": 8}),
     ],
 )
 def test_every_element_of_every_row_is_handled_once(case):
@@ -311,6 +357,7 @@ STRUCT = [
     "unroll",
     "vec_bytes",
     "blocks_per_sm",
+    "stages",
 ]
 HINTS = {
     "load_hint": ["none", "nc_na", "ef"],
@@ -330,6 +377,7 @@ COMPILE_PROBLEMS = [
 SAMPLE = (
     20  # structural configs per problem (seeded sample of all check() accepts) + every hint flip
 )
+SMEM_SAMPLE = 10  # and this many stage=smem configs more
 
 
 def _configs(dtype, shape, opts):
@@ -344,7 +392,12 @@ def _configs(dtype, shape, opts):
     flips = [{**d, k: v} for k, vs in HINTS.items() for v in vs]
     if not opts.get("rstd_in", True):
         flips.append({**d, "rsqrt": "precise"})
-    return prob, ok, ok[:SAMPLE] + [f for f in flips if op.check(f, prob) is None]
+    smem = [p for p in ok if p["stage"] == "smem"]  # the bulk-copy ring: its own sample
+    return (
+        prob,
+        ok,
+        ok[:SAMPLE] + smem[:SMEM_SAMPLE] + [f for f in flips if op.check(f, prob) is None],
+    )
 
 
 @pytest.mark.parametrize("case", COMPILE_PROBLEMS, ids=lambda c: f"{c[0]}-{c[1][1]}-{len(c[2])}")
@@ -354,6 +407,8 @@ def test_the_space_has_configs_for_every_regime_that_fits(case):
     n = case[1][1]
     regimes = {p["regime"] for p in ok}
     assert ("cluster" in regimes) == (n >= 8192)
+    stages = {p["stage"] for p in ok}
+    assert "smem" in stages and ("pass2" in stages) == (n >= 8192)
 
 
 @pytest.mark.compile

@@ -53,9 +53,12 @@ SPACE = {
     "row_threads": [32, 16, 8, 4],            # warp regime: lanes per row (shuffle-only row sums)
     "cluster": [1, 2, 4, 8, 16],              # cluster regime: CTAs per row (DSMEM row sums; 16 is
                                               # non-portable: the launchers set the attribute)
-    "stage": ["reg", "pass2"],                # reg: the row part held in registers; pass2 (cluster
+    "stage": ["reg", "pass2", "smem"],        # reg: the row part held in registers; pass2 (cluster
                                               # regime): two passes per row in batches, the second
-                                              # re-reading x, dy (L2), the weight read per batch
+                                              # re-reading x, dy (L2), the weight read per batch;
+                                              # smem (block, cluster): the row part of x, dy (, dres)
+                                              # staged once in shared memory by bulk copies
+    "stages": [1, 2, 3, 4, 6, 8],             # smem: row buffers in the ring (stages - 1 rows ahead)
     "prefetch": [True, False],                # reg: the next row's x, dy issued before this row's math
     "unroll": [1, 2, 4],                      # pass2: vectors per lane per batch
     "vec_bytes": [16, 8],                     # bytes per x vector (ld/st .v4 or .v2)
@@ -72,6 +75,8 @@ SPACE = {
 
 MAX_SMS = 160              # scratch holds partial rows for up to this many SMs (H100/H200 132, B200 148)
 SMEM_LIMIT_BYTES = 227 * 1024
+SMEM_SM_BYTES = 228 * 1024     # per SM, of which 1 KB per block is reserved by the system
+SMEM_STATIC = 2 * 1024         # stage=smem: that 1 KB + the static barriers and row-sum slots (< 1 KB)
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
 LDH = {"none": 0, "nc": 1, "nc_na": 2, "ef": 3}
 SRC = Path(__file__).with_name("rmsnorm_bwd.cu")
@@ -140,6 +145,8 @@ def _data_regs(p: dict, problem: Problem) -> int:
     _, _, vpt = _geometry(p, problem)
     if p["stage"] == "reg":
         return vpt * (ww + vec * _nsums(problem)) + vpt * streams * xw * (2 if p["prefetch"] else 1)
+    if p["stage"] == "smem":     # weight and sums held, one vector of each stream read from smem
+        return vpt * (ww + vec * _nsums(problem)) + streams * xw
     return p["unroll"] * (streams * xw + ww + vec)   # pass2: one batch (the sums are in shared memory)
 
 
@@ -148,7 +155,8 @@ def _data_regs(p: dict, problem: Problem) -> int:
 # live; every config check() accepts compiles without spills (tests/test_rmsnorm_bwd_op.py)
 REG_MODEL = {(True, "reg", True): (1.7, 24), (True, "reg", False): (2.7, 25),
              (False, "reg", True): (1.0, 50), (False, "reg", False): (1.45, 40),
-             (True, "pass2", True): (1.2, 40), (False, "pass2", True): (1.2, 40)}
+             (True, "pass2", True): (1.2, 40), (False, "pass2", True): (1.2, 40),
+             (True, "smem", True): (1.2, 40), (False, "smem", True): (1.0, 30)}
 
 
 def _regs(p: dict, problem: Problem) -> int:
@@ -156,10 +164,18 @@ def _regs(p: dict, problem: Problem) -> int:
     return int(a * _data_regs(p, problem) + b)
 
 
+def _streams(problem: Problem) -> int:
+    """Row streams read: x, dy (+ dres)."""
+    o = _opts(problem)
+    return 2 + bool(o["residual"] and o["dresidual_in"])
+
+
 def _smem_bytes(p: dict, problem: Problem) -> int:
-    """Dynamic shared memory: stage=pass2's fp32 sums of the CTA's columns; the warp regime's per-warp
-    partial rows (several groups per block)."""
+    """Dynamic shared memory: stage=pass2's fp32 sums of the CTA's columns; stage=smem's ring of row
+    buffers; the warp regime's per-warp partial rows (several groups per block)."""
     np_, _, _ = _geometry(p, problem)
+    if p["stage"] == "smem":
+        return p["stages"] * _streams(problem) * np_ * SIZE_BYTES[problem.dtype]
     if p["stage"] == "pass2":
         return np_ * 4 * _nsums(problem)
     if p["regime"] == "warp" and p["threads"] > p["row_threads"] and _nsums(problem):
@@ -201,8 +217,14 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=pass2 is for the cluster regime's long rows (a block's row part fits registers)"
     if p["stage"] != "reg" and p["prefetch"] != canon["prefetch"]:
         return "prefetch only applies to stage=reg (leave True)"
-    if p["stage"] == "reg" and p["unroll"] != canon["unroll"]:
+    if p["stage"] != "pass2" and p["unroll"] != canon["unroll"]:
         return "unroll only applies to stage=pass2 (leave 1)"
+    if p["stage"] != "smem" and p["stages"] != canon["stages"]:
+        return "stages only applies to stage=smem (leave 1)"
+    if p["stage"] == "smem" and regime == "warp":
+        return "stage=smem is for the block and cluster regimes (a row group of a block or more)"
+    if p["stage"] == "smem" and p["load_hint"] not in ("nc", "ef"):
+        return "stage=smem loads by bulk copy: load_hint none / nc_na are moot (nc or ef)"
     if o["rstd_in"] and p["rsqrt"] != canon["rsqrt"]:
         return "rsqrt is moot with rstd_in (the forward's rstd is read)"
     if not _nsums(problem) and (p["pdl"], p["red_threads"], p["red_split"]) != (
@@ -222,17 +244,48 @@ def check(params: dict, problem: Problem) -> str | None:
         return f"{vpt} vectors per lane is too many to unroll"
     if p["stage"] == "pass2" and p["unroll"] > vpt:
         return f"unroll={p['unroll']} > {vpt} vectors per lane"
+    if p["stage"] == "smem" and vpt > 8:
+        return f"{vpt} vectors per lane with the row part in shared memory: use more threads (<= 8)"
+    xb = SIZE_BYTES[problem.dtype]
+    if p["stage"] == "smem" and (np_ * xb % 16 or n * xb % 16):
+        return f"bulk copies need 16-byte parts and rows ({np_} and {n} elements of {xb} bytes)"
     if p["blocks_per_sm"] > bps_max(n):
         return f"blocks_per_sm={p['blocks_per_sm']} > {bps_max(n)} (the partials' scratch is sized for that at N={n})"
     if threads * p["blocks_per_sm"] > 2048:
         return f"threads x blocks_per_sm = {threads * p['blocks_per_sm']} > 2048 threads per SM"
     smem = _smem_bytes(p, problem)
+    if p["stage"] == "smem" and p["blocks_per_sm"] * (smem + SMEM_STATIC) > SMEM_SM_BYTES:
+        return (f"{p['stages']} row buffers of {smem // p['stages']} bytes x {p['blocks_per_sm']} "
+                f"blocks do not fit an SM's shared memory")
     if smem > SMEM_LIMIT_BYTES or smem * p["blocks_per_sm"] > 228 * 1024:
         return f"{smem} bytes of shared memory per block x {p['blocks_per_sm']} do not fit an SM"
     need = _regs(p, problem)
     if need > _reg_cap(p):
         return f"~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['blocks_per_sm']}"
     return None
+
+
+def _smem_cands(problem: Problem, min_stages: int, ahead: int) -> list[dict]:
+    """stage=smem configs: the fewest CTAs per row (1 = a block per row, 2 blocks per SM first: one
+    computes while the other waits at its row barrier) whose rings hold >= min_stages row buffers
+    each with >= `ahead` bytes of rows in flight per SM, the most buffers that fit (<= 8), at the
+    fewest threads (256, 512, 1024) giving <= 2, then <= 4 vectors per lane."""
+    n = problem.shape[1]
+    xb = SIZE_BYTES[problem.dtype]
+    out = []
+    for c, bps in ((1, 2), (1, 1), (2, 1), (4, 1), (8, 1), (16, 1)):
+        stage_bytes = _streams(problem) * (n // c) * xb
+        s = min(8, (SMEM_SM_BYTES // bps - SMEM_STATIC) // stage_bytes)
+        s = max([k for k in SPACE["stages"] if k <= s], default=0)
+        if s < min_stages or bps * (s - 1) * stage_bytes < ahead:
+            continue
+        regime = {"regime": "block"} if c == 1 else {"regime": "cluster", "cluster": c}
+        for most in (2, 4, 32):
+            for t in (256, 512, 1024):
+                if -(-(n // c // (16 // xb)) // t) <= most:
+                    out.append({**regime, "threads": t, "stage": "smem", "stages": s,
+                                "blocks_per_sm": bps})
+    return out
 
 
 def default_params(problem: Problem) -> dict:
@@ -242,14 +295,22 @@ def default_params(problem: Problem) -> dict:
       next row prefetched, the most blocks per SM (8, 4, 2, 1) that fit the registers.
     * else a block per row at the fewest threads (128..1024) giving <= 4 vectors per lane that fit
       (prefetch on, then off), the most blocks per SM that fit;
-    * else a cluster of 2, 4, 8, 16 (reg, prefetch on then off), then stage=pass2 (unroll 2, then 1)
-      at 4, 8, 16 CTAs.
+    * else a cluster of 2, 4, 8, 16 (reg, prefetch on then off);
+    * then stage=smem (_smem_cands: >= 2 row buffers and >= 64 KB of rows in flight, then >= 2
+      buffers, then one), then stage=pass2 (unroll 2, then 1) at 4, 8, 16 CTAs.
+    stage=smem comes first where the registers hold too little in flight (run26a on the H200: 72-80%
+    of the floor with a residual from N = 4096 on, pass2 at 36-48%): a residual with dres and rows
+    of >= 8 KB (bf16 N >= 4096), and rows of >= 256 KB (bf16 N >= 131072).
     ld.global.nc loads, default stores, no PDL, reduce 256 threads x 8 slices.
     """
     n = problem.shape[1]
-    nv = n // (16 // SIZE_BYTES[problem.dtype])
+    xb = SIZE_BYTES[problem.dtype]
+    nv = n // (16 // xb)
     cands = []
     bps_list = (8, 6, 4, 3, 2, 1)
+    smem = _smem_cands(problem, 2, 64 * 1024) + _smem_cands(problem, 2, 0)
+    if (_streams(problem) == 3 and n * xb >= 8192) or n * xb >= 256 * 1024:
+        cands += smem
     if nv <= 256:
         rt = min(32, 1 << int(math.log2(max(nv, 4))))
         for b in bps_list:
@@ -263,6 +324,7 @@ def default_params(problem: Problem) -> dict:
         for pre in (True, False):
             for t in (256, 512, 1024):
                 cands.append({"regime": "cluster", "cluster": c, "threads": t, "prefetch": pre})
+    cands += smem + _smem_cands(problem, 1, 0)
     for c in (4, 8, 16):
         for t in (512, 1024):
             for u in (2, 1):
@@ -288,7 +350,8 @@ def _defines(p: dict, problem: Problem) -> dict:
         "CLUSTER": p["cluster"],
         "NC": problem.shape[1],
         "VB": p["vec_bytes"],
-        "STAGE": int(p["stage"] == "pass2"),
+        "STAGE": {"reg": 0, "pass2": 1, "smem": 2}[p["stage"]],
+        "NSTAGE": p["stages"],
         "PREFETCH": int(bool(p["prefetch"])),
         "UNROLL": p["unroll"],
         "LDH": LDH[p["load_hint"]],

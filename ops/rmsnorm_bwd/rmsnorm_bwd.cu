@@ -20,7 +20,10 @@
 //             math); STAGE 1: two passes per row in batches of UNROLL vectors per lane, the second
 //             re-reading x and dy (L2 hits: a row part is at most a few hundred KB), the weight
 //             read with each batch (L1 / L2) instead of held, the fp32 sums of the CTA's columns in
-//             dynamic shared memory (so the batch loop is a real loop: few registers)
+//             dynamic shared memory (so the batch loop is a real loop: few registers); STAGE 2
+//             (block and cluster regimes): the row part of x, dy (, dres) staged once in a ring of
+//             NSTAGE shared-memory buffers by bulk copies (cp.async.bulk + mbarrier), NSTAGE - 1
+//             rows ahead; both passes read shared memory; weight and sums in registers as STAGE 0
 //   LDH       0 ld.global, 1 ld.global.nc, 2 .nc.L1::no_allocate, 3 that + L2 evict_first;  STCS st.global.cs
 //   APPROX    rsqrt.approx.f32 (else 1 / sqrt.rn), only without RSTD_IN;  PDL  the reduce kernel is a
 //             programmatic dependent launch (griddepcontrol)
@@ -50,6 +53,9 @@ typedef long long i64;
 #define FULL (NVP % G == 0)                        // every lane holds VPT vectors
 #ifndef STAGE
 #define STAGE 0
+#endif
+#ifndef NSTAGE
+#define NSTAGE 1
 #endif
 
 // ---------------------------------------------------------------- conversions
@@ -379,14 +385,16 @@ template <int n> __device__ __forceinline__ void finish(const Args& a, i64 row, 
 #if STAGE == 0
       acc[i][j] = fmaf(dv, xv * r, acc[i][j]);
 #else
-      sacc[vcol(i, t) + j] = fmaf(dv, xv * r, sacc[vcol(i, t) + j]);
+      // a lane's last vector may lie past the part (NVP % G != 0): its column does not exist, and
+      // shared memory ends at NP (the fault of run26a, 192 threads at cluster 16)
+      if (vok(i, t)) sacc[vcol(i, t) + j] = fmaf(dv, xv * r, sacc[vcol(i, t) + j]);
 #endif
 #endif
 #if HAS_DB
 #if STAGE == 0
       accb[i][j] += dv;
 #else
-      sacc[(WT != 0) * NP + vcol(i, t) + j] += dv;
+      if (vok(i, t)) sacc[(WT != 0) * NP + vcol(i, t) + j] += dv;
 #endif
 #endif
       float v = fmaf(-c, xv, r * g);
@@ -431,6 +439,59 @@ __device__ __forceinline__ void row_step(const Args& a, i64 r0, i64 Q, int gw, i
   load_rstd(a, row + Q, row + Q < a.M, cur);
 #endif
   ++it;
+}
+#endif
+
+
+#if STAGE == 2
+// STAGE 2: a ring of NSTAGE buffers in dynamic shared memory, each holding one row's part of the
+// NSTR streams (x, dy, dres), [NSTAGE][NSTR][NP] elements. Thread 0 fills a buffer with one bulk
+// copy per stream (cp.async.bulk, completing on the buffer's `full` mbarrier: NSTR x PB bytes of
+// transactions); every thread waits on `full` (phase parity (k / NSTAGE) & 1 for the CTA's k-th
+// row), reads the part twice from shared memory (the row sums, then dx), and each warp arrives
+// on the buffer's `empty` mbarrier when done; thread 0 waits there before it refills the buffer
+// with the row NSTAGE rows on. Up to NSTAGE - 1 rows are in flight while one row is computed.
+#define NSTR (2 + HAS_DRES)
+#define PB (NP * XB)                                  // bytes of one stream's part (a multiple of 16)
+#define NWARP (THREADS / 32)
+__shared__ __align__(8) unsigned long long st_full[NSTAGE];
+__shared__ __align__(8) unsigned long long st_empty[NSTAGE];
+
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile("{\n .reg .pred P1;\n ST_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra ST_DONE;\n bra ST_WAIT;\n ST_DONE:\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bar) {
+#if LDH == 3
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               ::"r"(dst), "l"(src), "r"((u32)PB), "r"(bar), "l"(policy_first()) : "memory");
+#else
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"((u32)PB), "r"(bar) : "memory");
+#endif
+}
+
+// thread 0: buffer s <- row `row`'s part (offset lo) of every stream
+__device__ __forceinline__ void fill(const Args& a, i64 row, i64 lo, int s, u32 buf) {
+  const u32 bar = smem_u32(&st_full[s]);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((u32)(NSTR * PB)) : "memory");
+  const i64 off = (row * (i64)NC + lo) * XB;
+  const u32 d = buf + (u32)(s * NSTR * PB);
+  bulk_load(d, (const char*)a.x + off, bar);
+  bulk_load(d + PB, (const char*)a.dy + off, bar);
+#if HAS_DRES
+  bulk_load(d + 2 * PB, (const char*)a.dres + off, bar);
+#endif
+}
+
+// n words (XW: 4 or 2) from shared address p
+__device__ __forceinline__ void lds(u32 p, u32* w) {
+  if constexpr (XW == 4)
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(p));
+  else
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "r"(p));
 }
 #endif
 
@@ -493,15 +554,15 @@ rmsnorm_bwd(const void* __restrict__ x, const void* __restrict__ dy, const void*
   const i64 prow = blockIdx.x;
 #endif
   // the weight, in registers for every row (STAGE 1: loaded with each batch instead)
-  u32 ww[STAGE == 0 ? VPT : 1][WW];
+  u32 ww[STAGE != 1 ? VPT : 1][WW];
 #pragma unroll
-  for (int i = 0; i < (STAGE == 0 ? VPT : 1); ++i) {
-    if (WT != 0 && STAGE == 0 && vok(i, t)) ldw<WW>((const char*)w + (lo + vcol(i, t)) * WB, ww[i]);
+  for (int i = 0; i < (STAGE != 1 ? VPT : 1); ++i) {
+    if (WT != 0 && STAGE != 1 && vok(i, t)) ldw<WW>((const char*)w + (lo + vcol(i, t)) * WB, ww[i]);
     else zero<WW>(ww[i]);
   }
   // fp32 partial sums: registers (STAGE 0), or this CTA's columns in shared memory (STAGE 1: each
   // lane only ever touches its own columns, so no barrier is needed)
-  constexpr int AV = STAGE == 0 ? VPT : 1;
+  constexpr int AV = STAGE != 1 ? VPT : 1;
   float acc[WT != 0 ? AV : 1][VEC], accb[HAS_DB ? AV : 1][VEC];
 #pragma unroll
   for (int i = 0; i < (WT != 0 ? AV : 1); ++i)
@@ -544,7 +605,7 @@ rmsnorm_bwd(const void* __restrict__ x, const void* __restrict__ dy, const void*
     row_step(a, r0 + Q, Q, gw, t, lo, it, B, A, ww, acc, accb);
   }
 #undef B
-#else   // STAGE 1: two passes over the row part per row
+#elif STAGE == 1   // two passes over the row part per row
 #pragma unroll 1
   for (i64 r0 = first; r0 < M; r0 += Q, ++it) {
     const i64 row = r0 + gw;
@@ -569,6 +630,102 @@ rmsnorm_bwd(const void* __restrict__ x, const void* __restrict__ dy, const void*
     for (int i0 = 0; i0 < VPT; i0 += UNROLL) {
       load_vecs<UNROLL>(a, row, ok, t, lo, i0, b);
       finish<UNROLL>(a, row, ok, t, lo, i0, b, b.w, r, c, acc, accb, sacc);
+    }
+  }
+#else   // STAGE 2: the row parts staged in shared memory by bulk copies, NSTAGE rows ahead
+  extern __shared__ __align__(128) unsigned char sbuf[];
+  const u32 buf = smem_u32(sbuf);
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < NSTAGE; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&st_full[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&st_empty[s])), "r"((u32)NWARP) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+#pragma unroll 1
+    for (int s = 0; s < NSTAGE; ++s)
+      if (first + s * Q < M) fill(a, first + s * Q, lo, s, buf);
+#pragma unroll 1
+  for (i64 row = first; row < M; row += Q, ++it) {      // gw == 0: every row of the loop exists
+    const int s = it % NSTAGE;
+    const u32 ph = (u32)(it / NSTAGE) & 1u;
+#if RSTD_IN
+    const float rs_in = __ldg(rstd + row);
+#endif
+    const u32 xs = buf + (u32)(s * NSTR * PB), ds = xs + PB;
+    mbar_wait(smem_u32(&st_full[s]), ph);
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!vok(i, t)) continue;
+      u32 xv[XW], dv[XW];
+      lds(xs + vcol(i, t) * XB, xv);
+      lds(ds + vcol(i, t) * XB, dv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xf = getf<DT>(xv, j);
+        float g = getf<DT>(dv, j);
+#if WT != 0
+        g *= getv<KW>(ww[i], j);
+#endif
+        s2 = fmaf(g, xf, s2);
+#if !RSTD_IN
+        s1 = fmaf(xf, xf, s1);
+#endif
+      }
+    }
+    const float2 sm = row_sum2(s1, s2, it);
+#if RSTD_IN
+    const float r = rs_in;
+#else
+    const float r = rstd_of(sm.x, eps);
+#endif
+    const float c = (r * r) * (r * sm.y) * (1.0f / (float)NC);
+    const i64 base = row * (i64)NC + lo;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!vok(i, t)) continue;
+      u32 xv[XW], dv[XW];
+      lds(xs + vcol(i, t) * XB, xv);
+      lds(ds + vcol(i, t) * XB, dv);
+#if HAS_DRES
+      u32 rv[XW];
+      lds(ds + PB + vcol(i, t) * XB, rv);
+#endif
+      float f[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float xf = getv<DT>(xv, j);
+        const float df = getv<DT>(dv, j);
+        float g = df;
+#if WT != 0
+        g *= getv<KW>(ww[i], j);
+        acc[i][j] = fmaf(df, xf * r, acc[i][j]);
+#endif
+#if HAS_DB
+        accb[i][j] += df;
+#endif
+        float v = fmaf(-c, xf, r * g);
+#if HAS_DRES
+        v += getf<DT>(rv, j);
+#endif
+        f[j] = v;
+      }
+      u32 o[XW];
+      pack<DT, VEC>(f, o);
+      stn<XW>((char*)dx + (base + vcol(i, t)) * XB, o);
+    }
+    // buffer s is free once every warp has read it; thread 0 refills it with the row NSTAGE on
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&st_empty[s])) : "memory");
+    if (threadIdx.x == 0 && row + NSTAGE * Q < M) {
+      mbar_wait(smem_u32(&st_empty[s]), ph);
+      fill(a, row + NSTAGE * Q, lo, s, buf);
     }
   }
 #endif
