@@ -11,7 +11,7 @@ import math
 
 from .. import keys
 from ..outcome import Outcome
-from ..problem import SOURCE_PARAM, Problem, digest
+from ..problem import SOURCE_PARAM, Problem, digest, op_params
 from ..search.proposals import (
     MAX_CANDIDATES,
     EditError,
@@ -22,6 +22,7 @@ from ..search.proposals import (
 )
 from ..store import lessons
 from .context import Context, must_time
+from .deep import explain_log
 
 ATTEMPTS_IN_TASK = 24  # the most recent attempts of the problem a task carries
 LESSONS_IN_TASK = 24
@@ -90,12 +91,13 @@ def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | N
     if why := candidate_errors(c):
         return None, why
     op = ev.op
-    params = {**op.default_params(problem), **c.get("params", {})}
-    params.pop(SOURCE_PARAM, None)
+    # over the incumbent's template parameters (what its source was rendered for), else the default
+    params = {**(inc[0] if inc else op.default_params(problem)), **c.get("params", {})}
+    params = op_params({**params, SOURCE_PARAM: None})
     if "source" in c:
         text = c["source"]
     else:
-        base_cfg = inc[0] if c.get("base", "incumbent") == "incumbent" and inc else params
+        base_cfg = inc[0] if inc and c.get("base", "incumbent") == "incumbent" else params
         try:
             text = apply_edits(op.render(base_cfg, problem, ev.gpu.arch).source, c["edits"])
         except EditError as exc:
@@ -140,11 +142,7 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> bool:
         ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
         return False
     inc = _best(hist)
-    parent = (
-        inc[0].get(SOURCE_PARAM) or "template " + json.dumps(inc[0], sort_keys=True)
-        if inc
-        else None
-    )
+    parent = inc and (inc[0].get(SOURCE_PARAM) or "template " + json.dumps(inc[0], sort_keys=True))
     meta = {"proposer": cmd, "round": rnd, "parent": parent}
     results, cfgs = [], []
     for i, c in enumerate(cands):
@@ -168,24 +166,10 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> bool:
         row = ev.results[_key(r)]
         p50 = row.get("p50_ms") if row["outcome"] == "ok" else None
         ratio = p50 / inc[1] if p50 and inc and ev.hw and inc[1] > 0 else None
-        verdict = (
-            "failed"
-            if row["outcome"] != "ok"
-            else ("helped" if ratio is not None and ratio < 1 else "hurt" if ratio else "built")
-        )
+        verdict = "failed" if row["outcome"] != "ok" else "built" if ratio is None else "helped" if ratio < 1 else "hurt"  # fmt: skip
         ev.proposed[_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
-        out.append(
-            {
-                "index": i,
-                "digest": r[SOURCE_PARAM],
-                "params": r,
-                "outcome": row["outcome"],
-                "detail": row["detail"],
-                "p50_ms": p50,
-                "vs_incumbent": ratio,
-                "verdict": verdict,
-            }
-        )
+        out.append(dict(index=i, digest=r[SOURCE_PARAM], params=r, outcome=row["outcome"],
+                        detail=row["detail"], p50_ms=p50, vs_incumbent=ratio, verdict=verdict))  # fmt: skip
         _lesson(ctx, ev, problem, r, c, verdict, row["outcome"], row["detail"], ratio)
     try:
         p.tell({"round": rnd, "results": out})
@@ -199,14 +183,8 @@ def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
     """An `edit` lesson: which edit (its label, else its rationale), on which op, arch, dtype and
     shape, helped / hurt / failed, by how much, and the first line of the evidence."""
     edit = (c.get("edit") or c.get("rationale") or "").strip().splitlines()
-    scope = {
-        "arch": ev.gpu.arch,
-        "family": lessons.family_of("", ev.gpu.arch),
-        "dtype": problem.dtype,
-        "shape": list(problem.shape),
-        "bucket": lessons.shape_bucket(problem.shape),
-        "options": problem.opts_json,
-    }
+    scope = dict(arch=ev.gpu.arch, family=lessons.family_of("", ev.gpu.arch), dtype=problem.dtype,
+                 shape=list(problem.shape), bucket=lessons.shape_bucket(problem.shape), options=problem.opts_json)  # fmt: skip
     rule = {
         "params": {k: v for k, v in (cfg or {}).items() if k != SOURCE_PARAM},
         "edit": _line(edit[0] if edit else "(unnamed edit)"),
@@ -218,6 +196,26 @@ def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
     }
     row = lessons._row(ev.op.NAME, "edit", scope, rule, [], 1.0 if ev.hw else 0.5, f"run {ctx.run}")
     ctx.cache.put_lessons([row])
+
+
+def rejected(ev, limit: int = 4) -> list[str]:
+    """Why a problem has no valid candidate: the evidence of up to `limit` rejected configs with
+    different evidence, compile errors first (at template lines: deep.explain_log), then verdicts."""
+    rank = ["compile_error", "wrong_result", "memcheck"]
+    rows = sorted(ev.results.values(), key=lambda r: (rank + [r["outcome"]]).index(r["outcome"]))
+    out, seen = [], set()
+    for r in rows:
+        if len(seen) >= limit or (r["outcome"], r["detail"][:200]) in seen:
+            continue
+        seen.add((r["outcome"], r["detail"][:200]))
+        cfg = r["params"]
+        out.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.items())) + f": {r['outcome']}")
+        if r["outcome"] == "compile_error" and ev.op.check(cfg, ev.problem) is None:
+            src = ev.op.render(cfg, ev.problem, ev.gpu.arch).source
+            out += ["  " + ln for ln in explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4)]
+        else:
+            out += ["  " + ln for ln in r["detail"].splitlines()[:3]]
+    return out
 
 
 def _line(text: str) -> str:
@@ -253,15 +251,10 @@ def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> d
     if must_time(ctx, key, row, problem):
         ctx.timed.add(key)
         r = ctx.gpu.measure(str(ev.op.FOLDER), winner[0], problem, wb, incumbent=(tmpl[0], tb))
-        row = {
-            "key": key,
-            "binary": "beside-template",
-            "fingerprint": json.dumps(ev.hw, sort_keys=True),
-            "problem": json.dumps(problem.key()),
-            "outcome": r.outcome.value,
-            "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
-            "detail": json.dumps({"template_p50_ms": r.incumbent_p50_ms}),
-        }
+        row = dict(key=key, binary="beside-template", fingerprint=json.dumps(ev.hw, sort_keys=True),
+                   problem=json.dumps(problem.key()), outcome=r.outcome.value,
+                   p50_ms=r.p50_ms if r.outcome is Outcome.OK else None,
+                   detail=json.dumps({"template_p50_ms": r.incumbent_p50_ms}))  # fmt: skip
         if r.outcome is Outcome.OK:
             ctx.cache.put("measurements", row)
     t50 = json.loads(row["detail"]).get("template_p50_ms")

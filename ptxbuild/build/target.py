@@ -141,7 +141,7 @@ def build_target(
                 winner, checked = beside.memchecked(ctx, ev, op, problem, hist, winner)
                 memchecks.append(checked)
             if winner is None:
-                ctx.report("problem_fail", target=t, problem=problem)
+                ctx.report("problem_fail", target=t, problem=problem, why=factory.rejected(ev))
                 chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
                 continue
             cfg, ck = (

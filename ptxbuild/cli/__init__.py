@@ -11,6 +11,7 @@ import click  # noqa: F401  (tests patch click.echo through here)
 from ..errors import EXIT_BUILD_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_TOOL
 from . import build_cmds, shell, store_cmds  # noqa: F401  (their commands join the group)
 from .authoring import new as _new
+from .authoring import try_ as _try
 from .progress import Progress
 from .shell import main
 
@@ -24,6 +25,7 @@ __all__ = [
 ]
 
 main.add_command(_new)
+main.add_command(_try)
 
 if __name__ == "__main__":
     main()

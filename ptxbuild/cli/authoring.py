@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -53,3 +54,42 @@ def run_deep(kf, op_name: str | None, max_configs: int) -> None:
     click.echo(f"{kf.path.name}: check --deep {verdict}, {len(specs)} op(s), {compiles} compile(s)")
     if failed:
         raise SystemExit(1)
+
+
+@click.command("try")
+@click.argument("target")
+@click.option("--proposer", "proposers", multiple=True, required=True, metavar="CMD",
+              help="A proposer command (repeatable): the proposer protocol over its stdin/stdout.")  # fmt: skip
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Rounds of propose -> build -> feedback a problem.")  # fmt: skip
+@click.option("--no-gpu", is_flag=True, help="Compile and check only, even with a GPU present.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line a problem (for agents).")
+@click.pass_obj
+def try_(kernelfile, target, proposers, rounds, no_gpu, as_json):
+    """Build TARGET with proposers: after the template search, rounds of propose -> compile ->
+    verify -> time -> feedback; a proposed winner is built and locked like any (cached steps reused).
+
+    Example: ptxbuild try softmax@h200 --proposer 'python my_agent.py' --rounds 3
+    """
+    import json
+    from contextlib import closing
+
+    from ..build.run import build_and_lock
+    from ..errors import EXIT_BUILD_FAILED
+    from .progress import Progress
+    from .shell import _context, _kernelfile, _targets
+
+    kf = _kernelfile(kernelfile)
+    chosen = _targets(kf, [target])
+    ctx = _context(kf, None, not no_gpu, Progress(as_json))
+    ctx.force, ctx.proposers, ctx.rounds = True, tuple(proposers), rounds
+    with closing(ctx):
+        done = build_and_lock(ctx, chosen, False, note=lambda m: None)
+    for r in done.results:
+        for d in json.loads(r.manifest.read_text())["dispatch"] if r.manifest else []:
+            f, row = d.get("factory") or {}, {"target": str(r.target), "problem": d["label"]}
+            row.update(params=d["params"], p50_ms=d.get("p50_ms"), **f)
+            sw = f"; {f['same_window']['speedup']:.2f}x the best template" if f.get("same_window", {}).get("speedup") else ""  # fmt: skip
+            click.echo(json.dumps(row, sort_keys=True) if as_json else f"{row['target']} {row['problem']}: {f.get('winner')} wins{sw}; {f.get('proposers')}")  # fmt: skip
+    if done.stop is not None or any(r.status == "failed" for r in done.results):
+        sys.exit(EXIT_BUILD_FAILED)

@@ -76,6 +76,8 @@ class Progress:
                 f"({self._seconds(ev)})",
                 err=True,
             )
+            for line in ev.get("why") or ():  # the rejected candidates' evidence
+                click.echo(f"      {line}", err=True)
 
     def _seconds(self, ev) -> str:
         total = f"{time.monotonic() - self.t0:.1f}s"

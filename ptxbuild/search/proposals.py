@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..problem import SOURCE_PARAM, Problem, op_params
 
 PROTOCOL = "ptxbuild.proposer/1"
@@ -44,10 +45,6 @@ class SourceStore:
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
-
-    @classmethod
-    def of(cls, root: Path, op_name: str) -> SourceStore:
-        return cls(Path(root) / "proposed" / op_name)
 
     def put(self, text: str, meta: dict) -> str:
         digest = source_digest(text)
@@ -98,8 +95,12 @@ class WithSources:
 
     def render(self, params: dict, problem: Problem, arch: str):
         kernel = self._op.render(op_params(params), problem, arch)
-        digest = params.get(SOURCE_PARAM)
-        return kernel if digest is None else replace(kernel, source=self.store.get(digest))
+        if (digest := params.get(SOURCE_PARAM)) is None:
+            return kernel
+        if (text := self.store.get(digest)) is None:
+            raise ConfigError(f"proposed source {digest} is missing from {self.store.folder} or was "
+                              "edited (its sha256 differs): restore it (git checkout)")  # fmt: skip
+        return replace(kernel, source=text)
 
     def launch(self, params: dict, problem: Problem, sm_count: int):
         return self._op.launch(op_params(params), problem, sm_count)
@@ -109,7 +110,11 @@ class WithSources:
 
 
 def with_sources(op, root: Path) -> WithSources:
-    return op if isinstance(op, WithSources) else WithSources(op, SourceStore.of(root, op.NAME))
+    return (
+        op
+        if isinstance(op, WithSources)
+        else WithSources(op, SourceStore(Path(root) / "proposed" / op.NAME))
+    )
 
 
 class EditError(ValueError):
@@ -121,40 +126,35 @@ def apply_edits(base: str, edits: list) -> str:
     occurrence)} applied in order; a `find` that occurs fewer than `count` times is an EditError."""
     text = base
     for i, e in enumerate(edits):
-        if not isinstance(e, dict) or not isinstance(e.get("find"), str) or not e["find"]:
-            raise EditError(f"edit {i}: needs a non-empty string 'find'")
-        if not isinstance(e.get("replace"), str):
-            raise EditError(f"edit {i}: needs a string 'replace'")
-        count = e.get("count", 1)
-        if not isinstance(count, int) or count < 0:
+        e = e if isinstance(e, dict) else {}
+        find, new, count = e.get("find"), e.get("replace"), e.get("count", 1)
+        if not (isinstance(find, str) and find and isinstance(new, str)):
+            raise EditError(f"edit {i}: needs a non-empty string 'find' and a string 'replace'")
+        if type(count) is not int or count < 0:
             raise EditError(f"edit {i}: 'count' must be an integer >= 0")
-        found = text.count(e["find"])
-        if found == 0 or found < count:
+        if (found := text.count(find)) == 0 or found < count:
             raise EditError(
-                f"edit {i}: 'find' occurs {found} time(s) in the base source, not {count or 'at least 1'}"
+                f"edit {i}: 'find' occurs {found} time(s) in the base, not {count or '1+'}"
             )
-        text = text.replace(e["find"], e["replace"], count or found)
+        text = text.replace(find, new, count or found)
     return text
+
+
+_CANDIDATE_RULES = (  # (is it wrong?, the message): a candidate's form, as proposer.schema.json
+    (lambda c: ("source" in c) == ("edits" in c), "a candidate has exactly one of 'source' (the whole text) and 'edits'"),
+    (lambda c: "source" in c and not (isinstance(c["source"], str) and c["source"].strip()), "'source' must be a non-empty string"),
+    (lambda c: "edits" in c and not isinstance(c["edits"], list), "'edits' must be a list"),
+    (lambda c: not isinstance(c.get("params", {}), dict), "'params' must be an object (template parameters: launch, arguments)"),
+    (lambda c: c.get("base", "incumbent") not in ("incumbent", "template"), "'base' is 'incumbent' or 'template'"),
+    (lambda c: not all(isinstance(c.get(k) or "", str) for k in ("rationale", "edit", "parent")), "'rationale', 'edit' and 'parent' are strings"),
+)  # fmt: skip
 
 
 def candidate_errors(c) -> str | None:
     """Why one candidate of a reply is not one (see proposer.schema.json), or None."""
     if not isinstance(c, dict):
         return "a candidate must be an object"
-    if ("source" in c) == ("edits" in c):
-        return "a candidate has exactly one of 'source' (the whole text) and 'edits'"
-    if "source" in c and (not isinstance(c["source"], str) or not c["source"].strip()):
-        return "'source' must be a non-empty string"
-    if "edits" in c and not isinstance(c["edits"], list):
-        return "'edits' must be a list"
-    if not isinstance(c.get("params", {}), dict):
-        return "'params' must be an object (the template parameters: launch and arguments)"
-    if c.get("base", "incumbent") not in ("incumbent", "template"):
-        return "'base' is 'incumbent' or 'template'"
-    for k in ("rationale", "edit"):
-        if not isinstance(c.get(k, ""), str):
-            return f"'{k}' must be a string"
-    return None
+    return next((msg for wrong, msg in _CANDIDATE_RULES if wrong(c)), None)
 
 
 def parse_reply(line: bytes) -> list:
@@ -163,12 +163,9 @@ def parse_reply(line: bytes) -> list:
         msg = json.loads(line)
     except ValueError as exc:
         raise ProposalError(f"a reply is not JSON ({exc})") from None
-    if not isinstance(msg, dict) or msg.get("type") != "candidates":
-        raise ProposalError('a reply must be an object with "type": "candidates"')
-    if msg.get("protocol") != PROTOCOL:
-        raise ProposalError(f"a reply names protocol {msg.get('protocol')!r}, not {PROTOCOL!r}")
-    if not isinstance(msg.get("candidates"), list):
-        raise ProposalError('a reply needs a list "candidates"')
+    if not (isinstance(msg, dict) and msg.get("protocol") == PROTOCOL and msg.get("type") == "candidates"
+            and isinstance(msg.get("candidates"), list)):  # fmt: skip
+        raise ProposalError(f'a reply is {{"protocol": "{PROTOCOL}", "type": "candidates", "candidates": [...]}}')  # fmt: skip
     return msg["candidates"]
 
 
@@ -191,13 +188,9 @@ class Proposer:
         self._err = tempfile.TemporaryFile()  # a pipe could fill and stop a chatty proposer
         try:
             self.proc = subprocess.Popen(
-                command_argv(cmd),
-                cwd=cwd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=self._err,
-                env={**os.environ, **(env or {})},
-            )
+                command_argv(cmd), cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self._err, env={**os.environ, **(env or {})},
+            )  # fmt: skip
         except OSError as exc:
             raise ProposalError(f"proposer {cmd!r} cannot start: {exc.strerror}") from None
         self._buf = b""
