@@ -250,3 +250,23 @@ def test_a_proposer_that_breaks_the_protocol_is_one_line(tmp_path, body, why):
             p.ask({"round": 0})
     finally:
         p.close()
+
+
+def test_a_proposed_source_stands_in_only_where_the_template_renders_the_text_it_replaced(proj):
+    _scripted(proj, rounds=1)
+    ctx = _ctx(proj, FakeCompiler(error_on="PLANTED_ERROR"))
+    build_and_lock(ctx, H100)
+    from ptxbuild.oploader import load_op
+    from ptxbuild.problem import Problem
+
+    op = proposals.with_sources(load_op("scale", proj), proj)
+    (digest,) = [p.stem for p in (proj / "proposed" / "scale").glob("*.cu")]
+    cfg = {"threads": 256, "vec": 4, SOURCE_PARAM: digest}
+    assert op.check(cfg, Problem.make("scale", "float32", (64, 1024))) is None
+    assert (
+        op.check(cfg, Problem.make("scale", "float32", (3, 1024))) is None
+    )  # same text: fewer rows
+    why = op.check(cfg, Problem.make("scale", "bfloat16", (64, 1024)))
+    assert why == f"proposed source {digest} was written for float32[64x1024], where the template renders other code"  # fmt: skip
+    assert "vec=2" in op.check({**cfg, "vec": 2}, Problem.make("scale", "float32", (64, 1023)))
+    assert op.check({**cfg, SOURCE_PARAM: "0" * 16}, Problem.make("scale", "float32", (64, 1024))).startswith("proposed source 0000")  # fmt: skip

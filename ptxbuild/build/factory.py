@@ -19,6 +19,7 @@ from ..search.proposals import (
     Proposer,
     apply_edits,
     candidate_errors,
+    source_digest,
 )
 from ..store import lessons
 from .context import Context, must_time
@@ -107,6 +108,8 @@ def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | N
         **meta,
         "op": op.NAME,
         "problem": problem.label(),
+        "arch": ev.gpu.arch,  # and the template's text it replaces (WithSources.check)
+        "template": source_digest(op.render(params, problem, ev.gpu.arch).source),
         "params": params,
         "rationale": c.get("rationale", "")[:2000],
         "edit": c.get("edit", "")[:200],

@@ -84,14 +84,18 @@ class WithSources:
         return getattr(self._op, name)
 
     def check(self, params: dict, problem: Problem) -> str | None:
-        digest = params.get(SOURCE_PARAM)
-        if digest is not None:
-            if self.store.get(digest) is None:
-                return f"proposed source {digest} is not in {self.store.folder}"
-            meant = self.store.meta(digest).get("problem")
-            if meant is not None and meant != problem.label():
-                return f"proposed source {digest} was written for {meant}, not {problem.label()}"
-        return self._op.check(op_params(params), problem)
+        """A proposed source stands in for the template's text where the template renders the very
+        text it replaced (the lineage's `template` digest): other row counts of its problem, say."""
+        digest, p = params.get(SOURCE_PARAM), op_params(params)
+        why = self._op.check(p, problem)
+        if digest is None or why:
+            return why
+        if self.store.get(digest) is None:
+            return f"proposed source {digest} is not in {self.store.folder}"
+        meta = self.store.meta(digest)
+        if meta.get("template") and meta["template"] != source_digest(self._op.render(p, problem, meta.get("arch", "")).source):  # fmt: skip
+            return f"proposed source {digest} was written for {meta.get('problem')}, where the template renders other code"  # fmt: skip
+        return None
 
     def render(self, params: dict, problem: Problem, arch: str):
         kernel = self._op.render(op_params(params), problem, arch)
