@@ -74,17 +74,13 @@ def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, 
 
 
 def edit_lessons(cache, op_name: str, arch: str, limit: int = LESSONS_IN_TASK) -> list[dict]:
+    """The newest `edit` lessons of the op on this architecture, as a task carries them."""
     rows = cache.db.query(
-        "select scope, rule, confidence from lessons where op = ? and kind = 'edit' and retired = 0 "
-        "order by created desc limit ?",
-        [op_name, 4 * limit],
+        "select scope, rule from lessons where op = ? and kind = 'edit' and retired = 0 and "
+        "json_extract(scope, '$.arch') = ? order by created desc limit ?",
+        [op_name, arch, limit],
     )
-    out = []
-    for r in rows:
-        scope = json.loads(r["scope"])
-        if scope.get("arch") in (None, arch):
-            out.append({"scope": scope, **json.loads(r["rule"])})
-    return out[:limit]
+    return [{"scope": json.loads(r["scope"]), **json.loads(r["rule"])} for r in rows]
 
 
 def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | None, str]:
@@ -213,11 +209,9 @@ def rejected(ev, limit: int = 4) -> list[str]:
         seen.add((r["outcome"], r["detail"][:200]))
         cfg = r["params"]
         out.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.items())) + f": {r['outcome']}")
-        if r["outcome"] == "compile_error" and ev.op.check(cfg, ev.problem) is None:
-            src = ev.op.render(cfg, ev.problem, ev.gpu.arch).source
-            out += ["  " + ln for ln in explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4)]
-        else:
-            out += ["  " + ln for ln in r["detail"].splitlines()[:3]]
+        src = r["outcome"] == "compile_error" and ev.op.render(cfg, ev.problem, ev.gpu.arch).source
+        lines = explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4) if src else r["detail"].splitlines()[:3]  # fmt: skip
+        out += ["  " + ln for ln in lines]
     return out
 
 

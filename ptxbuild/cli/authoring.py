@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import click
@@ -71,25 +73,21 @@ def try_(kernelfile, target, proposers, rounds, no_gpu, as_json):
 
     Example: ptxbuild try softmax@h200 --proposer 'python my_agent.py' --rounds 3
     """
-    import json
-    from contextlib import closing
-
     from ..build.run import build_and_lock
-    from ..errors import EXIT_BUILD_FAILED
     from .progress import Progress
     from .shell import _context, _kernelfile, _targets
 
     kf = _kernelfile(kernelfile)
-    chosen = _targets(kf, [target])
-    ctx = _context(kf, None, not no_gpu, Progress(as_json))
+    chosen, ctx = _targets(kf, [target]), _context(kf, None, not no_gpu, Progress(as_json))
     ctx.force, ctx.proposers, ctx.rounds = True, tuple(proposers), rounds
     with closing(ctx):
         done = build_and_lock(ctx, chosen, False, note=lambda m: None)
     for r in done.results:
         for d in json.loads(r.manifest.read_text())["dispatch"] if r.manifest else []:
-            f, row = d.get("factory") or {}, {"target": str(r.target), "problem": d["label"]}
-            row.update(params=d["params"], p50_ms=d.get("p50_ms"), **f)
-            sw = f"; {f['same_window']['speedup']:.2f}x the best template" if f.get("same_window", {}).get("speedup") else ""  # fmt: skip
-            click.echo(json.dumps(row, sort_keys=True) if as_json else f"{row['target']} {row['problem']}: {f.get('winner')} wins{sw}; {f.get('proposers')}")  # fmt: skip
+            f = d.get("factory") or {}
+            row = dict(target=str(r.target), problem=d["label"], params=d["params"], p50_ms=d.get("p50_ms"), **f)  # fmt: skip
+            sw = (f.get("same_window") or {}).get("speedup")
+            click.echo(json.dumps(row, sort_keys=True) if as_json else f"{r.target} {d['label']}: {f.get('winner')} wins"
+                       + (f", {sw:.2f}x the best template" if sw else "") + f"; {f.get('proposers')}")  # fmt: skip
     if done.stop is not None or any(r.status == "failed" for r in done.results):
-        sys.exit(EXIT_BUILD_FAILED)
+        sys.exit(1)  # EXIT_BUILD_FAILED

@@ -176,9 +176,7 @@ def parse_reply(line: bytes) -> list:
 def command_argv(cmd: str) -> list[str]:
     """A proposer command line as argv; a leading `python`/`python3` is this interpreter."""
     argv = shlex.split(cmd)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    return argv
+    return [sys.executable, *argv[1:]] if argv[:1] in (["python"], ["python3"]) else argv
 
 
 class Proposer:
@@ -207,8 +205,10 @@ class Proposer:
             raise ProposalError(f"proposer {self.cmd!r} exited ({self._stderr()})") from None
 
     def _stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "still running"
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return "closed its output"
         self._err.seek(0)
         tail = self._err.read().decode(errors="replace").strip().splitlines()
         return f"exit {self.proc.returncode}" + (f": {tail[-1][:300]}" if tail else "")
@@ -218,27 +218,18 @@ class Proposer:
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            if len(self._buf) > MAX_LINE_BYTES:
-                raise ProposalError(f"proposer {self.cmd!r}: a reply over {MAX_LINE_BYTES} bytes")
+        while b"\n" not in self._buf and len(self._buf) <= MAX_LINE_BYTES:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
                 raise ProposalError(f"proposer {self.cmd!r}: no reply within {self.seconds:g} s")
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise ProposalError(f"proposer {self.cmd!r} exited ({self._wait()})")
+                raise ProposalError(f"proposer {self.cmd!r} exited ({self._stderr()})")
             self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
+        line, _, self._buf = self._buf.partition(b"\n")
         if len(line) > MAX_LINE_BYTES:
             raise ProposalError(f"proposer {self.cmd!r}: a reply over {MAX_LINE_BYTES} bytes")
         return line
-
-    def _wait(self) -> str:
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            return "closed its output"
-        return self._stderr()
 
     def ask(self, task: dict) -> list:
         self._send({"protocol": PROTOCOL, "type": "task", **task})
@@ -253,9 +244,7 @@ class Proposer:
             self.proc.stdin.close()
         except (ProposalError, OSError):
             pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
+        if self._stderr() == "closed its output":  # did not end within 5 s of "done"
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
