@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay  # noqa: E402  (benchmarks/replay.py)
 
 from ptxbuild.problem import Problem  # noqa: E402
-from ptxbuild.search import replay  # noqa: E402
 from ptxbuild.store import lessons  # noqa: E402
 from ptxbuild.store.lessons_io import parse_lessons  # noqa: E402
 

@@ -3,13 +3,13 @@
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 from ptxbuild.build.run import build
 from ptxbuild.declare.graph import Target
-from ptxbuild.search import replay
 
 from .conftest import make_ctx
 from .fakes import FakeCompiler, FakeGpu, fake_match
@@ -20,8 +20,12 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 def _load(name):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+replay = _load("replay")  # benchmarks/replay.py: the replay engine; the package writes recordings
 
 
 @pytest.fixture(scope="module")

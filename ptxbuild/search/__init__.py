@@ -1,1 +1,1 @@
-"""The search over an op's config space, and its replay from a recording."""
+"""The search over an op's config space, and the recordings its offline replay reads."""
