@@ -75,11 +75,7 @@ def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, 
 
 def edit_lessons(cache, op_name: str, arch: str, limit: int = LESSONS_IN_TASK) -> list[dict]:
     """The newest `edit` lessons of the op on this architecture, as a task carries them."""
-    rows = cache.db.query(
-        "select scope, rule from lessons where op = ? and kind = 'edit' and retired = 0 and "
-        "json_extract(scope, '$.arch') = ? order by created desc limit ?",
-        [op_name, arch, limit],
-    )
+    rows = cache.recent_lessons(op_name, "edit", arch, limit)
     return [{"scope": json.loads(r["scope"]), **json.loads(r["rule"])} for r in rows]
 
 

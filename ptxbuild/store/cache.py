@@ -385,6 +385,14 @@ class Cache:
             [v for v in (op, gpu) if v],
         )
 
+    def recent_lessons(self, op: str, kind: str, arch: str, limit: int) -> list[dict]:
+        """The scope and rule of the newest `limit` live lessons of one kind of `op` on `arch`."""
+        sql = (
+            "select scope, rule from lessons where op = ? and kind = ? and retired = 0 and "
+            "json_extract(scope, '$.arch') = ? order by created desc limit ?"
+        )
+        return list(self.db.query(sql, [op, kind, arch, limit]))
+
     def put_lessons(self, rows) -> None:
         """Insert or replace lesson rows by id."""
         for row in rows:
