@@ -1,6 +1,9 @@
-"""The SQLite cache: schema migrations, and a kill -9 mid-build loses nothing that finished."""
+"""The SQLite cache: schema migrations, a kill -9 mid-build loses nothing that finished, and all
+SQL behind its named queries."""
 
+import ast
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -9,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from ptxbuild.store.cache import SCHEMA_VERSION, Cache
+from ptxbuild.store.cache import LESSON_COLUMNS, SCHEMA_VERSION, Cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -271,3 +274,89 @@ def test_kill_9_mid_build_then_rerun(proj):
     assert recompiled == total - len(done)  # nothing that finished was compiled again
     assert Cache(db).integrity() == "ok"
     assert {b["target"] for b in Cache(db).db["builds"].rows} == {"scale@h100", "scale@b200"}
+
+
+# --- all SQL behind the store's named queries (issue 26 item 5) ---------------------------------
+
+PKG = ROOT / "ptxbuild"
+# the connection's one owner (Cache, its named queries) and the versioned tables it migrates
+SQL_HOMES = {"store/cache.py", "store/schema.py"}
+_SQL = re.compile(
+    r"^\s*(select\b.*\bfrom\b|insert\s+(or\s+\w+\s+)?into\b|update\s+\w+\s+set\b|delete\s+from\b|"
+    r"(create|drop)\s+(table|index|view|trigger)\b|alter\s+table\b|pragma\s+\w+|"
+    r"(begin|commit|rollback|vacuum|savepoint|release)(\s+\w+)*\s*;?\s*$)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def sql_strings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal (an f-string's literal parts joined) that is an SQL
+    statement, and each attribute access `.db` (the connection) in `source`."""
+    found, tree = [], ast.parse(source)
+    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        if id(node) in parts:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "x" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.Attribute) and node.attr == "db":
+            text = ".db"
+        else:
+            continue
+        if text == ".db" or _SQL.match(text):
+            found.append((node.lineno, text[:60]))
+    return sorted(found)
+
+
+def test_the_sql_detector_finds_statements_and_the_connection_not_prose():
+    src = (
+        'a = "select * from lessons where id = ?"\n'
+        'b = f"delete from {t} where created < ?"\n'
+        'c = "BEGIN IMMEDIATE"\n'
+        "d = cache.db.query(x)\n"
+        'e = "Drop compiled PTX and cubin stored more than DAYS ago."\n'
+        'f = "Select the targets to build"\n'
+        'g = "update the lock\'s op digests"\n'
+    )
+    assert [line for line, _ in sql_strings(src)] == [1, 2, 3, 4]
+
+
+def test_no_sql_and_no_connection_outside_the_store_s_named_queries():
+    """Every SQL statement, and every use of the connection, lives in store/cache.py (named query
+    methods, transaction()) or store/schema.py (the migrations): lessons, learn, lessons_io, the
+    CLI and the build call the cache's methods."""
+    bad = [
+        f"{p.relative_to(PKG).as_posix()}:{line}: {text!r}"
+        for p in sorted(PKG.rglob("*.py"))
+        if p.relative_to(PKG).as_posix() not in SQL_HOMES
+        for line, text in sql_strings(p.read_text())
+    ]
+    assert not bad, "SQL outside the store's named queries:\n" + "\n".join(bad)
+    homes = "".join((PKG / h).read_text() for h in SQL_HOMES)
+    assert len(sql_strings(homes)) > 10  # the detector sees the store's own queries
+
+
+def test_transaction_commits_together_or_rolls_back_on_the_autocommit_connection(tmp_path):
+    c = Cache(tmp_path / "c.sqlite")
+    row = dict(zip(LESSON_COLUMNS, ["a", "op", "best", "{}", "{}", "[]", 1.0, "", 0, 0.0]))
+    try:
+        with c.transaction():
+            c.insert_lesson(row)
+            c.update_lesson("a", {"confidence": 0.5})
+            assert c.db.conn.in_transaction
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert not c.db.conn.in_transaction and c.lesson_count() == 0
+    with c.transaction():
+        c.insert_lesson(row)
+        c.put_lessons([{**row, "id": "b"}])
+        c.update_lesson("a", {"confidence": 0.5})
+    again = Cache(tmp_path / "c.sqlite")
+    assert [(r["id"], r["confidence"]) for r in again.live_lessons("op")] == [
+        ("a", 0.5),
+        ("b", 1.0),
+    ]
+    assert again.has_lesson("b") and not again.has_lesson("c")

@@ -14,169 +14,20 @@ import sqlite_utils
 
 from ..errors import ToolError
 from ..problem import Binary
+from .schema import MIGRATIONS, SCHEMA_VERSION, pack_binary, unpack_binary
 
-SCHEMA_VERSION = 4
-_ELF = b"\x7fELF"
-
-
-def pack_binary(ptx: str | None, cubin: bytes | None) -> tuple[bytes | None, bytes | None]:
-    """PTX and cubin as stored: zlib-compressed (PTX text shrinks ~10x, a cubin ~3x; a cache that
-    travels with a model repo or to a GPU machine stays small)."""
-    return (
-        zlib.compress(ptx.encode(), 6) if ptx is not None else None,
-        zlib.compress(cubin, 6) if cubin is not None else None,
-    )
-
-
-def unpack_binary(ptx: str | bytes | None, cubin: bytes | None) -> tuple[str | None, bytes | None]:
-    """Inverse of pack_binary; rows written before schema v4 (PTX as text, a raw ELF cubin) read as they are."""
-    if isinstance(ptx, bytes):
-        ptx = zlib.decompress(ptx).decode()
-    if cubin is not None and not cubin.startswith(_ELF):
-        cubin = zlib.decompress(cubin)
-    return ptx, cubin
-
-
-def _v1(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
-    db["compiles"].create(
-        {
-            "key": str,
-            "arch": str,
-            "entry": str,
-            "outcome": str,
-            "error": str,
-            "ptx": str,
-            "cubin": bytes,
-            "digest": str,
-            "registers": int,
-            "spill_bytes": int,
-            "smem_static_bytes": int,
-            "local_bytes": int,
-            "log": str,
-            "toolchain": str,
-            "seconds": float,
-            "created": float,
-        },
-        pk="key",
-        if_not_exists=True,
-    )
-    db["verdicts"].create(
-        {
-            "key": str,
-            "binary": str,
-            "suite": str,
-            "problem": str,
-            "outcome": str,
-            "detail": str,
-            "max_abs_err": float,
-            "max_rel_err": float,
-            "cases": int,
-            "seconds": float,
-            "created": float,
-        },
-        pk="key",
-        if_not_exists=True,
-    )
-    db["measurements"].create(
-        {
-            "key": str,
-            "binary": str,
-            "fingerprint": str,
-            "problem": str,
-            "outcome": str,
-            "p50_ms": float,
-            "p20_ms": float,
-            "p80_ms": float,
-            "samples": int,
-            "floor_ms": float,
-            "copy_tbps": float,
-            "detail": str,
-            "seconds": float,
-            "created": float,
-        },
-        pk="key",
-        if_not_exists=True,
-    )
-    db["attempts"].create(
-        {
-            "id": int,
-            "run": str,
-            "target": str,
-            "op": str,
-            "gpu": str,
-            "arch": str,
-            "problem": str,
-            "params": str,
-            "outcome": str,
-            "detail": str,
-            "binary": str,
-            "registers": int,
-            "spill_bytes": int,
-            "compile_s": float,
-            "verify_s": float,
-            "measure_s": float,
-            "p50_ms": float,
-            "measured_on": str,
-            "created": float,
-        },
-        pk="id",
-        if_not_exists=True,
-    )
-    db["builds"].create(
-        {
-            "id": int,
-            "target": str,
-            "key": str,
-            "kernelfile": str,
-            "status": str,
-            "measured": int,
-            "manifest": str,
-            "summary": str,
-            "created": float,
-        },
-        pk="id",
-        if_not_exists=True,
-    )
-    db["lessons"].create(
-        {
-            "id": str,
-            "op": str,
-            "kind": str,
-            "scope": str,
-            "rule": str,
-            "evidence": str,
-            "confidence": float,
-            "source": str,
-            "retired": int,
-            "created": float,
-        },
-        pk="id",
-        if_not_exists=True,
-    )
-
-
-def _v2(db: sqlite_utils.Database) -> None:
-    db["attempts"].create_index(["target", "problem"], if_not_exists=True)
-    db["builds"].create_index(["target", "key"], if_not_exists=True)
-
-
-def _v3(db: sqlite_utils.Database) -> None:
-    """Builds belong to a kernelfile's project: several kernelfiles may share one cache (and a target name)."""
-    db["builds"].add_column("project", str, not_null_default="")
-    db["builds"].create_index(["project", "target"], if_not_exists=True)
-
-
-def _v4(db: sqlite_utils.Database) -> None:
-    """Compiled PTX and cubins stored compressed (pack_binary); the space is returned by a VACUUM after."""
-    for key, ptx, cubin in db.execute(
-        "select key, ptx, cubin from compiles where outcome = 'ok'"
-    ).fetchall():
-        ptx, cubin = pack_binary(*unpack_binary(ptx, cubin))
-        db.execute("update compiles set ptx = ?, cubin = ? where key = ?", [ptx, cubin, key])
-
-
-MIGRATIONS = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+LESSON_COLUMNS = (
+    "id",
+    "op",
+    "kind",
+    "scope",
+    "rule",
+    "evidence",
+    "confidence",
+    "source",
+    "retired",
+    "created",
+)
 
 
 class CacheError(ToolError):
@@ -385,6 +236,43 @@ class Cache:
             [v for v in (op, gpu) if v],
         )
 
+    def timed_attempts(self, op: str, run: str) -> list[dict]:
+        """The attempts of `op` in `run` that were verified and timed."""
+        return list(
+            self.db.query(
+                "select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
+                [op, run],
+            )
+        )
+
+    def run_attempts(self, target: str, run: str) -> list[dict]:
+        """The attempts of `target` in `run`, in the order of the (target, problem) index."""
+        return list(
+            self.db.query("select * from attempts where target = ? and run = ?", [target, run])
+        )
+
+    def arch_attempts(self, op: str, arch: str) -> list[dict]:
+        """Every attempt of `op` on `arch`, by any run."""
+        return list(self.db.query("select * from attempts where op = ? and arch = ?", [op, arch]))
+
+    def attempt(self, attempt_id: int) -> dict | None:
+        rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
+        return rows[0] if rows else None
+
+    # -- lessons --------------------------------------------------------------------------------
+    def live_lessons(
+        self, op: str, kind: str | None = None, min_confidence: float | None = None
+    ) -> list[dict]:
+        """The lessons of `op` not retired (of one kind; at least this confident), in table order."""
+        where = ["op = ?"] + (["kind = ?"] if kind else []) + ["retired = 0"]
+        where += ["confidence >= ?"] if min_confidence is not None else []
+        args = (
+            [op]
+            + ([kind] if kind else [])
+            + ([min_confidence] if min_confidence is not None else [])
+        )
+        return list(self.db.query(f"select * from lessons where {' and '.join(where)}", args))
+
     def recent_lessons(self, op: str, kind: str, arch: str, limit: int) -> list[dict]:
         """The scope and rule of the newest `limit` live lessons of one kind of `op` on `arch`."""
         sql = (
@@ -393,10 +281,50 @@ class Cache:
         )
         return list(self.db.query(sql, [op, kind, arch, limit]))
 
+    def lesson_rows(self, op: str | None, include_retired: bool, order: str) -> list[dict]:
+        """The lessons (of one op, if given; retired ones only if asked), ordered by `order`."""
+        where = (
+            ["1 = 1"] + (["op = ?"] if op else []) + ([] if include_retired else ["retired = 0"])
+        )
+        sql = f"select * from lessons where {' and '.join(where)} order by {order}"
+        return list(self.db.query(sql, [op] if op else []))
+
+    def has_lesson(self, lesson_id: str) -> bool:
+        return bool(list(self.db.query("select 1 from lessons where id = ?", [lesson_id])))
+
+    def lesson_count(self) -> int:
+        return self.db["lessons"].count
+
+    def count_lessons(self, ids: list[str], source_like: str) -> int:
+        """How many of the lessons `ids` have a source LIKE `source_like`."""
+        marks = ", ".join("?" * len(ids))
+        sql = f"select count(*) as n from lessons where id in ({marks}) and source like ?"
+        return next(self.db.query(sql, [*ids, source_like]))["n"]
+
+    # writes inside transaction() are plain SQL: sqlite-utils before 4.0 commits its own writes
+    # (`with conn:`), which would end the transaction early
     def put_lessons(self, rows) -> None:
-        """Insert or replace lesson rows by id."""
+        """Insert lesson rows; a row whose id is there already sets the columns it gives (an upsert)."""
         for row in rows:
-            self.db["lessons"].upsert(row, pk="id")
+            cols = [c for c in LESSON_COLUMNS if c in row]
+            sets = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "id")
+            self.db.execute(
+                f"insert into lessons ({', '.join(cols)}) values ({', '.join('?' * len(cols))}) "
+                f"on conflict(id) do update set {sets}",
+                [row[c] for c in cols],
+            )
+
+    def insert_lesson(self, row: dict) -> None:
+        """Add one lesson row (its id must be new)."""
+        cols, marks = ", ".join(LESSON_COLUMNS), ", ".join("?" * len(LESSON_COLUMNS))
+        self.db.execute(
+            f"insert into lessons ({cols}) values ({marks})", [row[c] for c in LESSON_COLUMNS]
+        )
+
+    def update_lesson(self, lesson_id: str, changes: dict) -> None:
+        """Set the columns `changes` names of the lesson `lesson_id`."""
+        sets = ", ".join(f"{c} = ?" for c in changes)
+        self.db.execute(f"update lessons set {sets} where id = ?", [*changes.values(), lesson_id])
 
     def add_build(
         self,

@@ -187,7 +187,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
     scope) is another lesson: one live best per scope; a near tie lives on in the new lesson's near list."""
     changed = []
     oks = [a for a in attempts if a["outcome"] == "ok"]
-    for r in list(cache.db.query("select * from lessons where op = ? and retired = 0", [op])):
+    for r in cache.live_lessons(op):
         if r["id"] in fresh:
             continue
         scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
@@ -219,7 +219,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
         retired = int(
             conf < RETIRE_CONFIDENCE or r["kind"] == "best"
         )  # a beaten best is superseded
-        cache.db["lessons"].update(
+        cache.update_lesson(
             r["id"],
             {
                 "confidence": conf,
@@ -257,14 +257,10 @@ def derive(
             if SOURCE_PARAM not in (p := json.loads(r["params"]))
         ]
 
-    mine = full(
-        cache.db.query("select * from attempts where target = ? and run = ?", [str(target), run])
-    )
+    mine = full(cache.run_attempts(str(target), run))
     if not mine:
         return []
-    same_arch = full(
-        cache.db.query("select * from attempts where op = ? and arch = ?", [name, mine[0]["arch"]])
-    )
+    same_arch = full(cache.arch_attempts(name, mine[0]["arch"]))
     fin = [
         r
         for r in mine

@@ -122,9 +122,7 @@ def seeds(
     winner or near-best set (within 2%) holds the config. A config near-best on both neighbours (N/2 and 2N, or plain
     and residual) outranks one neighbour's winner: on the H200 recording single winners often did not transfer."""
     cands = []  # (scope, params, lesson id, confidence, near-best configs, created: newest first among equals)
-    for r in cache.db.query(
-        "select * from lessons where op = ? and kind = 'best' and retired = 0", [op.NAME]
-    ):
+    for r in cache.live_lessons(op.NAME, "best"):
         rule = json.loads(r["rule"])
         cands.append(
             (
@@ -138,10 +136,7 @@ def seeds(
         )
     if run:  # the winners of this run's earlier problems count before they become lessons
         best: dict[str, dict] = {}
-        for r in cache.db.query(
-            "select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
-            [op.NAME, run],
-        ):
+        for r in cache.timed_attempts(op.NAME, run):
             if r["problem"] not in best or r["p50_ms"] < best[r["problem"]]["p50_ms"]:
                 best[r["problem"]] = r
         for r in best.values():
@@ -230,10 +225,7 @@ def covers(rule: dict, cfg: dict) -> bool:
 
 def failure_rules(cache, op_name: str, problem: Problem, arch: str) -> list[dict]:
     """Failure rules that apply to `problem` on `arch` and are confident enough to prune."""
-    rows = cache.db.query(
-        "select * from lessons where op = ? and kind = 'fails' and retired = 0 and confidence >= ?",
-        [op_name, PRUNE_CONFIDENCE],
-    )
+    rows = cache.live_lessons(op_name, "fails", PRUNE_CONFIDENCE)
     return [
         {
             "lesson": r["id"],
@@ -260,19 +252,11 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
 
 
 # -- reading lessons ----------------------------------------------------------------------------
-def lesson_rows(cache, op: str | None, include_retired: bool, order: str):
-    """Rows of the lessons table (of one op, if given; retired ones only if asked), ordered by `order`."""
-    where = ["1 = 1"] + (["op = ?"] if op else []) + ([] if include_retired else ["retired = 0"])
-    return cache.db.query(
-        f"select * from lessons where {' and '.join(where)} order by {order}", [op] if op else []
-    )
-
-
 def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
     """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first;
     `gpu` (a catalog Gpu) keeps lessons of that GPU and architecture-wide rules of its architecture."""
     out = []
-    for r in lesson_rows(cache, op, include_retired, "op, kind, id"):
+    for r in cache.lesson_rows(op, include_retired, "op, kind, id"):
         scope, rule, ev = json.loads(r["scope"]), json.loads(r["rule"]), json.loads(r["evidence"])
         g = scope.get("gpu")
         if gpu is not None and not (g == gpu.name or g is None and scope.get("arch") == gpu.arch):

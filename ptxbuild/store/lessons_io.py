@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..keys import installed_version
 from ..oploader import shipped
 from ..outcome import Outcome
-from .lessons import FAIL_OUTCOMES, lesson_id, lesson_rows
+from .lessons import FAIL_OUTCOMES, lesson_id
 
 FORMAT = "ptxbuild-lesson/1"
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -174,15 +174,11 @@ def _version() -> str:
 def _evidence(cache, ev: list) -> list[dict]:
     out = []
     for e in ev[:200]:
-        rows = (
-            []
-            if isinstance(e, dict)
-            else list(cache.db.query("select * from attempts where id = ?", [e]))
-        )
-        if not rows:
+        a = None if isinstance(e, dict) else cache.attempt(e)
+        if a is None:
             out.append(e if isinstance(e, dict) else {"attempt": e})
             continue
-        a, p = rows[0], json.loads(rows[0]["problem"])
+        p = json.loads(a["problem"])
         out.append(
             {
                 "attempt": a["id"],
@@ -226,7 +222,7 @@ def export_lessons(
     """The lessons (of one op / one GPU) as validated JSONL lines, sorted by id."""
     now = round(time.time(), 3)
     lines = []
-    for r in lesson_rows(cache, op, include_retired, "id"):
+    for r in cache.lesson_rows(op, include_retired, "id"):
         scope = json.loads(r["scope"])
         if (
             gpu
@@ -345,7 +341,7 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
                 counts["duplicates_in_file"] += 1
                 continue
             seen.add(rec.id)
-            if list(cache.db.query("select 1 from lessons where id = ?", [rec.id])):
+            if cache.has_lesson(rec.id):
                 counts["already_present"] += 1
                 continue
             source = json.dumps(
@@ -356,22 +352,19 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
                 },
                 sort_keys=True,
             )
-            # plain SQL: sqlite-utils' insert commits on its own, which would end the transaction early
-            cache.db.execute(
-                "insert into lessons (id, op, kind, scope, rule, evidence, confidence, source, retired, "
-                "created) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    rec.id,
-                    rec.op,
-                    rec.kind,
-                    json.dumps(rec.scope_dict(), sort_keys=True),
-                    json.dumps(rec.rule_dict(), sort_keys=True),
-                    json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
-                    rec.confidence,
-                    source,
-                    int(rec.retired),
-                    rec.created,
-                ],
+            cache.insert_lesson(
+                {
+                    "id": rec.id,
+                    "op": rec.op,
+                    "kind": rec.kind,
+                    "scope": json.dumps(rec.scope_dict(), sort_keys=True),
+                    "rule": json.dumps(rec.rule_dict(), sort_keys=True),
+                    "evidence": json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                    "confidence": rec.confidence,
+                    "source": source,
+                    "retired": int(rec.retired),
+                    "created": rec.created,
+                }
             )
             counts["added"] += 1
     return counts
@@ -396,7 +389,7 @@ def import_shared(cache, path: str | Path, shipped: bool = False) -> dict | None
     repository's first build starts from this repository's evidence. Returns import_lessons' counts
     plus "from" (the file's path, or the shipped lessons' origin)."""
     path = Path(path)
-    if cache.db["lessons"].count:
+    if cache.lesson_count():
         return None
     if path.is_file():
         return {**import_lessons(cache, path), "from": str(path)}
@@ -410,6 +403,4 @@ def shipped_among(cache, ids) -> int:
     ids = sorted(set(ids))
     if not ids:
         return 0
-    marks = ", ".join("?" * len(ids))
-    sql = f"select count(*) as n from lessons where id in ({marks}) and source like ?"
-    return next(cache.db.query(sql, [*ids, f'%"imported_from": "%({SHIPPED})"%']))["n"]
+    return cache.count_lessons(ids, f'%"imported_from": "%({SHIPPED})"%')
