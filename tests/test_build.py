@@ -1021,6 +1021,13 @@ def test_a_resumed_remeasure_times_again_what_failed_and_the_baselines_it_had_no
 
 def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
     from ptxbuild.outputs import gates
+    from ptxbuild.records import DispatchEntry
+
+    def entry(row: dict) -> DispatchEntry:
+        return DispatchEntry.from_json({"problem": {}, "params": {}, **row})
+
+    def failures(declared: dict, rows: list[dict]) -> list[str]:
+        return gates.failures(declared, [entry(r) for r in rows])
 
     row = {
         "label": "bfloat16[32768x512]",
@@ -1032,16 +1039,14 @@ def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
             "broken": {"outcome": "launch_error", "p50_ms": None},
         },
     }
-    assert gates.failures({"min_speedup": 1.0}, [row]) == [
+    assert failures({"min_speedup": 1.0}, [row]) == [
         "bfloat16[32768x512]: 0.981x torch_compile (20.5 against 20.9 us) < min_speedup 1"
     ]
-    assert gates.failures({"min_speedup": 0.98}, [row]) == []
+    assert failures({"min_speedup": 0.98}, [row]) == []
     assert (
-        gates.failures({"min_speedup": 1.0}, [{**row, "baselines": {}}]) == []
+        failures({"min_speedup": 1.0}, [{**row, "baselines": {}}]) == []
     )  # nothing to compare with
-    assert (
-        gates.failures({"min_speedup": 1.0}, [{**row, "p50_ms": None}]) == []
-    )  # not timed: not judged
+    assert failures({"min_speedup": 1.0}, [{**row, "p50_ms": None}]) == []  # not timed: not judged
     # timed in one window with the winner: the winner's p50 of that window is the one compared
     same = {
         **row,
@@ -1049,19 +1054,19 @@ def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
             "torch_compile": {"outcome": "ok", "p50_ms": 0.0205, "winner_p50_ms": 0.0203}
         },
     }
-    assert gates.closest_baseline(same) == (0.0205 / 0.0203, "torch_compile", 0.0205, 0.0203)
-    assert gates.failures({"min_speedup": 1.0}, [same]) == []
+    assert gates.closest_baseline(entry(same)) == (0.0205 / 0.0203, "torch_compile", 0.0205, 0.0203)
+    assert failures({"min_speedup": 1.0}, [same]) == []
     # speedup_evidence = "every_round": a loss that some round of the window contradicts is a tie
     tc = {"outcome": "ok", "p50_ms": 0.0205, "winner_p50_ms": 0.0209, "round_ratios": [0.97, 1.01]}
     tie, loss = (
         {**row, "baselines": {"torch_compile": {**tc, "round_ratios": rr}}}
         for rr in ([0.97, 1.01], [0.97, 0.99])
     )
-    assert gates.failures({"min_speedup": 1.0}, [tie]) == [
+    assert failures({"min_speedup": 1.0}, [tie]) == [
         "bfloat16[32768x512]: 0.981x torch_compile (20.5 against 20.9 us) < min_speedup 1; rounds 0.970-1.010x"
     ]
-    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [tie]) == []
-    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [loss]) == [
+    assert failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [tie]) == []
+    assert failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [loss]) == [
         "bfloat16[32768x512]: 0.981x torch_compile (20.5 against 20.9 us) < min_speedup 1; rounds 0.970-0.990x"
     ]
     # every baseline is judged: the closest one a round contradicts, another one no round does
@@ -1072,14 +1077,14 @@ def test_min_speedup_gate_compares_each_winner_with_its_closest_baseline():
             "torch_eager": {**tc, "p50_ms": 0.0207, "round_ratios": [0.98, 0.995]},
         },
     }
-    assert gates.failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [both]) == [
+    assert failures({"min_speedup": 1.0, "speedup_evidence": "every_round"}, [both]) == [
         "bfloat16[32768x512]: 0.990x torch_eager (20.7 against 20.9 us) < min_speedup 1; rounds 0.980-0.995x"
     ]
     assert (
-        len(gates.failures({"min_speedup": 1.0}, [both])) == 1
+        len(failures({"min_speedup": 1.0}, [both])) == 1
     )  # one line per row: its closest baseline
     # a loss that rounds to the threshold is shown with the digit that makes it one
-    assert gates.failures({"min_speedup": 1.0}, [{**row, "p50_ms": 0.02051}])[0].startswith(
+    assert failures({"min_speedup": 1.0}, [{**row, "p50_ms": 0.02051}])[0].startswith(
         "bfloat16[32768x512]: 0.9995x torch_compile (20.5 against 20.5 us)"
     )
 

@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ..compile.compiler import compile_kernel
-from ..declare.graph import Target
 from ..errors import ConfigError, ToolError
 from ..outcome import Outcome
 from ..problem import Binary, Kernel, Problem
+from ..records import TargetResult
+
+__all__ = ["Context", "TargetResult", "hardware_for", "must_time", "open_context", "remeasuring"]
 
 
 @dataclass
@@ -46,16 +48,6 @@ class Context:
         """Stop the GPU worker, if this context started one."""
         if self.gpu is not None:
             self.gpu.close()
-
-
-@dataclass(frozen=True)
-class TargetResult:
-    target: Target
-    status: str  # built | up_to_date | failed
-    reason: str
-    measured: bool = False
-    manifest: Path | None = None
-    missed: tuple = ()  # gates.judge's failures: built (and locked), but the declared bar is not met
 
 
 def hardware_for(ctx: Context, gpu) -> dict | None:

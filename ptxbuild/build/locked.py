@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import replace
 
 from ..declare.graph import build_order
 from ..oploader import file_digests, load_op
@@ -24,55 +25,56 @@ from ..outputs.lockfile import (
     sha256,
     write_lock,
 )
-from ..outputs.manifest import pin_ptx, write_artifacts
+from ..outputs.manifest import Built, pin_ptx, write_artifacts
 from ..outputs.report import rejudge
 from ..problem import Binary, Launch, Problem, canonical_json
+from ..records import DispatchEntry, TargetResult, dispatch_of
 from ..search.proposals import with_sources
-from .context import TargetResult, hardware_for
+from .context import hardware_for
 
 
-def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[dict]:
+def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[DispatchEntry]:
     """Compile every locked config, compare digests, verify on a matching GPU; the chosen list for write_artifacts.
     `ptx_of` (relock, no GPU): dispatch index -> each config's PTX sha256; a PTX that alone differs is not refused."""
     gpu = ctx.kf.gpus[t.gpu]
     chosen = []
-    for i, d in enumerate(entry["dispatch"]):
-        problem = Problem.make(**d["problem"])
-        want = entry["variants"].get(d["binary"])
+    for i, d in enumerate(dispatch_of(entry)):
+        problem = Problem.make(**d.problem)
+        want = entry["variants"].get(d.binary)
         if want is None:
             raise LockError(
-                f"{t}: dispatch entry {d['label']} names variant {d['binary'][:16]} that the lock "
+                f"{t}: dispatch entry {d.label} names variant {d.binary[:16]} that the lock "
                 f"does not list"
             )
-        b = ctx.compile_fn(op.render(d["params"], problem, gpu.arch), gpu.arch)
+        b = ctx.compile_fn(op.render(d.params, problem, gpu.arch), gpu.arch)
         got_ptx, got_cubin = sha256(b.ptx.encode()), b.digest
-        name = f"{b.entry}-{d['binary'][:12]} ({d['label']}, {canonical_json(d['params'])})"
-        want_ptx = d.get(
-            "ptx_sha256", want["ptx_sha256"]
+        name = f"{b.entry}-{d.binary[:12]} ({d.label}, {canonical_json(d.params)})"
+        want_ptx = (
+            d.ptx_sha256 or want["ptx_sha256"]
         )  # its own, where another config has this cubin
-        if ptx_of is not None and got_cubin == d["binary"] == want["cubin_sha256"]:
+        if ptx_of is not None and got_cubin == d.binary == want["cubin_sha256"]:
             ptx_of[i] = got_ptx
         elif got_ptx != want_ptx:
             raise LockError(
                 f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
                 f"artifacts not written"
             )
-        if got_cubin != d["binary"] or got_cubin != want["cubin_sha256"]:
+        if got_cubin != d.binary or got_cubin != want["cubin_sha256"]:
             raise LockError(
-                f"{t}: variant {name}: cubin drift: expected sha256 {d['binary']}, got {got_cubin}; "
+                f"{t}: variant {name}: cubin drift: expected sha256 {d.binary}, got {got_cubin}; "
                 f"artifacts not written"
             )
         b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
-        chosen.append({**d, "_binary": b, "_problem": problem})
+        chosen.append(replace(d, compiled=b))
     if ptx_of is None and hardware_for(ctx, gpu) is not None:
         for c in chosen:
-            v = ctx.gpu.verify(str(op.FOLDER), c["params"], c["_problem"], c["_binary"])
+            v = ctx.gpu.verify(str(op.FOLDER), c.params, Problem.make(**c.problem), c.compiled)
             if v.outcome.value != "ok":
                 raise LockError(
-                    f"{t}: variant {c['binary'][:12]} ({c['label']}) failed verification on this GPU: "
+                    f"{t}: variant {c.binary[:12]} ({c.label}) failed verification on this GPU: "
                     f"{v.outcome.value} {v.detail}; artifacts not written"
                 )
-    return [{k: v for k, v in c.items() if k != "_problem"} for c in chosen]
+    return chosen
 
 
 def build_locked(ctx, targets=None) -> list[TargetResult]:
@@ -98,18 +100,8 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
         plan.append((t, entry, op, _reproduce(ctx, t, entry, op)))
     results = []
     for t, entry, op, chosen in plan:
-        manifest = write_artifacts(
-            ctx.kf,
-            t,
-            ctx.kf.gpus[t.gpu],
-            op,
-            chosen,
-            {
-                "measured": entry["measured_on_hardware"],
-                "toolchain": entry["toolchain"],
-                "hardware": entry.get("hardware"),
-            },
-        )
+        how = Built(entry["measured_on_hardware"], entry["toolchain"], entry.get("hardware"))
+        manifest, written = write_artifacts(ctx.kf, t, ctx.kf.gpus[t.gpu], op, chosen, how)
         results.append(
             TargetResult(
                 t,
@@ -117,7 +109,8 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
                 f"locked: {len(entry['variants'])} variant(s) reproduced",
                 entry["measured_on_hardware"],
                 manifest,
-                rejudge(ctx.kf, t, entry),
+                rejudge(ctx.kf, t, written),
+                written,
             )
         )
     return results

@@ -11,7 +11,8 @@ from ..declare.graph import Target, build_order, dependencies
 from ..oploader import file_digests, load_op
 from ..outputs import gates
 from ..outputs.lockfile import LockError, check_entry, pinned_binaries, read_lock
-from ..outputs.manifest import artifact_problem, target_dir
+from ..outputs.manifest import built
+from ..records import Manifest
 from .context import Context, hardware_for
 
 
@@ -29,18 +30,26 @@ def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
     )
 
 
-def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
-    """(up to date?, why) for a target whose current build key is `key`: by the cache's last build, else by the lock
-    (`build --locked` records no cache build; what it wrote is up to date while the lock entry holds)."""
-    fresh, why = _by_cache(ctx, t, key)
-    return (
-        (True, "up to date (built from the lock)")
-        if not fresh and _as_locked(ctx, t)
-        else (fresh, why)
-    )
+def explain(ctx: Context, t: Target, key: str) -> tuple[bool, str, Manifest | None]:
+    """(up to date?, why, build/'s manifest of it) for a target whose current build key is `key`: by
+    the cache's last build, else by the lock (`build --locked` records no cache build; what it wrote
+    is up to date while the lock entry holds). The manifest is read here, once, where it counts."""
+    by_cache, why = _by_cache(ctx, t, key)
+    entry = None if by_cache else _locked_entry(ctx, t)
+    if not by_cache and entry is None:
+        return False, why, None
+    # build/<target>/ as this kernelfile names it (a copied project's cache names the original's)
+    m, problem = built(ctx.kf, t)
+    if by_cache:
+        return (False, problem, m) if problem else (True, "up to date", m)
+    pins = [d["binary"] for d in entry["dispatch"]]
+    if m is not None and not problem and [d.binary for d in m.dispatch] == pins:
+        return True, "up to date (built from the lock)", m
+    return False, why, m
 
 
 def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
+    """By the cache's last build alone (its status and key; build/ is explain's to look at)."""
     last = ctx.cache.last_build(str(t), ctx.kf.project)
     if last is None:
         return False, "never built"
@@ -53,27 +62,20 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
         old, new = json.loads(last["summary"]).get("inputs", {}), inputs(ctx, t)
         changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         return False, "changed: " + (", ".join(changed) if changed else "build inputs")
-    # build/<target>/ as this kernelfile names it (a copied project's cache names the original's)
-    if why := artifact_problem(ctx.kf, t):
-        return False, why
     return True, "up to date"
 
 
-def _as_locked(ctx: Context, t: Target) -> bool:
-    """build/ holds the kernels kernelfile.lock pins for `t`, its entry holds for today's inputs, and it was measured
-    on hardware unless none of the target's GPU is here (a compile-only entry on that GPU is searched there)."""
+def _locked_entry(ctx: Context, t: Target) -> dict | None:
+    """The lock entry of `t` where it holds for today's inputs and was measured on hardware unless
+    none of the target's GPU is here (a compile-only entry on that GPU is searched there); else None."""
     try:
         entry = read_lock(ctx.kf)["targets"].get(str(t))
         op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
         check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op)
-        m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
     except (LockError, OSError, ValueError, KeyError):
-        return False
-    return (
-        not artifact_problem(ctx.kf, t)
-        and (entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu]))
-        and [d.get("binary") for d in m["dispatch"]] == [d["binary"] for d in entry["dispatch"]]
-    )
+        return None
+    measured = entry["measured_on_hardware"] or not hardware_for(ctx, ctx.kf.gpus[t.gpu])
+    return entry if measured else None
 
 
 def inputs(ctx: Context, t: Target) -> dict[str, str]:
@@ -106,7 +108,7 @@ class Freshness:
     why: str
     rebuild: bool
     basis: str
-    manifest: dict | None = None  # build/'s manifest of the target, where the cache calls it built
+    manifest: Manifest | None = None  # build/'s manifest of the target, where it is up to date
 
 
 LOCK_DIFFERS = "build/ holds other kernels than the lock pins; run: ptxbuild build --locked"
@@ -117,14 +119,13 @@ def judge(
 ) -> Freshness:
     """Up to date by the cache's last build (or the lock), build/ holding what the lock pins (`pinned`:
     lockfile.pinned_binaries), no dependency stale (`stale_deps`); a missed gate is said, not rebuilt."""
-    fresh, why = explain(ctx, t, key)
-    if not fresh:
+    fresh, why, m = explain(ctx, t, key)
+    if not fresh or m is None:
         return Freshness(False, why, True, why)
-    m = json.loads((target_dir(ctx.kf, t) / "manifest.json").read_text())
-    if str(t) in pinned and pinned[str(t)] != [d.get("binary") for d in m["dispatch"]]:
+    if str(t) in pinned and pinned[str(t)] != [d.binary for d in m.dispatch]:
         return Freshness(False, LOCK_DIFFERS, False, why, m)
     said = why
-    if missed := gates.misses(ctx.kf.ops[t.op], m["dispatch"], m["measured_on_hardware"]):
+    if missed := gates.misses(ctx.kf.ops[t.op], m.dispatch, m.measured_on_hardware):
         said += f"; {len(missed)} gate(s) of ops.{t.op}.gates missed"
     if stale_deps:
         return Freshness(False, f"dependency {stale_deps[0]} is stale", True, why, m)

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 
 from ..declare.graph import Target, build_order, dependencies
 from ..gpu.session import GpuError
 from ..outputs.lockfile import pinned_binaries, update_lock
 from ..outputs.report import rejudge
-from .context import Context, TargetResult
+from ..records import Run, TargetResult
+from .context import Context
 from .locked import build_locked
 from .plan import judge, target_key
 from .signals import Interrupts
 from .target import build_target
-
-
-@dataclass(frozen=True)
-class Run:
-    """What a run of many targets did: each target's result, in build order, and the stop that ended
-    it early (KeyboardInterrupt, or GpuError: the worker is gone), if one did; `results` hold the
-    targets finished before it (they are locked all the same)."""
-
-    results: list[TargetResult] = field(default_factory=list)
-    stop: BaseException | None = None
-    lock: Path | None = None  # the lock, where recording this run changed its text
 
 
 def run(ctx: Context, targets: list[Target] | None = None) -> Run:
@@ -46,7 +35,11 @@ def run(ctx: Context, targets: list[Target] | None = None) -> Run:
             verdict = judge(ctx, t, key, pinned)
             if not verdict.rebuild and not ctx.force:
                 missed = rejudge(ctx.kf, t, verdict.manifest)
-                results.append(TargetResult(t, "up_to_date", verdict.basis, missed=missed))
+                results.append(
+                    TargetResult(
+                        t, "up_to_date", verdict.basis, missed=missed, built=verdict.manifest
+                    )
+                )
                 ctx.report("target_fresh", target=t, reason=verdict.basis)
                 continue
             ctx.report("target_start", target=t, reason=verdict.basis)

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 from .. import keys
 from ..compile.compiler import compile_kernel
@@ -16,14 +17,15 @@ from ..gpu.session import GpuError
 from ..oploader import load_op
 from ..outputs import gates
 from ..outputs.environment import environment, utc_time
-from ..outputs.manifest import assemble, write_artifacts
+from ..outputs.manifest import Built, assemble, write_artifacts
 from ..outputs.report import write_report
+from ..records import BuildSummary, DispatchEntry, TargetResult
 from ..search.proposals import with_sources
 from ..search.strategies import best, neighbours, run_search
 from ..store import learn, lessons
 from ..store.lessons_io import shipped_among
 from . import beside, factory
-from .context import Context, TargetResult, hardware_for, remeasuring
+from .context import Context, hardware_for, remeasuring
 from .evaluate import Evaluator
 from .plan import inputs
 from .signals import Interrupts, compile_worker, stop_pool
@@ -38,7 +40,7 @@ def build_target(
     op = with_sources(load_op(spec.template, ctx.kf.root), ctx.kf.root)
     hw = hardware_for(ctx, gpu)
     search = spec.search
-    chosen: list[dict] = []
+    chosen: list[DispatchEntry] = []
     memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
     used_lessons: list[dict] = []
     probs = problems_of(spec)
@@ -142,25 +144,25 @@ def build_target(
                 memchecks.append(checked)
             if winner is None:
                 ctx.report("problem_fail", target=t, problem=problem, why=factory.rejected(ev))
-                chosen.append({"problem": problem.key(), "label": problem.label(), "params": None})
+                chosen.append(DispatchEntry(problem.key(), problem.label(), None))
                 continue
             cfg, ck = (
                 winner[0],
                 tuple(sorted(winner[0].items())),
             )  # ck: the config's key in ev's tables
             row, binary = ev.results[ck], ev.binaries[ck]
-            entry = {
-                "problem": problem.key(),
-                "label": problem.label(),
-                "params": cfg,
-                "binary": binary.digest,
-                "launch": op.launch(cfg, problem, gpu.sm_count).__dict__,
-                "registers": binary.registers,
-                "spill_bytes": binary.spill_bytes,
-                "p50_ms": winner[1] if hw else row.get("p50_ms"),
-                "floor_ms": op.bytes_moved(problem)
+            entry = DispatchEntry(
+                problem=problem.key(),
+                label=problem.label(),
+                params=cfg,
+                binary=binary.digest,
+                launch=op.launch(cfg, problem, gpu.sm_count).__dict__,
+                registers=binary.registers,
+                spill_bytes=binary.spill_bytes,
+                p50_ms=winner[1] if hw else row.get("p50_ms"),
+                floor_ms=op.bytes_moved(problem)
                 / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-                "source": "measured"
+                source="measured"
                 if hw
                 else (
                     "declared"
@@ -169,16 +171,21 @@ def build_target(
                     if cfg in [u["params"] for u in used]
                     else "default"
                 ),
-                "lesson": None if hw else next((u for u in used if u["params"] == cfg), None),
-                "_binary": binary,
-            }
+                lesson=None if hw else next((u for u in used if u["params"] == cfg), None),
+                compiled=binary,
+            )
             if factory.proposers_of(ctx, search)[0]:
-                entry["factory"] = factory.beside_template(ctx, ev, problem, hist, winner)
+                entry = replace(
+                    entry, factory=factory.beside_template(ctx, ev, problem, hist, winner)
+                )
             t_base = time.perf_counter()
             if hw:
-                entry["timed_at"] = ev.timed_at.get(ck)
-                entry["baselines"] = beside.baselines(ctx, op, problem, hw, (cfg, binary))
-                entry["playoff"] = ev.bouts
+                entry = replace(
+                    entry,
+                    timed_at=ev.timed_at.get(ck),
+                    baselines=beside.baselines(ctx, op, problem, hw, (cfg, binary)),
+                    playoff=ev.bouts,
+                )
             chosen.append(entry)
             ctx.report(
                 "problem_done",
@@ -197,56 +204,56 @@ def build_target(
         irq.saving = True
         if pool:
             stop_pool(pool, interrupted)
-    ok = all(c["params"] is not None for c in chosen) and not interrupted
-    summary = {
-        "target": str(t),
-        "arch": gpu.arch,
-        "why": why,
-        "measured": bool(hw),
-        "hardware": hw,
-        "kernelfile": ctx.kf.digest,
-        "toolchain": ctx.toolchain.key(),
-        "run": ctx.run,
-        "inputs": inputs(ctx, t),
-        "command": ctx.command or f"ptxbuild build {t}",
-        "incomplete": f"{len(chosen)}/{len(probs)}"
-        if interrupted
-        else None,  # the manifest says so too
-        "copy_tbps": ctx.gpu.copy_tbps if hw else None,
-        "lessons_used": used_lessons,
-        "lessons_shipped": shipped_among(ctx.cache, [u["lesson"] for u in used_lessons]),
-        "remeasured": bool(hw) and ctx.remeasure,
-        "problems_done": f"{len(chosen)}/{len(probs)}",
-        "remeasured_only": list(ctx.remeasure_only) if hw and ctx.remeasure else [],
+    ok = all(c.params is not None for c in chosen) and not interrupted
+    summary = BuildSummary(
+        target=str(t),
+        arch=gpu.arch,
+        why=why,
+        measured=bool(hw),
+        hardware=hw,
+        kernelfile=ctx.kf.digest,
+        toolchain=ctx.toolchain.key(),
+        run=ctx.run,
+        inputs=inputs(ctx, t),
+        command=ctx.command or f"ptxbuild build {t}",
+        incomplete=f"{len(chosen)}/{len(probs)}" if interrupted else None,  # the manifest's too
+        copy_tbps=ctx.gpu.copy_tbps if hw else None,
+        lessons_used=used_lessons,
+        lessons_shipped=shipped_among(ctx.cache, [u["lesson"] for u in used_lessons]),
+        remeasured=bool(hw) and ctx.remeasure,
+        problems_done=f"{len(chosen)}/{len(probs)}",
+        remeasured_only=list(ctx.remeasure_only) if hw and ctx.remeasure else [],
         # timed_since is only set by a resumed --remeasure build (hardware present)
-        "timed_since": ctx.timed_since or (started if hw and ctx.remeasure else None),
-        "remeasure_resumed": ctx.timed_since is not None,
-        "protocol": keys.PROTOCOL_VERSION
-        if hw
-        else None,  # the timing protocol every timing here used
-        "memcheck": beside.memcheck_summary(memchecks) if hw else None,
-        "environment": environment(ctx.kf.root),
-    }  # where it ran: a report may be rewritten elsewhere
+        timed_since=ctx.timed_since or (started if hw and ctx.remeasure else None),
+        remeasure_resumed=ctx.timed_since is not None,
+        protocol=keys.PROTOCOL_VERSION if hw else None,  # the protocol of every timing here
+        memcheck=beside.memcheck_summary(memchecks) if hw else None,
+        environment=environment(ctx.kf.root),  # where it ran: a report may be rewritten elsewhere
+    )
     # a stop keeps a complete old set: build/<target>/ is the old complete set or the new one
-    manifest = write_artifacts(ctx.kf, t, gpu, op, chosen, summary, keep_complete=interrupted)
-    m = assemble(ctx.kf, t, gpu, op, chosen, summary)[0]
-    summary["report_manifest"] = {  # what the report needs travels with the cache (report.collect)
-        "dispatch": m.get("dispatch", []),
-        "variants": m.get("variants", {}),
-    }
-    summary["lessons_produced"] = learn.derive(
+    how = Built(bool(hw), summary.toolchain, hw, summary.incomplete or None)
+    manifest, written = write_artifacts(ctx.kf, t, gpu, op, chosen, how, keep_complete=interrupted)
+    m = written or assemble(ctx.kf, t, gpu, op, chosen, how)[0]
+    # what the report needs travels with the cache (report.collect)
+    report_manifest = {k: m.to_json()[k] for k in ("dispatch", "variants")}
+    produced = learn.derive(
         ctx.cache,
         op,
         t,
         ctx.run,
         {
-            json.dumps(c["problem"], sort_keys=True): (c["params"], c["p50_ms"])
+            json.dumps(c.problem, sort_keys=True): (c.params, c.p50_ms)
             for c in chosen
-            if hw and c["params"] is not None
+            if hw and c.params is not None
         },
-        done={json.dumps(c["problem"], sort_keys=True) for c in chosen},
+        done={json.dumps(c.problem, sort_keys=True) for c in chosen},
     )
-    summary.update(gates.judge(spec, chosen, bool(hw)))
+    summary = replace(
+        summary,
+        report_manifest=report_manifest,
+        lessons_produced=produced,
+        **gates.judge(spec, chosen, bool(hw)),
+    )
     status = "interrupted" if interrupted else ("failed" if not ok else "ok")
     ctx.cache.add_build(
         str(t),
@@ -257,14 +264,14 @@ def build_target(
         os.path.relpath(
             manifest, ctx.kf.root
         ),  # from the kernelfile's folder: a copy reads its own
-        summary,
+        summary.to_json(),
         ctx.kf.project,
     )
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:
         return None, gpu_failure or KeyboardInterrupt()
     reason = (
-        f"no valid candidate for {sum(c['params'] is None for c in chosen)} problem(s)"
+        f"no valid candidate for {sum(c.params is None for c in chosen)} problem(s)"
         if not ok
         else None
     )
@@ -274,7 +281,8 @@ def build_target(
         reason or why,
         bool(hw),
         manifest,
-        tuple(summary["gates"]["failures"]),
+        tuple(summary.gates["failures"]) if summary.gates else (),
+        written,
     )
     # a stop held while this finished target was saved: it stops the run, and the target is locked
     return res, KeyboardInterrupt() if irq.count else None

@@ -298,7 +298,7 @@ def report(kernelfile, targets):
             )
             continue
         measured = (
-            "measured on hardware" if data["summary"]["measured"] else "not measured on hardware"
+            "measured on hardware" if data["summary"].measured else "not measured on hardware"
         )
         click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
         rows = [HEAD] + table_rows(data)

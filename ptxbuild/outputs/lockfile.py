@@ -19,7 +19,8 @@ from ..errors import EXIT_CONFIG, BuildFailed
 from ..keys import installed_version
 from ..oploader import file_digests, load_op
 from ..problem import canonical_json
-from .manifest import target_dir
+from ..records import Manifest
+from .manifest import read_manifest, target_dir
 
 LOCK_VERSION = 1
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
@@ -152,45 +153,44 @@ def read_lock(kf) -> dict:
 _READ: dict = {}
 
 
-def entry_from_manifest(kf, target, manifest_path: Path) -> dict:
-    """The lock entry of one built target, from its manifest and artifacts on disk."""
-    m = json.loads(manifest_path.read_text())
+def entry_from_manifest(kf, target, m: Manifest, folder: Path) -> dict:
+    """The lock entry of one built target, from its manifest and its artifacts in `folder`."""
     spec = kf.ops[target.op]
     op = load_op(spec.template, kf.root)
     variants = {}
-    for digest, v in sorted(m["variants"].items()):
-        cubin = (manifest_path.parent / v["cubin"]).read_bytes()
-        ptx = (manifest_path.parent / v["ptx"]).read_bytes()
+    for digest, v in sorted(m.variants.items()):
+        cubin = (folder / v.cubin).read_bytes()
+        ptx = (folder / v.ptx).read_bytes()
         if sha256(cubin) != digest:
             raise LockError(
-                f"{target}: {v['cubin']} does not match its manifest digest; rebuild before locking"
+                f"{target}: {v.cubin} does not match its manifest digest; rebuild before locking"
             )
         variants[digest] = {
-            "entry": v["entry"],
-            "arch": v["arch"],
+            "entry": v.entry,
+            "arch": v.arch,
             "cubin_sha256": digest,
             "ptx_sha256": sha256(ptx),
-            "ptx_isa": v.get("ptx_isa"),
-            "registers": v.get("registers"),
-            "spill_bytes": v.get("spill_bytes"),
-            "compiler": v.get("compiler", ""),
+            "ptx_isa": v.ptx_isa,
+            "registers": v.registers,
+            "spill_bytes": v.spill_bytes,
+            "compiler": v.compiler,
         }
     entry = {
         "target": str(target),
-        "op": m["op"],
-        "op_version": m["op_version"],
+        "op": m.op,
+        "op_version": m.op_version,
         "template": spec.template,
-        "kernelfile_digest": m["kernelfile_digest"],
+        "kernelfile_digest": m.kernelfile_digest,
         "declaration_sha256": declaration_digest(spec),
-        "arch": m["arch"],
-        "gpu": m["gpu"],
-        "toolchain": m["toolchain"],
+        "arch": m.arch,
+        "gpu": m.gpu,
+        "toolchain": m.toolchain,
         "wheels": wheel_versions(),
         "op_files": file_digests(op),
-        "measured_on_hardware": m["measured_on_hardware"],
-        "hardware": m.get("hardware"),
+        "measured_on_hardware": m.measured_on_hardware,
+        "hardware": m.hardware,
         "variants": variants,
-        "dispatch": m["dispatch"],
+        "dispatch": [d.to_json() for d in m.dispatch],
     }
     entry["entry_sha256"] = entry_digest(entry)
     return entry
@@ -209,12 +209,12 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     )  # a damaged one raises: never rewritten without its entries
     targets = dict(lock.get("targets", {}))
     for r in ok:
-        manifest = r.manifest or (target_dir(kf, r.target) / "manifest.json")
-        if Path(manifest).is_file():
-            new, old = (
-                entry_from_manifest(kf, r.target, Path(manifest)),
-                targets.get(str(r.target), {}),
-            )
+        manifest = Path(r.manifest or (target_dir(kf, r.target) / "manifest.json"))
+        # a build holds the manifest it wrote; an up-to-date target's is read (plan read it too)
+        if r.built or manifest.is_file():
+            m = r.built or read_manifest(manifest)
+            new = entry_from_manifest(kf, r.target, m, manifest.parent)
+            old = targets.get(str(r.target), {})
             if old.get("measured_on_hardware") and not new["measured_on_hardware"]:
                 note(
                     f"{r.target} keeps its entry measured on {(old.get('hardware') or {}).get('name', 'a GPU')}: this build "

@@ -10,9 +10,11 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import coverage
 from ..oploader import file_digests
+from ..records import DispatchEntry, Manifest
 
 
 def ptx_isa(ptx: str) -> str:
@@ -36,14 +38,23 @@ def pin_ptx(dispatch: list[dict], shas: list, variants: dict) -> None:
             d["ptx_sha256"] = sha
 
 
+class Built(NamedTuple):
+    """How a target's kernels were built, as its manifest records it."""
+
+    measured: bool
+    toolchain: dict
+    hardware: dict | None
+    incomplete: str | None = None  # "built/declared" problems: an interrupted build
+
+
 def assemble(
-    kf, target, gpu, op, chosen: list[dict], summary: dict, cover: bool = False
-) -> tuple[dict, dict[str, bytes]]:
+    kf, target, gpu, op, chosen: list[DispatchEntry], how: Built, cover: bool = False
+) -> tuple[Manifest, dict[str, bytes]]:
     """The manifest of a target's build and every file of its folder (name -> bytes), in memory;
     `cover`: with the "coverage" record (coverage.record: it renders every entry's plan)."""
     files, variants, shas = {}, {}, []
     for c in chosen:
-        b = c.get("_binary")
+        b = c.compiled
         shas.append(b and hashlib.sha256(b.ptx.encode()).hexdigest())
         if b is None or b.digest in variants:
             continue
@@ -59,7 +70,7 @@ def assemble(
             "spill_bytes": b.spill_bytes,
             "compiler": b.compiler,
         }
-    dispatch = [{k: v for k, v in c.items() if k != "_binary"} for c in chosen]
+    dispatch = [c.to_json() for c in chosen]
     pin_ptx(dispatch, shas, variants)
     manifest = {
         "target": str(target),
@@ -68,18 +79,18 @@ def assemble(
         "template": str(op.FOLDER.name),
         "gpu": gpu.as_dict(),
         "arch": gpu.arch,
-        "measured_on_hardware": summary["measured"],
+        "measured_on_hardware": how.measured,
         "kernelfile_digest": kf.digest,
-        "toolchain": summary["toolchain"],
+        "toolchain": how.toolchain,
         "variants": variants,
         "dispatch": dispatch,
-        "hardware": summary.get("hardware"),
+        "hardware": how.hardware,
         "op_files": file_digests(op),
-        **({"incomplete": summary["incomplete"]} if summary.get("incomplete") else {}),
+        **({"incomplete": how.incomplete} if how.incomplete else {}),
         **({"coverage": coverage.record(op, dispatch, gpu.arch)} if cover else {}),
-    }  # problems built/declared; coverage: what the runtime may serve
+    }  # coverage: what the runtime may serve
     files["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    return manifest, files
+    return Manifest.from_json(manifest), files
 
 
 def replace_folder(out: Path, files: dict[str, bytes]) -> None:
@@ -109,35 +120,48 @@ def _umask() -> int:
     return mask
 
 
-def write_artifacts(kf, target, gpu, op, chosen, summary, keep_complete: bool = False) -> Path:
-    """Write build/<target>/ (variants and manifest.json) as a whole; returns the manifest's path.
-    keep_complete (an interrupted build): a complete folder there stays as it is."""
+def write_artifacts(
+    kf, target, gpu, op, chosen, how: Built, keep_complete: bool = False
+) -> tuple[Path, Manifest | None]:
+    """Write build/<target>/ (variants and manifest.json) as a whole; returns the manifest's path and
+    the manifest written. keep_complete (an interrupted build): a complete folder there stays as it
+    is (None: not written)."""
     out = target_dir(kf, target)
-    if not (keep_complete and not artifact_problem(kf, target)):
-        replace_folder(out, assemble(kf, target, gpu, op, chosen, summary, cover=True)[1])
-    return out / "manifest.json"
+    if keep_complete and not built(kf, target)[1]:
+        return out / "manifest.json", None
+    manifest, files = assemble(kf, target, gpu, op, chosen, how, cover=True)
+    replace_folder(out, files)
+    return out / "manifest.json", manifest
 
 
-def artifact_problem(kf, target) -> str | None:
-    """Why build/<target>/ does not hold a complete build as its manifest lists it, or None: a file
-    missing, a manifest that does not parse, a cubin that is not the one its manifest names."""
+def read_manifest(path: Path) -> Manifest:
+    """The one reader of a manifest.json (OSError, ValueError, KeyError, TypeError where it is not
+    one)."""
+    return Manifest.from_json(json.loads(path.read_bytes()))
+
+
+def built(kf, target) -> tuple[Manifest | None, str | None]:
+    """build/<target>/'s manifest (None: missing or damaged), and why the folder does not hold a
+    complete build as its manifest lists it (None: it does): a file missing, a manifest that does not
+    parse, a cubin that is not the one its manifest names."""
     folder = target_dir(kf, target)
     path = folder / "manifest.json"
     rel = functools.partial(os.path.relpath, start=kf.root)
     if not path.is_file():
-        return f"artifact missing: {rel(path)}"
+        return None, f"artifact missing: {rel(path)}"
     try:
-        m = json.loads(path.read_bytes())
-        files = [(d, folder / v["ptx"], folder / v["cubin"]) for d, v in m["variants"].items()]
-        if not isinstance(m["dispatch"], list):
-            raise TypeError("dispatch")
+        m = read_manifest(path)
+        files = [(d, folder / v.ptx, folder / v.cubin) for d, v in m.variants.items()]
     except (ValueError, KeyError, TypeError, AttributeError):
-        return f"{rel(path)} is damaged (not a manifest of this ptxbuild); a build writes it again"
-    if m.get("incomplete"):
-        return f"{rel(folder)} is incomplete ({m['incomplete']} problems, an interrupted build)"
+        return (
+            None,
+            f"{rel(path)} is damaged (not a manifest of this ptxbuild); a build writes it again",
+        )
+    if m.incomplete:
+        return m, f"{rel(folder)} is incomplete ({m.incomplete} problems, an interrupted build)"
     for digest, ptx, cubin in files:
         if missing := next((f for f in (ptx, cubin) if not f.is_file()), None):
-            return f"artifact missing: {rel(missing)}"
+            return m, f"artifact missing: {rel(missing)}"
         if hashlib.sha256(cubin.read_bytes()).hexdigest() != digest:
-            return f"{rel(cubin)} is not the cubin its manifest names (edited?)"
-    return None
+            return m, f"{rel(cubin)} is not the cubin its manifest names (edited?)"
+    return m, None

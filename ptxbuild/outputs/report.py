@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 
 from ..problem import Problem
+from ..records import BuildSummary, DispatchEntry, Manifest, Variant, dispatch_of, plain
 from .environment import environment, utc_time
 from .gates import closest_baseline, failures, judge, misses
+from .manifest import read_manifest
 
 EVERY_ROUND = {
     "min_speedup": 1.0,
@@ -27,8 +31,7 @@ def _timed_at(data: dict) -> list[float]:
     return [
         t
         for d in data["dispatch"]
-        for t in [d.get("timed_at")]
-        + [b.get("timed_at") for b in (d.get("baselines") or {}).values()]
+        for t in [d.timed_at] + [b.get("timed_at") for b in (d.baselines or {}).values()]
         if t
     ]
 
@@ -37,14 +40,14 @@ def collect(kf, cache, target) -> dict | None:
     build = cache.last_build(str(target), kf.project)
     if build is None:
         return None
-    summary = json.loads(build["summary"])
+    summary = BuildSummary.from_json(json.loads(build["summary"]))
     # the build's artifacts stay on the machine that built them; the cache carries their dispatch table.
     # A manifest file at that path may come from another build (another machine's or an earlier
     # one), so the build's own copy wins; the file serves only builds recorded before it was kept.
-    manifest = summary.get("report_manifest") or (
-        json.loads(m.read_text()) if (m := kf.root / build["manifest"]).is_file() else {}
+    manifest = summary.report_manifest or (
+        read_manifest(m).to_json() if (m := kf.root / build["manifest"]).is_file() else {}
     )
-    attempts = cache.attempts(str(target), summary["run"])
+    attempts = cache.attempts(str(target), summary.run)
     by_outcome = Counter(a["outcome"] for a in attempts)
     rejected = Counter(
         (a["outcome"], (a["detail"] or "").split("\n")[0][:100])
@@ -56,9 +59,9 @@ def collect(kf, cache, target) -> dict | None:
         "status": build["status"],
         "built_at": build["created"],
         "summary": summary,
-        "environment": summary.get("environment") or environment(kf.root),
-        "dispatch": manifest.get("dispatch", []),
-        "variants": manifest.get("variants", {}),
+        "environment": summary.environment or environment(kf.root),
+        "dispatch": dispatch_of(manifest),
+        "variants": {k: Variant.from_json(v) for k, v in manifest.get("variants", {}).items()},
         "candidates_by_outcome": dict(sorted(by_outcome.items())),
         "attempts": len(attempts),
         "timed": timed_candidates(attempts),
@@ -110,16 +113,16 @@ def _baseline_outcome(b: dict) -> str:
 def table_rows(data: dict) -> list[list[str]]:
     rows = []
     for d in data["dispatch"]:
-        if d.get("params") is None:
-            rows.append([d["label"], "NO VALID CANDIDATE", "-", "-", "-", ""])
+        if d.params is None:
+            rows.append([d.label, "NO VALID CANDIDATE", "-", "-", "-", ""])
             continue
         base = closest_baseline(d)
-        frac = f"{d['floor_ms'] / d['p50_ms'] * 100:.0f}%" if d.get("p50_ms") else "-"
-        params = " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
+        frac = f"{d.floor_ms / d.p50_ms * 100:.0f}%" if d.p50_ms else "-"
+        params = " ".join(f"{k}={v}" for k, v in sorted(d.params.items()))
         rows.append(
             [
-                d["label"],
-                _ms(d.get("p50_ms")),
+                d.label,
+                _ms(d.p50_ms),
                 frac,
                 _ms(base and base[2]),
                 f"{base[0]:.2f}x" if base else "-",
@@ -139,9 +142,9 @@ HEAD = [
 ]  # closest: the least speed-up
 
 
-def _timings(s: dict) -> str:
+def _timings(s: BuildSummary) -> str:
     """Which of a build's timings were taken by that build (the report's `timings` line)."""
-    since = s.get("timed_since") if s.get("remeasure_resumed") else None
+    since = s.timed_since if s.remeasure_resumed else None
     when = (
         (
             f" since {utc_time(since)} (a rerun after an "
@@ -150,13 +153,13 @@ def _timings(s: dict) -> str:
         if since
         else " in this run"
     )
-    only = s.get("remeasured_only") or []
-    if s.get("remeasured") and only:
+    only = s.remeasured_only or []
+    if s.remeasured and only:
         return (
             f"candidates and baselines of the problems matching {', '.join(f'`{o}`' for o in only)} "
             f"timed again{when} (`--remeasure-only`); the others come from the cache"
         )
-    if s.get("remeasured"):
+    if s.remeasured:
         return f"every candidate and baseline timed{when} (`--remeasure`)"
     return (
         "timings of configs and baselines already measured on this GPU come from the "
@@ -165,7 +168,7 @@ def _timings(s: dict) -> str:
 
 
 def markdown(data: dict) -> str:
-    s = data["summary"]
+    s: BuildSummary = data["summary"]
     when_all = _timed_at(data)
     rows = table_rows(data)
     env = data["environment"]
@@ -175,36 +178,36 @@ def markdown(data: dict) -> str:
         f"- status: **{data['status']}**; "
         + (
             "measured on hardware"
-            if s["measured"]
+            if s.measured
             else "**not measured on hardware** (compiled and resource-checked only)"
         ),
-        f"- problems built: {s.get('problems_done', '?')}"
+        f"- problems built: {s.problems_done or '?'}"
         + (" (**interrupted**: rerun to finish)" if data["status"] == "interrupted" else ""),
-        f"- reproduce: `{s['command']}`",
-        f"- kernelfile digest: `{s['kernelfile'][:16]}`; architecture: `{s['arch']}`; run `{s['run']}`",
-        "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        f"- reproduce: `{s.command}`",
+        f"- kernelfile digest: `{s.kernelfile[:16]}`; architecture: `{s.arch}`; run `{s.run}`",
+        "- toolchain: " + ", ".join(f"{k} {v}" for k, v in s.toolchain.items()),
         f"- environment: Python {env['python']} on {env['platform']}; git `{env['git_revision'] or 'n/a'}`"
         + (f"; ptxbuild code `{env['ptxbuild_code']}`" if env.get("ptxbuild_code") else ""),
         "- packages: " + ", ".join(f"{k} {v}" for k, v in env["packages"].items()),
     ]
-    if hw := s.get("hardware"):
+    if hw := s.hardware:
         lines.append("- GPU: " + ", ".join(f"{k}={v}" for k, v in hw.items()))
         lines.append(
-            f"- measured copy bandwidth: {s['copy_tbps']:.3f} TB/s (floor = bytes moved / this)"
+            f"- measured copy bandwidth: {s.copy_tbps:.3f} TB/s (floor = bytes moved / this)"
         )
         lines.append("- timings: " + _timings(s))
         lines.append(
-            f"- timing protocol: version {s.get('protocol') or '1 (recorded before reports named it)'} "
+            f"- timing protocol: version {s.protocol or '1 (recorded before reports named it)'} "
             "(`PROTOCOL_VERSION`; 2+: calls behind a gate, no host time; 3+: each call alone, as nvbench's cold)"
         )
-        if s.get("memcheck"):
-            lines.append(f"- {s['memcheck']}")
+        if s.memcheck:
+            lines.append(f"- {s.memcheck}")
         if when_all:
             lines.append(
                 f"- timed between {utc_time(min(when_all))} and {utc_time(max(when_all))} "
                 "(the winners and baselines below; each row says when)"
             )
-    m, g = s.get("metric") or {}, s.get("gates") or {}
+    m, g = s.metric or {}, s.gates or {}
     if m.get("value_ms") is not None:
         lines.append(
             f"- metric: {m['name']} = {m['value_ms'] * 1000:.1f} us over {m['problems']} timed problem(s)"
@@ -212,7 +215,7 @@ def markdown(data: dict) -> str:
     if g.get("declared"):
         verdict = (
             "not judged (not measured on hardware)"
-            if not s["measured"]
+            if not s.measured
             else f"**{len(g['failures'])} missed**"
             if g["failures"]
             else "all met"
@@ -225,14 +228,11 @@ def markdown(data: dict) -> str:
     head = HEAD + (["timed (UTC)"] if timed else [])
     lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += [
-        "| " + " | ".join(r + ([_hm(d.get("timed_at"))] if timed else [])) + " |"
+        "| " + " | ".join(r + ([_hm(d.timed_at)] if timed else [])) + " |"
         for d, r in zip(data["dispatch"], rows)
     ]
     bouts = [
-        (d["label"], b)
-        for d in data["dispatch"]
-        for b in d.get("playoff") or []
-        if b.get("leader_p50_ms")
+        (d.label, b) for d in data["dispatch"] for b in d.playoff or [] if b.get("leader_p50_ms")
     ]
     if bouts:
         gap = max(abs(b["p50_ms"] / b["leader_p50_ms"] - 1) for _, b in bouts)
@@ -243,13 +243,9 @@ def markdown(data: dict) -> str:
             f"a challenger won in {len({lbl for lbl, b in bouts if b['won']})} (`playoff` in report.json).",
         ]
     lines += proposed_section(data["dispatch"])
-    base_rows = [
-        (d["label"], n, b) for d in data["dispatch"] for n, b in (d.get("baselines") or {}).items()
-    ]
+    base_rows = [(d.label, n, b) for d in data["dispatch"] for n, b in (d.baselines or {}).items()]
     if base_rows:
-        one_run = (
-            s.get("remeasured") and not s.get("remeasure_resumed") and not s.get("remeasured_only")
-        )
+        one_run = s.remeasured and not s.remeasure_resumed and not s.remeasured_only
         lines += [
             "",
             f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)",
@@ -269,7 +265,7 @@ def markdown(data: dict) -> str:
         ]
     # judged on the timings, not on the table's rounded speed-up (0.996x would show as 1.00x)
     losses = [
-        (d["label"], b, d["baselines"][b[1]].get("round_ratios"))
+        (d.label, b, d.baselines[b[1]].get("round_ratios"))
         for d in data["dispatch"]
         if (b := closest_baseline(d)) and b[0] < 1
     ]
@@ -326,18 +322,18 @@ def markdown(data: dict) -> str:
         "|---|---:|---:|---|---|",
     ]
     lines += [
-        f"| {v['entry']} | {v['registers']} | {v['spill_bytes']} | {v['ptx_isa']} | {v['ptx']}, {v['cubin']} |"
+        f"| {v.entry} | {v.registers} | {v.spill_bytes} | {v.ptx_isa} | {v.ptx}, {v.cubin} |"
         for v in data["variants"].values()
     ]
     lines += lessons_section(s, data)
     return "\n".join(lines) + "\n"
 
 
-def proposed_section(dispatch: list) -> list[str]:
+def proposed_section(dispatch: Sequence[DispatchEntry]) -> list[str]:
     """Per problem a proposer ran on (issue 31): each proposer's attempts by outcome, the winner
     (template or proposed, with its lineage) and a proposed winner's p50 in one window with the best
     template config (`factory` in report.json)."""
-    rows = [(d["label"], d["factory"]) for d in dispatch if d.get("factory")]
+    rows = [(d.label, d.factory) for d in dispatch if d.factory]
     if not rows:
         return []
     out = ["", "## Proposed sources", "", "| problem | proposers: attempts by outcome | winner | "
@@ -357,10 +353,10 @@ def proposed_section(dispatch: list) -> list[str]:
     return out
 
 
-def lessons_section(s: dict, data: dict) -> list[str]:
+def lessons_section(s: BuildSummary, data: dict) -> list[str]:
     """Which lessons the build used (seeds, failure rules that pruned) and which it produced."""
-    used = list({u["lesson"]: u for u in s.get("lessons_used", [])}.values())
-    produced = s.get("lessons_produced", [])
+    used = list({u["lesson"]: u for u in s.lessons_used}.values())
+    produced = s.lessons_produced or []
     lines = [
         "",
         "## Lessons",
@@ -368,7 +364,7 @@ def lessons_section(s: dict, data: dict) -> list[str]:
         f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
         f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}",
     ]
-    if n := s.get("lessons_shipped"):
+    if n := s.lessons_shipped:
         lines.append(
             f"- shipped with ptxbuild: {n} of the {len(used)} used (its packaged lessons, imported "
             "into this new cache: the build starts from ptxbuild's own evidence)"
@@ -391,10 +387,8 @@ def lessons_section(s: dict, data: dict) -> list[str]:
     )
     if kinds:
         lines.append("- produced: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    picked = [
-        d for d in data["dispatch"] if d.get("source") in ("lesson", "default") and d.get("params")
-    ]
-    if picked and not s["measured"]:
+    picked = [d for d in data["dispatch"] if d.source in ("lesson", "default") and d.params]
+    if picked and not s.measured:
         lines += [
             "",
             "### Config choice without hardware",
@@ -404,7 +398,7 @@ def lessons_section(s: dict, data: dict) -> list[str]:
             "",
         ]
         for d in picked:
-            u = d.get("lesson")
+            u = d.lesson
             why = (
                 "no lesson applied; the op's documented default"
                 if not u
@@ -417,8 +411,8 @@ def lessons_section(s: dict, data: dict) -> list[str]:
                 )
             )
             lines.append(
-                f"- {d['label']}: "
-                + " ".join(f"{k}={v}" for k, v in sorted(d["params"].items()))
+                f"- {d.label}: "
+                + " ".join(f"{k}={v}" for k, v in sorted(d.params.items()))
                 + f" — {why}"
             )
     return lines
@@ -430,35 +424,36 @@ def write_report(kf, cache, target, keep_newer: bool = False) -> Path | None:
     data = collect(kf, cache, target)
     if data is None:
         return None
+    s: BuildSummary = data["summary"]
     if target.op in kf.ops:  # the kernelfile's metric and gates as they are now
-        data["summary"].update(
-            judge(kf.ops[target.op], data["dispatch"], data["summary"]["measured"])
-        )
+        data["summary"] = s = replace(s, **judge(kf.ops[target.op], data["dispatch"], s.measured))
     out = kf.reports_dir / str(target)
-    with suppress(
-        OSError, ValueError, KeyError
-    ):  # a compile-only build keeps a GPU-measured build's report
-        old = json.loads((out / "report.json").read_text())
-        if not data["summary"].get("measured") and old["summary"]["measured"]:
+    # a compile-only build keeps a GPU-measured build's report
+    with suppress(OSError, ValueError, KeyError, TypeError):
+        old = read_report(out / "report.json")
+        if not s.measured and old["summary"].measured:
             out = out / "compile-only"
-        elif (
-            keep_newer
-            and old["built_at"] > data["built_at"]
-            and old["summary"]["run"] != data["summary"]["run"]
-        ):
+        elif keep_newer and old["built_at"] > data["built_at"] and old["summary"].run != s.run:
             return None
-        elif not (data["summary"]["measured"] or old["summary"]["measured"]) and _verdict(
-            old
-        ) == _verdict(data):
+        elif not (s.measured or old["summary"].measured) and _verdict(old) == _verdict(data):
             return (
                 out / "report.md"
             )  # a compile-only rebuild of the same kernels: the committed report stands
     return _save(out, data)
 
 
+def read_report(path: Path) -> dict:
+    """A report.json, its summary, dispatch table and variants as records."""
+    data = json.loads(path.read_text())
+    variants = {k: Variant.from_json(v) for k, v in data["variants"].items()}
+    summary = BuildSummary.from_json(data["summary"])
+    return {**data, "summary": summary, "dispatch": dispatch_of(data), "variants": variants}
+
+
 def _save(out: Path, data: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    text = json.dumps(plain(data), indent=1, sort_keys=True, default=str)
+    (out / "report.json").write_text(text + "\n")
     (out / "report.md").write_text(markdown(data))
     return out / "report.md"
 
@@ -468,28 +463,23 @@ def _verdict(data: dict) -> tuple:
     s = data["summary"]
     return (
         data["status"],
-        [d.get("binary") for d in data["dispatch"]],
-        s.get("gates"),
-        (s.get("metric") or {}).get("name"),
+        [d.binary for d in data["dispatch"]],
+        s.gates,
+        (s.metric or {}).get("name"),
     )
 
 
-def rejudge(kf, target, built: dict | None = None, rerender: bool = False) -> tuple[str, ...]:
+def rejudge(kf, target, built: Manifest | None = None, rerender: bool = False) -> tuple[str, ...]:
     """Judge by the kernelfile's metric and gates as they are now: the report under reports/ by its own numbers
-    (rewritten if its verdict moved, or `rerender`), and `built` (a manifest or lock entry): its misses."""
+    (rewritten if its verdict moved, or `rerender`), and `built` (a manifest): its misses."""
     spec, path = kf.ops[target.op], kf.reports_dir / str(target) / "report.json"
-    with suppress(OSError, ValueError, KeyError):
-        data = json.loads(path.read_text())
-        new = {
-            **data,
-            "summary": {
-                **data["summary"],
-                **judge(spec, data["dispatch"], data["summary"]["measured"]),
-            },
-        }
+    with suppress(OSError, ValueError, KeyError, TypeError):
+        data = read_report(path)
+        s = data["summary"]
+        new = {**data, "summary": replace(s, **judge(spec, data["dispatch"], s.measured))}
         if rerender or _verdict(data) != _verdict(new):
             _save(path.parent, new)
-    return misses(spec, built["dispatch"], built["measured_on_hardware"]) if built else ()
+    return misses(spec, built.dispatch, built.measured_on_hardware) if built else ()
 
 
 def rerender(kf, cache, targets):
