@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from .keys import SUITE_VERSION
 from .problem import Problem
+from .records import DispatchEntry, Manifest
 
 VERIFY_ROWS = 512  # extra seeds run on this many rows (same binary: rows are a runtime size)
 SIZE_FACTORS = (2, 8)  # the last axis (a row's length) is also verified at these multiples, and odd
@@ -150,10 +151,10 @@ def record(op, dispatch: list[dict], arch: str) -> dict:
     return {"suite": SUITE_VERSION, "shapes": [shapes(d) for d in dispatch]}
 
 
-def served(manifest: dict, entry: dict, shape: Sequence[int]) -> bool:
-    """May the runtime dispatch `entry` (one of manifest["dispatch"]) to `shape`: is it in the class
+def served(manifest: Manifest, entry: DispatchEntry, shape: Sequence[int]) -> bool:
+    """May the runtime dispatch `entry` (one of manifest.dispatch) to `shape`: is it in the class
     of the shapes its "coverage" record names (a manifest written before the record: the class of the
     entry's own built shape, the narrowest)?"""
-    shapes = (manifest.get("coverage") or {}).get("shapes") or []
-    i = next((i for i, d in enumerate(manifest.get("dispatch", [])) if d is entry), len(shapes))
-    return covers((shapes[i] if i < len(shapes) else None) or [entry["problem"]["shape"]], shape)
+    shapes = (manifest.coverage or {}).get("shapes") or []
+    i = next((i for i, d in enumerate(manifest.dispatch) if d is entry), len(shapes))
+    return covers((shapes[i] if i < len(shapes) else None) or [entry.problem["shape"]], shape)

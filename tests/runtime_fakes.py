@@ -93,12 +93,13 @@ def fake_kda_build(
         (build / f"k{i}.ptx").write_bytes(ptx)
         variants[digest] = dict(cubin=f"k{i}.cubin", ptx=f"k{i}.ptx", entry="kda_recurrence",
                                 ptx_sha256=hashlib.sha256(ptx).hexdigest(), arch="sm_90a",
-                                ptx_isa="9.0")  # fmt: skip
+                                ptx_isa="9.0", registers=32, spill_bytes=0, compiler="fake")  # fmt: skip
         p = Problem.make("kda", "bfloat16", shape, options)
         dispatch.append(dict(problem=dict(op="kda", dtype="bfloat16", shape=list(shape),
                                           options=json.loads(json.dumps(options))),
                              params=op.default_params(p), binary=digest, label=p.label()))  # fmt: skip
-    manifest = dict(target=target, arch="sm_90a", op="kda", template="kda", variants=variants,
-                    dispatch=dispatch)  # fmt: skip
+    manifest = dict(target=target, arch="sm_90a", op="kda", op_version=op.VERSION, template="kda",
+                    gpu={}, measured_on_hardware=False, kernelfile_digest="", toolchain={},
+                    hardware=None, variants=variants, dispatch=dispatch)  # fmt: skip
     (build / "manifest.json").write_text(json.dumps(manifest))
     return build

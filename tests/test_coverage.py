@@ -64,8 +64,8 @@ def test_the_record_is_the_plan_the_worker_runs(monkeypatch):
 
 def test_the_runtime_serves_the_verified_class_and_refuses_past_it(built):
     k = load(built / "build" / "scale@h100")
-    assert k.select(Problem.make("scale", "float32", (5, 1024)))["label"] == "float32[64x1024]"
-    assert k.select(Problem.make("scale", "float32", (64, 1024)))["label"] == "float32[64x1024]"
+    assert k.select(Problem.make("scale", "float32", (5, 1024))).label == "float32[64x1024]"
+    assert k.select(Problem.make("scale", "float32", (64, 1024))).label == "float32[64x1024]"
     with pytest.warns(RuntimeWarning) as seen:
         # the same binary would run it (M is free), but it was verified on at most 64 rows
         assert k.select(Problem.make("scale", "float32", (65, 1024))) is None

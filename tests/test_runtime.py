@@ -121,9 +121,9 @@ def test_select_reuses_a_binary_only_where_it_renders_the_same(built):
 
     k = load(built / "build" / "scale@h100")
     built_64 = k.select(Problem.make("scale", "float32", (64, 1024)))
-    assert built_64["label"] == "float32[64x1024]"
+    assert built_64.label == "float32[64x1024]"
     other_m = k.select(Problem.make("scale", "float32", (5, 1024)))
-    assert other_m["binary"] == built_64["binary"]  # N baked in, M free: reusable
+    assert other_m.binary == built_64.binary  # N baked in, M free: reusable
     assert k.select(Problem.make("scale", "float32", (5, 1000))) is None
     assert k.select(Problem.make("scale", "float16", (64, 1024))) is None
 

@@ -50,7 +50,7 @@ def test_a_call_shape_is_resolved_once_then_only_pointers_change(scale, monkeypa
     assert y.shape == x.shape and y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
     (first,) = launches
     problem = Problem.make("scale", "float32", (64, 1024))
-    geom = k.op.launch(k.select(problem)["params"], problem, 132)
+    geom = k.op.launch(k.select(problem).params, problem, 132)
     assert first["handle"] == 1000 and first["stream"] == 77
     assert first["grid"] == tuple(geom.grid) and first["block"] == tuple(geom.block)
     assert fakes.ptr(first, 0) == y.data_ptr() and fakes.ptr(first, 1) == x.data_ptr()
@@ -152,7 +152,7 @@ def test_kda_is_callable_like_chunk_kda_and_launches_prepare_then_recurrence(kda
     assert hT.shape == (1, H, K, K) and hT.dtype == torch.float32
     prep, rec = launches
     problem = Problem.make("kda", "bfloat16", (40, H))
-    params = k.select(problem)["params"]
+    params = k.select(problem).params
     geoms = k.op.launches(params, problem, 132)
     assert list(geoms) == ["kda_prepare", "kda_recurrence"]
     assert (prep["handle"], rec["handle"]) == (1000, 1001)

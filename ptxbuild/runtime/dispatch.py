@@ -11,6 +11,7 @@ import numpy as np
 
 from ..coverage import served
 from ..problem import Problem
+from ..records import DispatchEntry
 from .arrays import dtype_of
 from .errors import LoaderError
 
@@ -44,7 +45,7 @@ class Dispatch:
         if self._modes is None:
             out = []
             for e in self.entries:
-                p = e["problem"]
+                p = e.problem
                 if not any(m.options == p["options"] for m in out):
                     out.append(_Mode(p["options"], tuple(self._tiny_inputs(Problem.make(**p)))))
             self._modes = out
@@ -53,7 +54,7 @@ class Dispatch:
     def problem_like(self, mode: _Mode) -> Problem:
         """A built problem of `mode` (its first dispatch entry)."""
         return Problem.make(
-            **next(e["problem"] for e in self.entries if e["problem"]["options"] == mode.options)
+            **next(e.problem for e in self.entries if e.problem["options"] == mode.options)
         )
 
     def _tiny_inputs(self, problem: Problem) -> dict:
@@ -109,7 +110,7 @@ class Dispatch:
         full = json.loads(json.dumps({**defaults, **options}, default=list))
         return {k: v for k, v in full.items() if k not in self.RUNTIME_OPTIONS}
 
-    def select(self, problem: Problem) -> dict | None:
+    def select(self, problem: Problem) -> DispatchEntry | None:
         """The dispatch entry whose binary is correct for `problem`, or None: an entry of another
         shape (or other runtime options) qualifies only if the op accepts its config for this
         problem (op.check) and renders the very same kernel for it (so shape constants baked into
@@ -121,20 +122,20 @@ class Dispatch:
         same = [
             e
             for e in self.entries
-            if e["problem"]["dtype"] == problem.dtype
-            and self._fixed_options(e["problem"]["options"]) == want
+            if e.problem["dtype"] == problem.dtype
+            and self._fixed_options(e.problem["options"]) == want
         ]
         exact = (
             e
             for e in same
-            if tuple(e["problem"]["shape"]) == problem.shape
-            and e["problem"]["options"] == problem.opts_json
+            if tuple(e.problem["shape"]) == problem.shape
+            and e.problem["options"] == problem.opts_json
         )
         choice = next(exact, None)
         if choice is None:
 
             def distance(e):
-                s, opts = e["problem"]["shape"], e["problem"]["options"]
+                s, opts = e.problem["shape"], e.problem["options"]
                 runtime_differs = sum(
                     opts.get(k) != problem.opts_json.get(k) for k in self.RUNTIME_OPTIONS
                 )
@@ -146,13 +147,13 @@ class Dispatch:
 
             for e in sorted(same, key=distance):
                 if (
-                    len(e["problem"]["shape"]) != len(problem.shape)
-                    or self.op.check(e["params"], problem) is not None
+                    len(e.problem["shape"]) != len(problem.shape)
+                    or self.op.check(e.params, problem) is not None
                 ):
                     continue
-                built = Problem.make(**e["problem"])
-                if self.op.render(e["params"], problem, self.arch) == self.op.render(
-                    e["params"], built, self.arch
+                built = Problem.make(**e.problem)
+                if self.op.render(e.params, problem, self.arch) == self.op.render(
+                    e.params, built, self.arch
                 ):
                     if not self._verified_for(e, problem):
                         continue
@@ -161,14 +162,14 @@ class Dispatch:
         self._choice[key] = choice
         return choice
 
-    def _verified_for(self, entry: dict, problem: Problem) -> bool:
+    def _verified_for(self, entry: DispatchEntry, problem: Problem) -> bool:
         """Whether `entry`'s kernel was verified on the class of `problem`'s shape (coverage.served;
         outside it the caller answers as for an unbuilt shape), warned once per shape."""
         if served(self.manifest, entry, problem.shape):
             return True
         why = (
             f"{self.target}: {problem.label()} is outside the shapes the kernel built for "
-            f"{entry['label']} was verified on; not dispatched there: declare the shape in "
+            f"{entry.label} was verified on; not dispatched there: declare the shape in "
             "kernelfile.toml and rebuild"
         )
         if why not in (warned := self.__dict__.setdefault("_warned", set())):
@@ -180,7 +181,7 @@ class Dispatch:
         want = self._fixed_options(opts)
         labels = set()
         for e in self.entries:
-            p = e["problem"]
+            p = e.problem
             if p["dtype"] == dtype and self._fixed_options(p["options"]) == want:
                 extra = [
                     f" {k}={p['options'][k]}" for k in self.RUNTIME_OPTIONS if p["options"].get(k)

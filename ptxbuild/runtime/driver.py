@@ -18,6 +18,7 @@ from ..launch import (
     param,
     resident_grid,
 )
+from ..records import Variant
 from .errors import LoaderError
 
 # PTX ISA -> the CUDA version a driver must support to JIT it (PTX ISA release notes).
@@ -149,21 +150,21 @@ class _Current:
 
 
 def load_functions(
-    target: str, build_dir: Path, variant: dict, dev: _Device, entries
+    target: str, build_dir: Path, variant: Variant, dev: _Device, entries
 ) -> dict[str, Any]:
     """entry -> CUfunction of a variant's module loaded on `dev` (every kernel of a multi-kernel op
     lives in the one cubin): the cubin if the driver takes it, else its PTX."""
-    if not arch_runs_on(variant["arch"], dev.cc):
+    if not arch_runs_on(variant.arch, dev.cc):
         raise LoaderError(
-            f"{target} was built for {variant['arch']}; this GPU ({dev.name}) is sm_{dev.cc}: "
+            f"{target} was built for {variant.arch}; this GPU ({dev.name}) is sm_{dev.cc}: "
             f"declare a target for it in kernelfile.toml and build it"
         )
     cu, why = _cu(), []
     with _Current(dev):
         for kind in ("cubin", "ptx"):
-            data = (Path(build_dir) / variant[kind]).read_bytes()
+            data = (Path(build_dir) / getattr(variant, kind)).read_bytes()
             if kind == "ptx":
-                if too_new := load_choice(variant.get("ptx_isa", ""), dev.driver_version):
+                if too_new := load_choice(variant.ptx_isa, dev.driver_version):
                     why.append(f"ptx: {too_new}")
                     continue
                 data += b"\0"
@@ -178,7 +179,7 @@ def load_functions(
             }
     raise LoaderError(
         f"{target}: this driver (CUDA {driver_cuda(dev.driver_version)}) can load neither the "
-        f"cubin nor the PTX of {variant['entry']} ({'; '.join(why)}); upgrade the NVIDIA driver, "
+        f"cubin nor the PTX of {variant.entry} ({'; '.join(why)}); upgrade the NVIDIA driver, "
         f"or rebuild with a compiler no newer than the driver"
     )
 

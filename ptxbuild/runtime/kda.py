@@ -254,7 +254,7 @@ class ChunkKDA(BuiltKernel):
     def _built_heads(self) -> str:
         labels = set()
         for e in self.entries:
-            p = e["problem"]
+            p = e.problem
             opts = ",".join(f"{k}={v}" for k, v in sorted(p["options"].items()) if k != "lengths")
             labels.add("x".join(map(str, p["shape"])) + (f"{{{opts}}}" if opts else ""))
         return ", ".join(sorted(labels))

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..oploader import load_op, source_files
 from ..problem import Problem
+from ..records import DispatchEntry, Manifest
 from .arrays import NP_TO_DTYPE, TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
 from .dispatch import Dispatch, _Mode
 from .driver import _Current, _device, _launch, load_functions
@@ -40,16 +41,16 @@ def _meta(v):
 class BuiltKernel(Dispatch):
     """A built target as a callable; see ptxbuild.runtime.load()."""
 
-    def __init__(self, build: Path, manifest: dict, folder: Path, allow_fallback: bool = False):
+    def __init__(self, build: Path, manifest: Manifest, folder: Path, allow_fallback: bool = False):
         self.build_dir, self.manifest, self.allow_fallback = Path(build), manifest, allow_fallback
-        self.target, self.arch = manifest["target"], manifest["arch"]
+        self.target, self.arch = manifest.target, manifest.arch
         self.op = load_op(str(Path(folder).resolve()), Path("/"))
         self._check_artifacts()
         self._check_op_files()
-        self.entries = [e for e in manifest["dispatch"] if e.get("params") is not None]
-        self.dtypes = sorted({e["problem"]["dtype"] for e in self.entries})
+        self.entries = [e for e in manifest.dispatch if e.params is not None]
+        self.dtypes = sorted({e.problem["dtype"] for e in self.entries})
         self._modes: list[_Mode] | None = None
-        self._choice: dict[tuple, dict | None] = {}
+        self._choice: dict[tuple, DispatchEntry | None] = {}
         self._specs: dict[tuple, dict] = {}
         self._functions: dict[tuple, dict] = {}
         self._prepared: dict[tuple, tuple] = {}
@@ -71,9 +72,9 @@ class BuiltKernel(Dispatch):
 
     # ---------------------------------------------------------- checks at load time
     def _check_artifacts(self) -> None:
-        for digest, v in sorted(self.manifest["variants"].items()):
-            for what, want in (("cubin", digest), ("ptx", v.get("ptx_sha256"))):
-                path = self.build_dir / v[what]
+        for digest, v in sorted(self.manifest.variants.items()):
+            for what, want in (("cubin", digest), ("ptx", v.ptx_sha256 or None)):
+                path = self.build_dir / getattr(v, what)
                 if not path.is_file():
                     raise LoaderError(f"{path} is missing; rebuild: ptxbuild build {self.target}")
                 if want is not None and (got := _sha256(path)) != want:
@@ -84,7 +85,7 @@ class BuiltKernel(Dispatch):
                     )
 
     def _check_op_files(self) -> None:
-        built = self.manifest.get("op_files")
+        built = self.manifest.op_files
         if not built:
             return
         now = {p.name: _sha256(p) for p in source_files(self.op) if p.is_file()}
@@ -144,7 +145,7 @@ class BuiltKernel(Dispatch):
         self._prepared[key] = (prep, order, len(keep))
         return self._prepared[key]
 
-    def prepare(self, entry: dict, problem: Problem, dev, names, sample: dict) -> Prepared:
+    def prepare(self, entry: DispatchEntry, problem: Problem, dev, names, sample: dict) -> Prepared:
         """A Prepared launch of `entry` for `problem` on `dev`: per call it takes the tensors
         `names` (in that order); the other tensors of `sample` are held by it."""
         import torch
@@ -152,18 +153,18 @@ class BuiltKernel(Dispatch):
         outputs = self._outputs(problem, next(iter(sample.values())))
         fns = self._functions_of(dev, entry, problem)
         return Prepared(
-            self.target, self.op, entry["params"], problem, dev, fns, names, sample, outputs, torch
+            self.target, self.op, entry.params, problem, dev, fns, names, sample, outputs, torch
         )
 
-    def _functions_of(self, dev, entry: dict, problem: Problem) -> dict[str, Any]:
+    def _functions_of(self, dev, entry: DispatchEntry, problem: Problem) -> dict[str, Any]:
         """entry name -> CUfunction of every kernel one call of `entry` launches, loaded on `dev`."""
         if hasattr(self.op, "KERNELS"):
-            names = tuple(self.op.launches(entry["params"], problem, dev.sm_count))
+            names = tuple(self.op.launches(entry.params, problem, dev.sm_count))
         else:
-            names = (self.manifest["variants"][entry["binary"]]["entry"],)
-        key = (dev.ordinal, entry["binary"], names)
+            names = (self.manifest.variants[entry.binary].entry,)
+        key = (dev.ordinal, entry.binary, names)
         if key not in self._functions:
-            variant = self.manifest["variants"][entry["binary"]]
+            variant = self.manifest.variants[entry.binary]
             self._functions[key] = load_functions(self.target, self.build_dir, variant, dev, names)
         return self._functions[key]
 
@@ -246,9 +247,9 @@ class BuiltKernel(Dispatch):
         self.calls += 1
         return outputs
 
-    def _calls(self, entry: dict, problem: Problem, dev, ins: dict, outs: dict) -> list:
+    def _calls(self, entry: DispatchEntry, problem: Problem, dev, ins: dict, outs: dict) -> list:
         """[(function, geometry, arguments)] of one call, in launch order."""
-        fns, params = self._functions_of(dev, entry, problem), entry["params"]
+        fns, params = self._functions_of(dev, entry, problem), entry.params
         if not hasattr(self.op, "KERNELS"):
             (fn,) = fns.values()
             geom = self.op.launch(params, problem, dev.sm_count)

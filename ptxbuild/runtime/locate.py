@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 from ..oploader import op_dir
+from ..outputs.manifest import read_manifest
+from ..records import Manifest
 from .errors import LoaderError
 
 
@@ -58,28 +59,34 @@ def load(
             f"{build} has no manifest.json: the target was never built; run: ptxbuild build "
             f"{build.name if '@' in build.name else '<op>@<gpu>'}"
         )
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("incomplete"):
+    try:
+        manifest = read_manifest(manifest_path)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise LoaderError(
+            f"{manifest_path} is damaged (not a manifest of this ptxbuild: {exc!r}); rebuild: "
+            f"ptxbuild build {build.name if '@' in build.name else '<op>@<gpu>'}"
+        ) from None
+    if manifest.incomplete:
         warnings.warn(
-            f"{build}: its build was interrupted ({manifest['incomplete']} problems built); run: "
-            f"ptxbuild build {manifest['target']} to finish it",
+            f"{build}: its build was interrupted ({manifest.incomplete} problems built); run: "
+            f"ptxbuild build {manifest.target} to finish it",
             stacklevel=2,
         )
     if folder is None:
         kfp = Path(kernelfile) if kernelfile else _find_kernelfile(build.resolve().parent)
         if kfp:
-            kf = _load_kernelfile(kfp, f"find the op of {manifest['target']}")
-            spec = kf.ops.get(manifest["target"].split("@")[0])
-            default = kf.root / "ops" / manifest["template"]
+            kf = _load_kernelfile(kfp, f"find the op of {manifest.target}")
+            spec = kf.ops.get(manifest.target.split("@")[0])
+            default = kf.root / "ops" / manifest.template
             folder = op_dir(spec.template, kf.root) if spec else default
         else:
-            folder = build.resolve().parent.parent / "ops" / manifest["template"]
+            folder = build.resolve().parent.parent / "ops" / manifest.template
     return _kernel_class(manifest)(build, manifest, folder, allow_fallback)
 
 
-def _kernel_class(manifest: dict):
+def _kernel_class(manifest: Manifest):
     """The callable's class: ChunkKDA for the KDA forward op (chunk_kda's interface), else BuiltKernel."""
-    if manifest.get("op") == "kda":
+    if manifest.op == "kda":
         from .kda import ChunkKDA
 
         return ChunkKDA
