@@ -49,16 +49,20 @@ def test_zeros_below_atol_pass_the_band_and_fail_the_scale_criterion(monkeypatch
 
 
 @pytest.mark.parametrize("threads", [128, 256])
-def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_8n(monkeypatch, threads):
-    """Class 3: every declared and adversarial shape passes; the size class 8N fails. At 256 threads
-    (128 bf16 adds a thread at 8N) the rows are 0.8% off, inside the relative-L2 limit 2^-6 of suite 2
-    (accepted on the H200): ~5x what rounding to bf16 costs, over the bound of 2x (suite 3)."""
+def test_bf16_accumulation_passes_at_the_declared_n_and_fails_at_a_size_class(monkeypatch, threads):
+    """Class 3: every declared and adversarial shape passes; a size class (64 rows) fails. At 256
+    threads (128 bf16 adds a thread at 8N) the rows are 0.8% off, inside suite 2's relative-L2 limit
+    2^-6 (accepted on the H200): 2.3-2.8x the bound (2x what rounding to bf16 costs, + the floor).
+    At 128 threads 8N fails (4% off; the band itself may see the worst row); 2N is at 0.6-0.9 of
+    the bound (1 seed in 300 over it)."""
     r, _ = verify(monkeypatch, "bf16acc", threads=threads)
     assert r["outcome"] == "wrong_result", r
-    assert "bfloat16[64x32768]" in r["detail"], r["detail"]
-    assert "what rounding the reference to bfloat16 costs" in r["detail"], r["detail"]
-    monkeypatch.setattr(coverage, "SIZE_FACTORS", (2,))
-    assert verify(monkeypatch, "bf16acc", threads=threads)[0]["outcome"] == "ok"  # 2N: not enough
+    assert "[bfloat16[64x" in r["detail"], r["detail"]  # (at 128 the band may see 8N's worst row)
+    if threads == 256:  # at most 0.57 of the bound at 2N over 40 seeds: 2N cannot see it
+        assert "bfloat16[64x32768]" in r["detail"], r["detail"]
+        assert "what rounding the reference to bfloat16 costs" in r["detail"], r["detail"]
+        monkeypatch.setattr(coverage, "SIZE_FACTORS", (2,))
+        assert verify(monkeypatch, "bf16acc", threads=threads)[0]["outcome"] == "ok"
 
 
 def test_a_masked_read_past_the_end_passes_every_value_check(monkeypatch):
