@@ -183,7 +183,8 @@ def scale_verdict(out, ref, dtype: str, bound: tuple[float, float], xp) -> str |
                 score = xp.where(mass > 0, err / xp.maximum(factor * rnd + floor * mass, 1e-300), 0)
                 i = int(xp.argmax(score)) if score.size else 0
                 if score.size and float(score[i]) > worst[0]:
-                    worst = (float(score[i]), p, f"row {at + i}", (err[i], rnd[i], mass[i]))
+                    norms = (float(err[i]), float(rnd[i]), float(mass[i]))  # cupy: to the host
+                    worst = (float(score[i]), p, f"row {at + i}", norms)
     for p in (1, 2):
         err, rnd, mass = (total.get(f"{k}{p}", 0.0) ** (1 / p) for k in ("err", "rnd", "mass"))
         if mass > 0 and err > factor * rnd + floor * mass:
