@@ -134,9 +134,9 @@ def test_v4_compresses_binaries_of_an_older_cache_and_reads_them_back_unchanged(
     before = (tmp_path / "c.sqlite").stat().st_size
     c = Cache(tmp_path / "c.sqlite")
     assert c.version() == SCHEMA_VERSION >= 4
-    row = c.get_compile("k")
-    assert row["ptx"] == ptx and row["cubin"] == cubin and row["registers"] == 32
-    assert c.get_compile("bad")["error"] == "nvrtc: boom" and c.get_compile("bad")["ptx"] is None
+    binary, error = c.get_compile("k")
+    assert binary.ptx == ptx and binary.cubin == cubin and binary.registers == 32 and error == ""
+    assert c.get_compile("bad") == (None, "nvrtc: boom")
     stored_ptx, stored_cubin = c.db.execute(
         "select ptx, cubin from compiles where key = 'k'"
     ).fetchone()
@@ -162,8 +162,8 @@ def test_new_compiles_are_stored_compressed_and_round_trip(tmp_path):
         log="",
     )
     c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
-    row = Cache(tmp_path / "c.sqlite").get_compile("k")
-    assert (row["ptx"], row["cubin"], row["registers"]) == (b.ptx, b.cubin, 40)
+    got, _ = Cache(tmp_path / "c.sqlite").get_compile("k")
+    assert got == Binary(**{**b.__dict__, "compiler": "nvrtc 13.0"})  # what it took, and by whom
     assert len(c.db.execute("select cubin from compiles").fetchone()[0]) < 200
 
 
@@ -190,7 +190,7 @@ def test_prune_drops_only_old_compiles_and_keeps_the_evidence(tmp_path):
     before = c.counts()
     assert c.prune_compiles(7 * 86400) == 1
     after = Cache(tmp_path / "c.sqlite")
-    assert after.get_compile("old") is None and after.get_compile("new")["ptx"] == b.ptx
+    assert after.get_compile("old") is None and after.get_compile("new")[0].ptx == b.ptx
     assert {**before, "compiles": 1} == after.counts()
     assert c.prune_compiles(0) == 1 and after.counts()["compiles"] == 0
 
@@ -214,7 +214,7 @@ def test_a_damaged_compile_row_reads_as_absent_and_is_compiled_again(tmp_path):
     c.db.execute("update compiles set ptx = ? where key = 'k'", [b"\x78\x9cnot zlib"])
     assert c.get_compile("k") is None
     c.put_compile("k", "sm_90a", "e", b, "", "nvrtc 13.0", 0.1)
-    assert c.get_compile("k")["ptx"] == b.ptx
+    assert c.get_compile("k")[0].ptx == b.ptx
 
 
 SCRIPT = textwrap.dedent("""

@@ -103,22 +103,10 @@ class Evaluator:
         if kernel is None:
             pruned = tuple(sorted(cfg.items())) in self.pruned
             return self._record(cfg, Outcome.PRUNED if pruned else Outcome.INVALID, key_or_reason)
-        row = rows[key_or_reason]
+        binary, error = rows[key_or_reason]
         compile_s = compiled.get(key_or_reason, 0.0)
-        if row["outcome"] != "ok":
-            return self._record(cfg, Outcome.COMPILE_ERROR, row["error"] or "", compile_s=compile_s)
-        binary = Binary(
-            arch=row["arch"],
-            entry=row["entry"],
-            ptx=row["ptx"],
-            cubin=row["cubin"],
-            registers=row["registers"],
-            spill_bytes=row["spill_bytes"],
-            smem_static_bytes=row["smem_static_bytes"],
-            local_bytes=row["local_bytes"],
-            log=row["log"],
-            compiler=row["toolchain"],
-        )
+        if binary is None:
+            return self._record(cfg, Outcome.COMPILE_ERROR, error, compile_s=compile_s)
         try:
             binary = with_resources(
                 binary

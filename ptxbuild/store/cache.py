@@ -150,15 +150,30 @@ class Cache:
             self.give_pages_back()  # v4 shrank the compiles table in place
 
     # -- compile step ---------------------------------------------------------------------------
-    def get_compile(self, key: str) -> dict | None:
+    def get_compile(self, key: str) -> tuple[Binary | None, str] | None:
+        """What put_compile stored under `key`: (the Binary, "") or (None, the compiler's error);
+        None where nothing is, or the row is damaged (compile again: put_compile overwrites it)."""
         row = self.get("compiles", key)
         if row is None:
             return None
+        if row["outcome"] != "ok":
+            return None, row["error"] or ""
         try:
-            row["ptx"], row["cubin"] = unpack_binary(row["ptx"], row["cubin"])
+            ptx, cubin = unpack_binary(row["ptx"], row["cubin"])
         except (zlib.error, UnicodeDecodeError):
-            return None  # a damaged row: compile again (put_compile overwrites it)
-        return row
+            return None
+        kept = (
+            "arch",
+            "entry",
+            "registers",
+            "spill_bytes",
+            "smem_static_bytes",
+            "local_bytes",
+            "log",
+        )
+        return Binary(
+            ptx=ptx, cubin=cubin, compiler=row["toolchain"], **{k: row[k] for k in kept}
+        ), ""
 
     def put_compile(
         self,
