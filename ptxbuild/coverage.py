@@ -13,7 +13,6 @@ changes); the runtime never dispatches an entry to a shape outside its class (se
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
 
 from .keys import SUITE_VERSION
@@ -53,10 +52,8 @@ def size_classes(op, problem, params: dict, arch: str = "sm_90a") -> list:
     is a run-time argument): SIZE_FACTORS x N and 2N+1, on at most SIZE_ROWS rows, where the op's check()
     accepts the config and the op moves at most max(SIZE_MAX_BYTES, the problem's bytes); an op may
     name its own with size_classes(problem, params) -> list[Problem] ([] for none)."""
-    hook = getattr(op, "size_classes", None)
-    if hook is not None:
-        shapes = list(hook(problem, params))
-    else:
+    shapes = op.size_classes(problem, params)
+    if shapes is None:
         *lead, n = problem.shape
         lead = [min(lead[0], SIZE_ROWS), *lead[1:]] if lead else []
         sizes = [f * n for f in SIZE_FACTORS] + [2 * n + 1]
@@ -128,8 +125,7 @@ def fewer_rows(op, problem, params: dict, arch: str = "sm_90a"):
 def adversarial(op, problem, params: dict, arch: str = "sm_90a") -> list:
     """The op's adversarial shapes for this config (ops may take the config), minus those it cannot
     run and those that need another binary (same_binary)."""
-    takes_params = len(inspect.signature(op.verify_problems).parameters) > 1
-    shapes = op.verify_problems(problem, params) if takes_params else op.verify_problems(problem)
+    shapes = op.verify_problems(problem, params)
     return same_binary(
         op, params, problem, [p for p in shapes if op.check(params, p) is None], arch
     )

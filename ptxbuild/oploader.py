@@ -10,22 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from .contract import Op, from_module
 from .errors import ConfigError
-
-REQUIRED = (
-    "NAME",
-    "VERSION",
-    "SOURCES",
-    "DTYPES",
-    "OPTIONS",
-    "SPACE",
-    "SPILL_BUDGET_BYTES",
-    "default_params",
-    "check",
-    "render",
-    "launch",
-    "bytes_moved",
-)
 
 
 class OpError(ConfigError):
@@ -104,12 +90,13 @@ def import_failure(exc: BaseException) -> str:
     return f"cannot be imported: {type(exc).__name__}: {exc}"
 
 
-_CHECKED: dict[str, ModuleType] = {}  # module name -> the op module checked and completed
+_LOADED: dict[str, tuple[ModuleType, Op]] = {}  # module name -> (its module, its checked Op)
 
 
-def load_op(template: str, root: Path) -> ModuleType:
-    """The op module of `template`, checked against the contract once per module object (an op.py
-    that defines FOLDER itself is checked all the same; FOLDER is the loader's: the op's folder)."""
+def load_op(template: str, root: Path) -> Op:
+    """The op of `template` (contract.Op: a class-form op's instance, or a module-form op served
+    by contract.ModuleOp), checked against the contract once per module object: every name it lacks
+    in one error naming the op file. Its folder is the loader's (op.FOLDER); an op cannot set it."""
     folder = op_dir(template, root)
     path = folder / "op.py"
     if not path.is_file():
@@ -117,36 +104,41 @@ def load_op(template: str, root: Path) -> ModuleType:
     name = f"ptxbuild_ops_{folder.name}_{abs(hash(str(folder.resolve())))}"
     try:
         mod = load_module(path, name)
+        done = _LOADED.get(name)
+        if done is not None and done[0] is mod:
+            return done[1]
+        op, lacks = from_module(mod)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - an op's import: SystemExit included
         raise OpError(f"{_shown(path, root)}: {import_failure(exc)}") from None
-    if _CHECKED.get(name) is not mod:
-        if missing := [a for a in REQUIRED if not hasattr(mod, a)]:
-            raise OpError(
-                f"{path} does not define {', '.join(missing)} (see the op contract in ptxbuild/oploader.py)"
-            )
-        mod.FOLDER = folder
-        _attach_baselines(mod, folder)
-        _CHECKED[name] = mod
-    return mod
+    if op is None:
+        raise OpError(
+            f"{_shown(path, root)} does not define {', '.join(lacks)} (the op contract: "
+            "ptxbuild/contract.py, ops/README.md)"
+        )
+    op.bind(folder)
+    _attach_baselines(op, mod, folder)
+    _LOADED[name] = (mod, op)
+    return op
 
 
-def _attach_baselines(mod: ModuleType, folder: Path) -> None:
+def _attach_baselines(op: Op, mod: ModuleType, folder: Path) -> None:
     """An op's optional baselines.py (not a build input, so not hashed) provides `baselines`."""
     path = folder / "baselines.py"
     if not path.is_file():
         return
     bmod = load_module(path, f"{mod.__name__}_baselines")
-    mod.baselines = functools.partial(bmod.baselines, defaults=dict(getattr(mod, "OPTIONS", {})))
-    mod.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
+    defaults = dict(op.OPTIONS)
+    op.baselines = functools.partial(bmod.baselines, defaults=defaults)  # type: ignore[method-assign]
+    op.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
 
 
-def source_files(op: ModuleType) -> list[Path]:
+def source_files(op: Op) -> list[Path]:
     """op.py and every file it declares in SOURCES: what the build key hashes."""
     return [op.FOLDER / "op.py", *(op.FOLDER / s for s in op.SOURCES)]
 
 
-def file_digests(op: ModuleType) -> dict[str, str]:
+def file_digests(op: Op) -> dict[str, str]:
     """sha256 of each of source_files, by file name: what build keys, manifests and locks record."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}

@@ -121,13 +121,14 @@ def test_a_bug_in_one_non_default_config_is_caught_and_named(tmp_path):
 
 
 def test_a_missing_gpu_side_function_is_named(tmp_path):
-    """It used to pass `check` and a compile-only build: nothing called it without a GPU."""
+    """It used to pass `check` and a compile-only build: nothing called it without a GPU. The
+    loader refuses it (the whole contract is checked at load), for every command."""
     folder = new_op(tmp_path)
     op_py = folder / "op.py"
     op_py.write_text(op_py.read_text().replace("def make_inputs(", "def _make_inputs("))
     error = (
-        "error: kernelfile.toml: ops.demo_op: the op demo_op does not define make_inputs (the GPU "
-        "side of the op contract, ops/README.md: the verifier calls them)\n"
+        "error: ops/demo_op/op.py does not define make_inputs (the op contract: "
+        "ptxbuild/contract.py, ops/README.md)\n"
     )
     for args in (["check"], ["check", "--deep"], ["build", "--no-gpu"]):
         res = run(tmp_path, *args)

@@ -1333,21 +1333,24 @@ def test_a_bout_the_harness_failed_is_timed_again_by_the_next_build(proj):
 def test_the_playoff_tells_configs_apart_by_every_launch_of_a_multi_kernel_op():
     """Two configs with one binary and one main launch but a different second launch are different
     kernels: the playoff holds their bout (it once compared the main launch only and skipped it)."""
+    from pathlib import Path
     from types import SimpleNamespace as NS
 
     from ptxbuild.build.beside import playoff
     from ptxbuild.build.evaluate import Evaluator
+    from ptxbuild.contract import ModuleOp
     from ptxbuild.gpu.session import MeasureResult
     from ptxbuild.outcome import Outcome
     from ptxbuild.problem import Launch, Problem
 
     main, timed = Launch((1, 1, 1), (32, 1, 1)), []
-    op = NS(
-        KERNELS=("a", "b"),
-        FOLDER="x",
-        launch=lambda c, p, n: main,
-        launches=lambda c, p, n: {"a": main, "b": Launch((c["g"], 1, 1), (32, 1, 1))},
-    )
+    op = ModuleOp(
+        NS(
+            KERNELS=("a", "b"),
+            launch=lambda c, p, n: main,
+            launches=lambda c, p, n: {"a": main, "b": Launch((c["g"], 1, 1), (32, 1, 1))},
+        )
+    ).bind(Path("x"))
 
     def measure(folder, cfg, problem, b, incumbent=None):
         timed.append(cfg)

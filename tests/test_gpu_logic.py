@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ptxbuild import coverage
+from ptxbuild.contract import ModuleOp
 from ptxbuild.dtypes import from_float, to_float
 from ptxbuild.gpu import GpuError, GpuSession, check, errors, stats
 from ptxbuild.gpu.fingerprint import (
@@ -541,12 +542,14 @@ def _run_baselines(monkeypatch, g, fns: dict, winner=None, run=None, summarize=N
 
     from ptxbuild.gpu import runs
 
-    op = SimpleNamespace(
-        baselines=lambda p: fns,
-        make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
-        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
-        tolerance=lambda p, name: (1e-3, 1e-3),
-        bytes_moved=lambda p: 16,
+    op = ModuleOp(
+        SimpleNamespace(
+            baselines=lambda p: fns,
+            make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+            reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+            tolerance=lambda p, name: (1e-3, 1e-3),
+            bytes_moved=lambda p: 16,
+        )
     )
     monkeypatch.setattr(runs, "load_op", lambda folder, root: op)
     monkeypatch.setattr(
@@ -726,24 +729,29 @@ def _two_kernel_op(scratch=()):
         "stage1": Launch((3, 1, 1), (64, 1, 1), 0),
         "main": Launch((5, 1, 1), (128, 1, 1), 1024),
     }
-    return SimpleNamespace(
-        KERNELS=("stage1", "main"),
-        SCRATCH=set(scratch),
-        launches=lambda params, p, sms: geoms,
-        launch=lambda params, p, sms: geoms["main"],
-        stage_args=lambda e, params, p, ins, outs: (
-            [e, ins["x"], outs["ws"]] + ([outs["y"]] if e == "main" else [])
-        ),
-        kernel_args=lambda params, p, ins, outs: pytest.fail(
-            "a multi-kernel op's calls go through stage_args"
-        ),
-        make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
-        make_outputs=lambda p, xp: {"y": np.zeros(4, np.float32), "ws": np.zeros(4, np.float32)},
-        reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
-        tolerance=lambda p, name: (1e-3, 1e-3),
-        verify_problems=lambda p: [],
-        check=lambda params, p: None,
-        bytes_moved=lambda p: 16,
+    return ModuleOp(
+        SimpleNamespace(
+            KERNELS=("stage1", "main"),
+            SCRATCH=set(scratch),
+            launches=lambda params, p, sms: geoms,
+            launch=lambda params, p, sms: geoms["main"],
+            stage_args=lambda e, params, p, ins, outs: (
+                [e, ins["x"], outs["ws"]] + ([outs["y"]] if e == "main" else [])
+            ),
+            kernel_args=lambda params, p, ins, outs: pytest.fail(
+                "a multi-kernel op's calls go through stage_args"
+            ),
+            make_inputs=lambda p, seed, xp: {"x": np.ones(4, dtype=np.float32)},
+            make_outputs=lambda p, xp: {
+                "y": np.zeros(4, np.float32),
+                "ws": np.zeros(4, np.float32),
+            },
+            reference=lambda p, ins, xp: {"y": np.full(4, 2.0)},
+            tolerance=lambda p, name: (1e-3, 1e-3),
+            verify_problems=lambda p: [],
+            check=lambda params, p: None,
+            bytes_moved=lambda p: 16,
+        )
     )
 
 
@@ -827,9 +835,11 @@ def test_a_single_kernel_op_launches_its_one_kernel(monkeypatch):
     from ptxbuild.problem import Launch
 
     loaded, launched = _launch_recorder(monkeypatch)
-    op = SimpleNamespace(
-        launch=lambda params, p, sms: Launch((7, 1, 1), (32, 1, 1), 0),
-        kernel_args=lambda params, p, ins, outs: ["k", outs["y"]],
+    op = ModuleOp(
+        SimpleNamespace(
+            launch=lambda params, p, sms: Launch((7, 1, 1), (32, 1, 1), 0),
+            kernel_args=lambda params, p, ins, outs: ["k", outs["y"]],
+        )
     )
     calls = _gpu_with_sms().launches(
         op, {}, None, {"entry": "k", "digest": "d3", "cubin": b"C"}, {}, {"y": 1}

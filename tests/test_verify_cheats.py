@@ -149,26 +149,37 @@ def check_positions_all(n):
 def test_size_classes_of_a_runtime_n_and_not_of_a_compile_time_one():
     from types import SimpleNamespace
 
+    from ptxbuild.contract import ModuleOp
+
     o = fake_softmax.op()
     params = {"BAD": "none", "THREADS": 128}
     got = [p.shape for p in coverage.size_classes(o, P, params)]
     assert got == [(64, 8192), (64, 32768), (64, 8193)]
     # an N baked into the source (an exact config): another N needs another binary, none is run
-    exact = SimpleNamespace(
-        render=lambda prm, p, arch: SimpleNamespace(source=f"#define N {p.shape[1]}"),
-        check=lambda prm, p: None,
-        bytes_moved=o.bytes_moved,
+    exact = ModuleOp(
+        SimpleNamespace(
+            render=lambda prm, p, arch: SimpleNamespace(source=f"#define N {p.shape[1]}"),
+            check=lambda prm, p: None,
+            bytes_moved=o.bytes_moved,
+        )
     )
     assert coverage.size_classes(exact, P, params) == []
     # check() refusing a size drops it; the op may name its own classes (or none)
-    picky = SimpleNamespace(
-        render=o.render,
-        check=lambda prm, p: "N > 9000" if p.shape[1] > 9000 else None,
-        bytes_moved=o.bytes_moved,
+    picky = ModuleOp(
+        SimpleNamespace(
+            render=o.render,
+            check=lambda prm, p: "N > 9000" if p.shape[1] > 9000 else None,
+            bytes_moved=o.bytes_moved,
+        )
     )
     assert [p.shape for p in coverage.size_classes(picky, P, params)] == [(64, 8192), (64, 8193)]
-    own = SimpleNamespace(
-        size_classes=lambda p, prm: [], render=o.render, check=o.check, bytes_moved=o.bytes_moved
+    own = ModuleOp(
+        SimpleNamespace(
+            size_classes=lambda p, prm: [],
+            render=o.render,
+            check=o.check,
+            bytes_moved=o.bytes_moved,
+        )
     )
     assert coverage.size_classes(own, P, params) == []
     # and a size that moves more than SIZE_MAX_BYTES (and more than the problem) is not run

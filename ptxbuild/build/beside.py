@@ -39,7 +39,7 @@ def playoff(ev, hist: list, size: int = 4, within: float = 0.02):
         return ev.binaries[tuple(sorted(c.items()))]
 
     def geoms(c):
-        return (ev.op.launches if hasattr(ev.op, "KERNELS") else ev.op.launch)(
+        return (ev.op.launches if ev.op.multi_kernel else ev.op.launch)(
             c, ev.problem, ev.gpu.sm_count
         )
 
@@ -101,7 +101,7 @@ def baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict, 
         hw,
         problem.key(),
         op.VERSION,
-        getattr(op, "BASELINES_VERSION", ""),
+        op.BASELINES_VERSION,
         keys.PROTOCOL_VERSION,
         "beside",
         "rounds",

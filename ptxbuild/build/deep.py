@@ -80,7 +80,7 @@ def line_map(op, rendered: str, root=None) -> tuple[str, list[str], dict[int, in
     """(template path as shown, its lines, rendered line -> template line, both 1-based) for the
     op SOURCES file the rendered source matches best, where lines match one for one."""
     best = None
-    for name in getattr(op, "SOURCES", ()):
+    for name in op.SOURCES:
         path = op.FOLDER / name
         try:
             tmpl = path.read_text().splitlines()
@@ -209,7 +209,7 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
         ref = op.reference(p, {k: v.copy() for k, v in inputs.items()}, np)
         if e := _arrays("reference", ref):
             return [e], None
-        judged = [k for k in outputs if k not in set(getattr(op, "SCRATCH", ()))]
+        judged = [k for k in outputs if k not in op.SCRATCH]
         if sorted(ref) != sorted(judged):
             errs.append(f"reference gives {sorted(ref)}; make_outputs (less SCRATCH) has {judged}")
         for k in set(ref) & set(judged):
@@ -217,7 +217,7 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
                 errs.append(
                     f"output {k}: reference shape {ref[k].shape}, make_outputs {outputs[k].shape}"
                 )
-            if ref[k].dtype.kind != "f" and not callable(getattr(op, "compare", None)):
+            if ref[k].dtype.kind != "f" and not op.has("compare"):
                 errs.append(f"output {k}: reference dtype {ref[k].dtype}, not a float type")
             elif not np.isfinite(ref[k]).all():
                 errs.append(f"output {k}: the reference is not finite on seed 0")
@@ -229,7 +229,7 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
             errs.append(f"no input or output is stored as {p.dtype} ({store}) for {p.label()}")
         geoms = (
             op.launches(cfg, p, sm_count)
-            if hasattr(op, "KERNELS")
+            if op.multi_kernel
             else {None: op.launch(cfg, p, sm_count)}
         )
         if not all(isinstance(g, Launch) for g in geoms.values()):
@@ -251,7 +251,7 @@ def _storage(dtype: str):
 
 
 def _stage_args(op, entry, cfg, p, arrays) -> list:
-    if entry is None or not hasattr(op, "KERNELS"):
+    if entry is None or not op.multi_kernel:
         return op.kernel_args(cfg, p, arrays["inputs"], arrays["outputs"])
     return op.stage_args(entry, cfg, p, arrays["inputs"], arrays["outputs"])
 
@@ -331,7 +331,7 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
 
 def _check_args(op, cfg, p, arch, main_entry, ptx, arrays, groups, sm) -> None:
     try:  # the small problem's arrays stand in for p's: the count and types of arguments, not sizes
-        entries = list(op.launches(cfg, p, sm)) if hasattr(op, "KERNELS") else [None]
+        entries = list(op.launches(cfg, p, sm)) if op.multi_kernel else [None]
         for e in entries:
             types = entry_params(ptx, e or main_entry)
             if types is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .. import contract
 from ..problem import Problem
 from .catalog import did_you_mean
 from .kernelfile import KernelfileError
@@ -27,22 +28,12 @@ def check_declaration(spec, op, sm_count: int = 132) -> None:
 
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's gridDim limits in x, y, z
-# what the GPU worker calls (ops/README.md); a compile-only build never does, so it is checked here
-GPU_SIDE = (
-    "make_inputs",
-    "make_outputs",
-    "kernel_args",
-    "reference",
-    "tolerance",
-    "verify_problems",
-)
-MULTI_KERNEL = ("launches", "stage_args")  # besides, for an op of several kernels (KERNELS)
 
 
-def missing_gpu_side(op) -> list[str]:
-    """The GPU-side functions of the op contract that the op does not define."""
-    need = GPU_SIDE + (MULTI_KERNEL if hasattr(op, "KERNELS") else ())
-    return [n for n in need if not callable(getattr(op, n, None))]
+def missing_gpu_side(op: object) -> list[str]:
+    """The GPU-side functions of the op contract that `op` lacks (the loader refuses such an op
+    first; check --deep says so of whatever it is given)."""
+    return [n for n in contract.missing(op) if n in contract.GPU_SIDE + contract.MULTI_KERNEL]
 
 
 def _problem_error(spec, op, p, sm_count: int) -> str | None:
@@ -65,18 +56,12 @@ def _problem_error(spec, op, p, sm_count: int) -> str | None:
 
 
 def declaration_errors(spec, op, sm_count: int = 132) -> list[str]:
-    """Every mistake of an op's declaration against the op, each naming its key: a GPU-side function
-    the op lacks (missing_gpu_side); a dtype the op lacks
+    """Every mistake of an op's declaration against the op, each naming its key: a dtype the op lacks
     (DTYPES); a declared shape the op's default config cannot run (default_params, check, CUDA's grid
     limits); `search.candidates` or `search.polish` using a parameter the op lacks, or a value outside
     its space; `options` or a mode naming an option the op lacks or giving it a value of another type
     than the op's default (a misspelled key used to build the op's plain kernel under the wrong label)."""
     errors = []
-    if missing := missing_gpu_side(op):
-        errors.append(
-            f"ops.{spec.name}: the op {op.NAME} does not define {', '.join(missing)} (the GPU side "
-            "of the op contract, ops/README.md: the verifier calls them)"
-        )
     for where, opts in [("options", spec.options)] + [
         (f"modes[{i}]", m) for i, m in enumerate(spec.modes)
     ]:

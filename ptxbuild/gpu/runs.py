@@ -117,7 +117,7 @@ class Gpu(Timing):
         """[(function, geometry, args)] of one call of the op, launched in this order on our stream:
         one kernel, or every entry of a multi-kernel op (KERNELS, launches(), stage_args(); all
         entries live in the one cubin, whose own entry is the op's main kernel)."""
-        if not hasattr(op, "KERNELS"):
+        if not op.multi_kernel:
             return [
                 (
                     self.kernel(binary),
@@ -186,7 +186,7 @@ class Gpu(Timing):
         for kern, geom, args in calls:
             device.launch(kern, geom, args, self.stream)
         self.sync()
-        scratch = set(getattr(op, "SCRATCH", ()))
+        scratch = op.SCRATCH
         return {k: v for k, v in outputs.items() if k not in scratch}
 
     def verify(
@@ -199,8 +199,7 @@ class Gpu(Timing):
         seeds: list | None = None,
     ) -> dict:
         cp, op = self.cp, load_op(op_folder, Path(root))
-        det = getattr(op, "DETERMINISTIC", True)
-        det = det(params) if callable(det) else bool(det)
+        det = op.deterministic(params)
         seeds = list(seeds or [secrets.randbelow(2**31) for _ in range(3)])
         cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
         self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
@@ -329,7 +328,7 @@ class Gpu(Timing):
         op.baselines(problem) maps a name to a callable (its `compare(name, got, want)`, if any, judges it
         instead of the op's) or to a str: why it is not run here (outcome invalid, that detail)."""
         cp, op = self.cp, load_op(op_folder, Path(root))
-        fns = op.baselines(problem) if hasattr(op, "baselines") else {}
+        fns = op.baselines(problem)
         results = {}
         for name in list(fns):
             fn = fns.pop(

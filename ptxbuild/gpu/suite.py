@@ -21,16 +21,15 @@ def _hidden_options(problem) -> str:
 
 
 def custom_compare(op, problem, xp):
-    """The op's optional compare(problem, output, got, want, xp) -> (ok, detail) | None, bound to a problem."""
-    fn = getattr(op, "compare", None)
-    return None if fn is None else (lambda name, got, want: fn(problem, name, got, want, xp))
+    """The op's compare(problem, output, got, want, xp) -> (ok, detail) | None, bound to a problem
+    (Op's default: None, the band judges)."""
+    return lambda name, got, want: op.compare(problem, name, got, want, xp)
 
 
 def scale_limit(op, problem):
     """The op's optional error_bound(problem, output) -> (factor, floor) | None (None: the default of
     the output's stored type: check.ROUNDING_FACTOR, check.FLOOR), bound to a problem, as check.judge's `scale`."""
-    fn = getattr(op, "error_bound", None)
-    return None if fn is None else (lambda name, kind: fn(problem, name))
+    return lambda name, kind: op.error_bound(problem, name)
 
 
 def judge_run(op, prob, inputs, before, first, ref, xp, again=None):

@@ -143,9 +143,8 @@ class Timing:
         cheap beside a judge of a 2^31-element output), or judge again where the op is not
         deterministic. A failure raises TimedWrong."""
         calls = [self.launches(op, params, problem, binary, ins, outs) for ins, outs in pool]
-        scratch = set(getattr(op, "SCRATCH", ()))
-        det = getattr(op, "DETERMINISTIC", True)
-        det = det(params) if callable(det) else bool(det)
+        scratch = op.SCRATCH
+        det = op.deterministic(params)
         kept: dict = {}
 
         def run(i):

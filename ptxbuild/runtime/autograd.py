@@ -91,9 +91,7 @@ def _bwd_op(bwd: BuiltKernel, mode) -> object:
     if qual in _registered:
         return _registered[qual]
     like = bwd.problem_like(mode)
-    outs = [
-        n for n in bwd.op.make_outputs(like, _MetaXp()) if n not in getattr(bwd.op, "SCRATCH", ())
-    ]
+    outs = [n for n in bwd.op.make_outputs(like, _MetaXp()) if n not in bwd.op.SCRATCH]
     schema = (
         "("
         + ", ".join(f"Tensor {n}" for n in mode.names)

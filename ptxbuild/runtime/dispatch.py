@@ -82,11 +82,11 @@ class Dispatch:
 
     def bind(self, args: tuple, kwargs: dict) -> tuple[_Mode, dict]:
         """Match positional and keyword arguments to one built option set: (mode, name -> array)."""
-        opt_names = set(getattr(self.op, "OPTIONS", {}))
+        opt_names = set(self.op.OPTIONS)
         # a tensor is always an input, even when an option shares its name (rmsnorm's `weight`)
         given_opts = {k: v for k, v in kwargs.items() if k in opt_names and not is_array(v)}
         arrays = {k: v for k, v in kwargs.items() if k not in given_opts}
-        defaults = dict(getattr(self.op, "OPTIONS", {}))
+        defaults = dict(self.op.OPTIONS)
         for mode in self.modes():
             full = {**defaults, **mode.options}
             if len(args) > len(mode.names) or any(full.get(k) != v for k, v in given_opts.items()):
@@ -106,7 +106,7 @@ class Dispatch:
         )
 
     def _fixed_options(self, options: dict) -> dict:
-        defaults = dict(getattr(self.op, "OPTIONS", {}))
+        defaults = dict(self.op.OPTIONS)
         full = json.loads(json.dumps({**defaults, **options}, default=list))
         return {k: v for k, v in full.items() if k not in self.RUNTIME_OPTIONS}
 

@@ -113,7 +113,7 @@ class Prepared:
             sources[("out", n)] = (len(self.names) + i, int(t.data_ptr()))
         ins = {n: Ptr(t, ("in", n)) for n, t in sample.items()}
         outs = {n: Ptr(t, ("out", n)) for n, t in outputs.items()}
-        if hasattr(op, "KERNELS"):
+        if op.multi_kernel:
             geoms = op.launches(params, problem, dev.sm_count)
             calls = [(e, g, op.stage_args(e, params, problem, ins, outs)) for e, g in geoms.items()]
         else:

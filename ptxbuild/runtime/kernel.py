@@ -119,7 +119,7 @@ class BuiltKernel(Dispatch):
         return outs[0] if keep == 1 else tuple(outs[:keep])
 
     def _values(self, outputs: dict):
-        scratch = set(getattr(self.op, "SCRATCH", ()))
+        scratch = self.op.SCRATCH
         vals = [v for n, v in outputs.items() if n not in scratch]
         return vals[0] if len(vals) == 1 else tuple(vals)
 
@@ -138,7 +138,7 @@ class BuiltKernel(Dispatch):
         prep = self.prepare(entry, problem, _device(ordinal), mode.names, arrays)
         pos = {n: i for i, n in enumerate(mode.names[: len(args)])}
         order = None if len(args) == len(mode.names) else [pos.get(n, n) for n in mode.names]
-        scratch = set(getattr(self.op, "SCRATCH", ()))
+        scratch = self.op.SCRATCH
         keep = [n for n in prep.out_names if n not in scratch]
         if prep.out_names[: len(keep)] != tuple(keep):
             raise LoaderError(f"{self.target}: scratch outputs must come after the others")
@@ -158,7 +158,7 @@ class BuiltKernel(Dispatch):
 
     def _functions_of(self, dev, entry: DispatchEntry, problem: Problem) -> dict[str, Any]:
         """entry name -> CUfunction of every kernel one call of `entry` launches, loaded on `dev`."""
-        if hasattr(self.op, "KERNELS"):
+        if self.op.multi_kernel:
             names = tuple(self.op.launches(entry.params, problem, dev.sm_count))
         else:
             names = (self.manifest.variants[entry.binary].entry,)
@@ -250,7 +250,7 @@ class BuiltKernel(Dispatch):
     def _calls(self, entry: DispatchEntry, problem: Problem, dev, ins: dict, outs: dict) -> list:
         """[(function, geometry, arguments)] of one call, in launch order."""
         fns, params = self._functions_of(dev, entry, problem), entry.params
-        if not hasattr(self.op, "KERNELS"):
+        if not self.op.multi_kernel:
             (fn,) = fns.values()
             geom = self.op.launch(params, problem, dev.sm_count)
             return [(fn, geom, self.op.kernel_args(params, problem, ins, outs))]

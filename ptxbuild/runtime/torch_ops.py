@@ -40,7 +40,7 @@ def _mode_index(kernel, options: dict | None) -> int:
     modes = kernel.modes()
     if not options:
         return 0
-    defaults = dict(getattr(kernel.op, "OPTIONS", {}))
+    defaults = dict(kernel.op.OPTIONS)
     for i, m in enumerate(modes):
         full = {**defaults, **m.options}
         if all(full.get(k) == v for k, v in options.items()):
@@ -53,7 +53,7 @@ def _mode_index(kernel, options: dict | None) -> int:
 
 def register(kernel, options: dict | None = None):
     """The torch.ops callable for `kernel`'s option set matching `options` (default: the first built)."""
-    if getattr(kernel.op, "NAME", None) == "kda" and hasattr(kernel, "_kda"):
+    if kernel.op.NAME == "kda" and hasattr(kernel, "_kda"):
         return register_kda(kernel)
     name = op_name(kernel, options)
     qual = f"{NAMESPACE}::{name}"
@@ -61,7 +61,7 @@ def register(kernel, options: dict | None = None):
     if qual in _registered:
         return _registered[qual]
     mode = kernel.modes()[_mode_index(kernel, options)]
-    scratch = set(getattr(kernel.op, "SCRATCH", ()))
+    scratch = kernel.op.SCRATCH
     outs = [  # output names, in order (scratch buffers are the kernel's own)
         n for n in kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()) if n not in scratch
     ]
@@ -96,7 +96,7 @@ def register(kernel, options: dict | None = None):
 
 def _option_kwargs(kernel, opts: dict) -> dict:
     """Options to pass to BuiltKernel.run so it picks this mode even when modes share input names."""
-    return {k: v for k, v in opts.items() if k in getattr(kernel.op, "OPTIONS", {})}
+    return {k: v for k, v in opts.items() if k in kernel.op.OPTIONS}
 
 
 def _dtype(t) -> str:

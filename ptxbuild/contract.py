@@ -1,0 +1,344 @@
+"""The op contract as a class (layer L1): what every op provides, what is optional and its default.
+
+An op is `Op`'s subclass in ops/<name>/op.py (the class form, ops/_template/) or, as every op written
+before this class, a module of names (the module form, ops/README.md), served by `ModuleOp` without a
+byte of it changing: op files are hashed into every build key and lock. The loader (oploader.py)
+returns an Op either way and checks it here first: `missing(...)` names everything an op lacks, so
+one error lists them all. Callers use these attributes; nobody probes an op with getattr.
+
+The constants keep the module form's upper-case names (NAME, SPACE, ...), so a module-form op moves
+to the class form by indenting its file into a class (and adding `self`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
+
+from .problem import Kernel, Launch, Problem
+
+Params = dict[str, Any]
+Arrays = dict[str, Any]  # output or input name -> a numpy or cupy array
+Baseline = Callable[[Arrays], Arrays] | str  # a str: why the baseline is not run here
+
+# what every op must define: constants, then methods (the host side, then the GPU side)
+REQUIRED_CONSTANTS = (
+    "NAME",
+    "VERSION",
+    "SOURCES",
+    "DTYPES",
+    "OPTIONS",
+    "SPACE",
+    "SPILL_BUDGET_BYTES",
+)
+HOST_SIDE = ("default_params", "check", "render", "launch", "bytes_moved")
+# what the GPU worker calls; a compile-only build never does, so it is checked at load all the same
+GPU_SIDE = (
+    "make_inputs",
+    "make_outputs",
+    "kernel_args",
+    "reference",
+    "tolerance",
+    "verify_problems",
+)
+MULTI_KERNEL = ("launches", "stage_args")  # besides, for an op of several kernels (KERNELS)
+# optional hooks: Op's defaults below; a module-form op's own function, where it has one
+HOOKS = ("compare", "error_bound", "size_classes", "baselines")
+
+
+class Op(ABC):
+    """One op: its search space and how to render, launch, run and judge one config on one problem."""
+
+    NAME: str  # the op's name (its folder's name)
+    VERSION: (
+        str  # reference + test-suite version: bump when the reference, inputs or tolerance change
+    )
+    SOURCES: Sequence[str]  # files of the op's folder its kernels are rendered from (hashed)
+    DTYPES: Sequence[str]  # element types it supports
+    OPTIONS: Mapping[str, Any]  # option name -> default
+    SPACE: Mapping[str, Sequence[Any]]  # parameter -> candidate values (the first: the old default)
+    SPILL_BUDGET_BYTES: int  # spills above this are the outcome `spill`
+    # optional, with their defaults
+    DEPENDS: Sequence[str] = ()  # other ops whose targets are built first
+    SCRATCH: frozenset[str] = frozenset()  # outputs that are a workspace: never checked
+    KERNELS: Sequence[str] | None = None  # every entry of an op of several kernels; None: one
+    BASELINES_VERSION: str = ""  # the version of baselines() (not a build input)
+    _folder: Path | None = None
+
+    @property
+    def FOLDER(self) -> Path:  # noqa: N802 - the name every caller used for the module form's
+        """The op's folder, as the loader found it (an op cannot set it)."""
+        if self._folder is None:
+            raise AttributeError(f"op {self.NAME} was not loaded from a folder (oploader.load_op)")
+        return self._folder
+
+    def bind(self, folder: Path) -> Op:
+        """The loader's: the folder the op was loaded from."""
+        self._folder = folder
+        return self
+
+    @property
+    def multi_kernel(self) -> bool:
+        """Whether the op runs several kernels in order (KERNELS, launches(), stage_args())."""
+        return self.KERNELS is not None
+
+    # ------------------------------------------------------------------ host side
+    @abstractmethod
+    def default_params(self, problem: Problem) -> Params:
+        """A documented config used when no lessons exist."""
+
+    @abstractmethod
+    def check(self, params: Params, problem: Problem) -> str | None:
+        """Why a config is invalid for a problem, or None."""
+
+    @abstractmethod
+    def render(self, params: Params, problem: Problem, arch: str) -> Kernel:
+        """CUDA C++ (no CUDA headers: NVRTC from pip has none)."""
+
+    @abstractmethod
+    def launch(self, params: Params, problem: Problem, sm_count: int) -> Launch:
+        """The main kernel's launch geometry."""
+
+    @abstractmethod
+    def bytes_moved(self, problem: Problem) -> int:
+        """Bytes a perfect kernel reads and writes (the roofline floor)."""
+
+    # ------------------------------------------------------------------ GPU side (xp: numpy or cupy)
+    @abstractmethod
+    def make_inputs(self, problem: Problem, seed: int, xp: Any) -> Arrays:
+        """Fresh inputs (bf16 arrays are uint16 bit patterns, dtypes.py)."""
+
+    @abstractmethod
+    def make_outputs(self, problem: Problem, xp: Any) -> Arrays:
+        """The output arrays (the verifier poisons them)."""
+
+    @abstractmethod
+    def kernel_args(
+        self, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
+    ) -> list[Any]:
+        """The main kernel's arguments, in order (arrays and numpy scalars: ops/README.md's ABI)."""
+
+    @abstractmethod
+    def reference(self, problem: Problem, inputs: Arrays, xp: Any) -> Arrays:
+        """The expected outputs in float32/64."""
+
+    @abstractmethod
+    def tolerance(self, problem: Problem, output: str) -> tuple[float, float]:
+        """(atol, rtol) of an output."""
+
+    @abstractmethod
+    def verify_problems(self, problem: Problem, params: Params | None = None) -> list[Problem]:
+        """Adversarial shapes verified with the same binary (those check() rejects for the config,
+        where one is given, are dropped)."""
+
+    # ------------------------------------------------------------------ several kernels (KERNELS)
+    def launches(self, params: Params, problem: Problem, sm_count: int) -> dict[str, Launch]:
+        """Every entry a config runs, in order, with its geometry (KERNELS ops only)."""
+        raise NotImplementedError(f"op {self.NAME} runs one kernel: launch()")
+
+    def stage_args(
+        self, entry: str, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
+    ) -> list[Any]:
+        """The arguments of one entry (KERNELS ops only)."""
+        raise NotImplementedError(f"op {self.NAME} runs one kernel: kernel_args()")
+
+    # ------------------------------------------------------------------ optional hooks
+    def deterministic(self, params: Params) -> bool:
+        """Whether every call on the same inputs writes the same bits (the verifier checks it)."""
+        return True
+
+    def compare(
+        self, problem: Problem, output: str, got: Any, want: Any, xp: Any
+    ) -> tuple[bool, str] | None:
+        """(ok, detail) judging an output instead of the elementwise band; None: the band."""
+        return None
+
+    def error_bound(self, problem: Problem, output: str) -> tuple[float, float] | None:
+        """(factor, floor) of the scale criterion for an output judged by the band: its L1 and L2
+        error at most factor x what rounding the reference to the output type costs, plus floor;
+        None: the stored type's default (gpu/check.py ROUNDING_FACTOR, FLOOR)."""
+        return None
+
+    def size_classes(self, problem: Problem, params: Params) -> list[Problem] | None:
+        """Larger / odd sizes the binary is verified at besides verify_problems; None: 2N, 8N, 2N+1."""
+        return None
+
+    def baselines(self, problem: Problem) -> dict[str, Baseline]:
+        """Name -> a callable(inputs) -> outputs timed beside the op (torch etc.), or why not run."""
+        return {}
+
+    def has(self, hook: str) -> bool:
+        """Whether the op defines the optional hook itself (else Op's default above serves)."""
+        return getattr(type(self), hook) is not getattr(Op, hook)
+
+
+class ModuleOp(Op):
+    """An op of the module form (ops/README.md) as an Op: today's op.py files, served unchanged.
+
+    Every contract member reads the module's name of the same spelling; DETERMINISTIC (a bool or a
+    function of the config) becomes deterministic(), a verify_problems(problem) without the config
+    is called without it. Other module names (an op's own helpers) are reached as attributes too."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        for name in REQUIRED_CONSTANTS:
+            if hasattr(module, name):
+                setattr(self, name, getattr(module, name))
+        self.DEPENDS = tuple(getattr(module, "DEPENDS", ()))
+        self.SCRATCH = frozenset(getattr(module, "SCRATCH", ()))
+        kernels = getattr(module, "KERNELS", None)
+        self.KERNELS = None if kernels is None else tuple(kernels)
+        self.BASELINES_VERSION = str(getattr(module, "BASELINES_VERSION", ""))
+        vp = getattr(module, "verify_problems", None)
+        self._vp_params = callable(vp) and len(inspect.signature(vp).parameters) > 1
+
+    def __getattr__(self, name: str) -> Any:  # only names not found on the object: the op's own
+        if name.startswith("__") or name == "module":
+            raise AttributeError(name)
+        return getattr(self.module, name)
+
+    def __repr__(self) -> str:
+        return f"ModuleOp({getattr(self.module, '__name__', self.module)!r})"
+
+    def bind(self, folder: Path) -> Op:
+        self.module.FOLDER = folder  # a global of the module form's (the loader injected it always)
+        return super().bind(folder)
+
+    def has(self, hook: str) -> bool:
+        return callable(getattr(self.module, hook, None))
+
+    def _call(self, name: str, *args: Any) -> Any:
+        return getattr(self.module, name)(*args)
+
+    def default_params(self, problem: Problem) -> Params:
+        return cast(Params, self._call("default_params", problem))
+
+    def check(self, params: Params, problem: Problem) -> str | None:
+        why: str | None = self._call("check", params, problem)
+        return why
+
+    def render(self, params: Params, problem: Problem, arch: str) -> Kernel:
+        kernel: Kernel = self._call("render", params, problem, arch)
+        return kernel
+
+    def launch(self, params: Params, problem: Problem, sm_count: int) -> Launch:
+        geometry: Launch = self._call("launch", params, problem, sm_count)
+        return geometry
+
+    def bytes_moved(self, problem: Problem) -> int:
+        return cast(int, self._call("bytes_moved", problem))
+
+    def make_inputs(self, problem: Problem, seed: int, xp: Any) -> Arrays:
+        return cast(Arrays, self._call("make_inputs", problem, seed, xp))
+
+    def make_outputs(self, problem: Problem, xp: Any) -> Arrays:
+        return cast(Arrays, self._call("make_outputs", problem, xp))
+
+    def kernel_args(
+        self, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
+    ) -> list[Any]:
+        return cast(list[Any], self._call("kernel_args", params, problem, inputs, outputs))
+
+    def reference(self, problem: Problem, inputs: Arrays, xp: Any) -> Arrays:
+        return cast(Arrays, self._call("reference", problem, inputs, xp))
+
+    def tolerance(self, problem: Problem, output: str) -> tuple[float, float]:
+        atol, rtol = self._call("tolerance", problem, output)
+        return atol, rtol
+
+    def verify_problems(self, problem: Problem, params: Params | None = None) -> list[Problem]:
+        args = (problem, params) if self._vp_params and params is not None else (problem,)
+        return cast(list[Problem], self._call("verify_problems", *args))
+
+    def launches(self, params: Params, problem: Problem, sm_count: int) -> dict[str, Launch]:
+        if not callable(getattr(self.module, "launches", None)):
+            return super().launches(params, problem, sm_count)
+        return cast(dict[str, Launch], self._call("launches", params, problem, sm_count))
+
+    def stage_args(
+        self, entry: str, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
+    ) -> list[Any]:
+        if not callable(getattr(self.module, "stage_args", None)):
+            return super().stage_args(entry, params, problem, inputs, outputs)
+        return cast(list[Any], self._call("stage_args", entry, params, problem, inputs, outputs))
+
+    def deterministic(self, params: Params) -> bool:
+        det = getattr(self.module, "DETERMINISTIC", True)
+        return bool(det(params)) if callable(det) else bool(det)
+
+    def compare(
+        self, problem: Problem, output: str, got: Any, want: Any, xp: Any
+    ) -> tuple[bool, str] | None:
+        if not self.has("compare"):
+            return None
+        verdict: tuple[bool, str] | None = self._call("compare", problem, output, got, want, xp)
+        return verdict
+
+    def error_bound(self, problem: Problem, output: str) -> tuple[float, float] | None:
+        if not self.has("error_bound"):
+            return None
+        bound: tuple[float, float] | None = self._call("error_bound", problem, output)
+        return bound
+
+    def size_classes(self, problem: Problem, params: Params) -> list[Problem] | None:
+        return (
+            cast(list[Problem], self._call("size_classes", problem, params))
+            if self.has("size_classes")
+            else None
+        )
+
+    def baselines(self, problem: Problem) -> dict[str, Baseline]:
+        if not self.has("baselines"):
+            return {}
+        return cast(dict[str, Baseline], self._call("baselines", problem))
+
+
+def required(kernels: object) -> tuple[str, ...]:
+    """Every name an op must define (with the several-kernel functions where KERNELS is set)."""
+    return REQUIRED_CONSTANTS + HOST_SIDE + GPU_SIDE + (MULTI_KERNEL if kernels is not None else ())
+
+
+def missing(op: object) -> list[str]:
+    """The names of the contract an op class, an op module (or any object) lacks, in order."""
+    if isinstance(op, type):
+        need = required(getattr(op, "KERNELS", None))
+        abstract = set(getattr(op, "__abstractmethods__", ()))
+        return [
+            n
+            for n in need
+            if (n in REQUIRED_CONSTANTS and not hasattr(op, n))
+            or n in abstract
+            or (n in MULTI_KERNEL and getattr(op, n) is getattr(Op, n))
+        ]
+    need = required(getattr(op, "KERNELS", None))
+    return [
+        n
+        for n in need
+        if (not hasattr(op, n) if n in REQUIRED_CONSTANTS else not callable(getattr(op, n, None)))
+    ]
+
+
+def op_class(module: ModuleType) -> type[Op] | None:
+    """The Op subclass a class-form op.py defines (None: the module form). More than one: an error."""
+    own = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type) and issubclass(v, Op) and v.__module__ == module.__name__
+    ]
+    if len(own) > 1:
+        names = ", ".join(sorted(c.__name__ for c in own))
+        raise TypeError(f"defines {len(own)} Op classes ({names}); an op.py defines one")
+    return own[0] if own else None
+
+
+def from_module(module: ModuleType) -> tuple[Op | None, list[str]]:
+    """(the op of an op.py's module, []) or (None, the contract's names it lacks)."""
+    cls = op_class(module)
+    lacks = missing(cls if cls is not None else module)
+    if lacks:
+        return None, lacks
+    return (cls() if cls is not None else ModuleOp(module)), []
