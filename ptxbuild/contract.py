@@ -26,25 +26,10 @@ Arrays = dict[str, Any]  # output or input name -> a numpy or cupy array
 Baseline = Callable[[Arrays], Arrays] | str  # a str: why the baseline is not run here
 
 # what every op must define: constants, then methods (the host side, then the GPU side)
-REQUIRED_CONSTANTS = (
-    "NAME",
-    "VERSION",
-    "SOURCES",
-    "DTYPES",
-    "OPTIONS",
-    "SPACE",
-    "SPILL_BUDGET_BYTES",
-)
+REQUIRED_CONSTANTS = tuple("NAME VERSION SOURCES DTYPES OPTIONS SPACE SPILL_BUDGET_BYTES".split())
 HOST_SIDE = ("default_params", "check", "render", "launch", "bytes_moved")
 # what the GPU worker calls; a compile-only build never does, so it is checked at load all the same
-GPU_SIDE = (
-    "make_inputs",
-    "make_outputs",
-    "kernel_args",
-    "reference",
-    "tolerance",
-    "verify_problems",
-)
+GPU_SIDE = tuple("make_inputs make_outputs kernel_args reference tolerance verify_problems".split())
 MULTI_KERNEL = ("launches", "stage_args")  # besides, for an op of several kernels (KERNELS)
 # optional hooks: Op's defaults below; a module-form op's own function, where it has one
 HOOKS = ("compare", "error_bound", "size_classes", "baselines")
@@ -54,9 +39,7 @@ class Op(ABC):
     """One op: its search space and how to render, launch, run and judge one config on one problem."""
 
     NAME: str  # the op's name (its folder's name)
-    VERSION: (
-        str  # reference + test-suite version: bump when the reference, inputs or tolerance change
-    )
+    VERSION: str  # reference + tests version: bump when reference, inputs or tolerance change
     SOURCES: Sequence[str]  # files of the op's folder its kernels are rendered from (hashed)
     DTYPES: Sequence[str]  # element types it supports
     OPTIONS: Mapping[str, Any]  # option name -> default
@@ -176,6 +159,19 @@ class Op(ABC):
         return getattr(type(self), hook) is not getattr(Op, hook)
 
 
+def _module_function(name: str, default: Callable[..., Any] | None = None) -> Any:
+    """A ModuleOp method: the module's function `name`, else (a hook) Op's `default`."""
+
+    def method(self: ModuleOp, *args: Any) -> Any:
+        fn = getattr(self.module, name, None)
+        if default is not None and not callable(fn):
+            return default(self, *args)
+        return fn(*args)  # type: ignore[misc]  # checked at load: missing() names it
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
 class ModuleOp(Op):
     """An op of the module form (ops/README.md) as an Op: today's op.py files, served unchanged.
 
@@ -201,9 +197,6 @@ class ModuleOp(Op):
             raise AttributeError(name)
         return getattr(self.module, name)
 
-    def __repr__(self) -> str:
-        return f"ModuleOp({getattr(self.module, '__name__', self.module)!r})"
-
     def bind(self, folder: Path) -> Op:
         self.module.FOLDER = folder  # a global of the module form's (the loader injected it always)
         return super().bind(folder)
@@ -211,90 +204,31 @@ class ModuleOp(Op):
     def has(self, hook: str) -> bool:
         return callable(getattr(self.module, hook, None))
 
-    def _call(self, name: str, *args: Any) -> Any:
-        return getattr(self.module, name)(*args)
-
-    def default_params(self, problem: Problem) -> Params:
-        return cast(Params, self._call("default_params", problem))
-
-    def check(self, params: Params, problem: Problem) -> str | None:
-        why: str | None = self._call("check", params, problem)
-        return why
-
-    def render(self, params: Params, problem: Problem, arch: str) -> Kernel:
-        kernel: Kernel = self._call("render", params, problem, arch)
-        return kernel
-
-    def launch(self, params: Params, problem: Problem, sm_count: int) -> Launch:
-        geometry: Launch = self._call("launch", params, problem, sm_count)
-        return geometry
-
-    def bytes_moved(self, problem: Problem) -> int:
-        return cast(int, self._call("bytes_moved", problem))
-
-    def make_inputs(self, problem: Problem, seed: int, xp: Any) -> Arrays:
-        return cast(Arrays, self._call("make_inputs", problem, seed, xp))
-
-    def make_outputs(self, problem: Problem, xp: Any) -> Arrays:
-        return cast(Arrays, self._call("make_outputs", problem, xp))
-
-    def kernel_args(
-        self, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
-    ) -> list[Any]:
-        return cast(list[Any], self._call("kernel_args", params, problem, inputs, outputs))
-
-    def reference(self, problem: Problem, inputs: Arrays, xp: Any) -> Arrays:
-        return cast(Arrays, self._call("reference", problem, inputs, xp))
-
-    def tolerance(self, problem: Problem, output: str) -> tuple[float, float]:
-        atol, rtol = self._call("tolerance", problem, output)
-        return atol, rtol
+    # the module's function of each name (Op's default where the module has none, for a hook)
+    default_params = _module_function("default_params")
+    check = _module_function("check")
+    render = _module_function("render")
+    launch = _module_function("launch")
+    bytes_moved = _module_function("bytes_moved")
+    make_inputs = _module_function("make_inputs")
+    make_outputs = _module_function("make_outputs")
+    kernel_args = _module_function("kernel_args")
+    reference = _module_function("reference")
+    tolerance = _module_function("tolerance")
+    launches = _module_function("launches", Op.launches)
+    stage_args = _module_function("stage_args", Op.stage_args)
+    compare = _module_function("compare", Op.compare)
+    error_bound = _module_function("error_bound", Op.error_bound)
+    size_classes = _module_function("size_classes", Op.size_classes)
+    baselines = _module_function("baselines", Op.baselines)
 
     def verify_problems(self, problem: Problem, params: Params | None = None) -> list[Problem]:
         args = (problem, params) if self._vp_params and params is not None else (problem,)
-        return cast(list[Problem], self._call("verify_problems", *args))
-
-    def launches(self, params: Params, problem: Problem, sm_count: int) -> dict[str, Launch]:
-        if not callable(getattr(self.module, "launches", None)):
-            return super().launches(params, problem, sm_count)
-        return cast(dict[str, Launch], self._call("launches", params, problem, sm_count))
-
-    def stage_args(
-        self, entry: str, params: Params, problem: Problem, inputs: Arrays, outputs: Arrays
-    ) -> list[Any]:
-        if not callable(getattr(self.module, "stage_args", None)):
-            return super().stage_args(entry, params, problem, inputs, outputs)
-        return cast(list[Any], self._call("stage_args", entry, params, problem, inputs, outputs))
+        return cast(list[Problem], self.module.verify_problems(*args))
 
     def deterministic(self, params: Params) -> bool:
         det = getattr(self.module, "DETERMINISTIC", True)
         return bool(det(params)) if callable(det) else bool(det)
-
-    def compare(
-        self, problem: Problem, output: str, got: Any, want: Any, xp: Any
-    ) -> tuple[bool, str] | None:
-        if not self.has("compare"):
-            return None
-        verdict: tuple[bool, str] | None = self._call("compare", problem, output, got, want, xp)
-        return verdict
-
-    def error_bound(self, problem: Problem, output: str) -> tuple[float, float] | None:
-        if not self.has("error_bound"):
-            return None
-        bound: tuple[float, float] | None = self._call("error_bound", problem, output)
-        return bound
-
-    def size_classes(self, problem: Problem, params: Params) -> list[Problem] | None:
-        return (
-            cast(list[Problem], self._call("size_classes", problem, params))
-            if self.has("size_classes")
-            else None
-        )
-
-    def baselines(self, problem: Problem) -> dict[str, Baseline]:
-        if not self.has("baselines"):
-            return {}
-        return cast(dict[str, Baseline], self._call("baselines", problem))
 
 
 def required(kernels: object) -> tuple[str, ...]:

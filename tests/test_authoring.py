@@ -160,7 +160,9 @@ def _fake_compile(kernel, arch):
 def test_a_python_float_for_a_float_parameter_is_named(tmp_path):
     folder = new_op(tmp_path)
     op_py = folder / "op.py"
-    op_py.write_text(op_py.read_text().replace("np.float32(_alpha(problem))", "_alpha(problem)"))
+    op_py.write_text(
+        op_py.read_text().replace("np.float32(self.alpha(problem))", "self.alpha(problem)")
+    )
     res = run(tmp_path, "check", "--deep")
     assert res.exit_code == 1
     assert (

@@ -9,7 +9,7 @@ from ptxbuild.cli import EXIT_CONFIG, main
 from ptxbuild.oploader import shipped_ops
 
 # the ops ptxbuild ships (in a checkout: this repository's ops/), listed by an unknown-template error
-SHIPPED = ", ".join(sorted(p.parent.name for p in shipped_ops().glob("*/op.py")))
+SHIPPED = ", ".join(sorted(p.parent.name for p in shipped_ops().glob("[!_]*/op.py")))
 
 GOOD = """
 [project]

@@ -319,7 +319,7 @@ def parse(text: str, path: Path) -> Kernelfile:
 
         if not (op_dir(template, root) / "op.py").is_file():
             local, own = (
-                sorted(p.parent.name for p in d.glob("*/op.py")) if d else []
+                sorted(p.parent.name for p in d.glob("[!_]*/op.py")) if d else []
                 for d in (root / "ops", shipped_ops())
             )
             errors.append(
