@@ -193,7 +193,7 @@ class ModuleOp(Op):
         self._vp_params = callable(vp) and len(inspect.signature(vp).parameters) > 1
 
     def __getattr__(self, name: str) -> Any:  # only names not found on the object: the op's own
-        if name.startswith("__") or name == "module":
+        if (name.startswith("__") and name not in ("__name__", "__file__")) or name == "module":
             raise AttributeError(name)
         return getattr(self.module, name)
 
