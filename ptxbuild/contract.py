@@ -50,18 +50,11 @@ class Op(ABC):
     SCRATCH: frozenset[str] = frozenset()  # outputs that are a workspace: never checked
     KERNELS: Sequence[str] | None = None  # every entry of an op of several kernels; None: one
     BASELINES_VERSION: str = ""  # the version of baselines() (not a build input)
-    _folder: Path | None = None
-
-    @property
-    def FOLDER(self) -> Path:  # noqa: N802 - the name every caller used for the module form's
-        """The op's folder, as the loader found it (an op cannot set it)."""
-        if self._folder is None:
-            raise AttributeError(f"op {self.NAME} was not loaded from a folder (oploader.load_op)")
-        return self._folder
+    FOLDER: Path  # the op's folder, as the loader found it (bind(); an op's own is overwritten)
 
     def bind(self, folder: Path) -> Op:
         """The loader's: the folder the op was loaded from."""
-        self._folder = folder
+        self.FOLDER = folder
         return self
 
     @property
@@ -186,8 +179,7 @@ class ModuleOp(Op):
                 setattr(self, name, getattr(module, name))
         self.DEPENDS = tuple(getattr(module, "DEPENDS", ()))
         self.SCRATCH = frozenset(getattr(module, "SCRATCH", ()))
-        kernels = getattr(module, "KERNELS", None)
-        self.KERNELS = None if kernels is None else tuple(kernels)
+        self.KERNELS = None if (k := getattr(module, "KERNELS", None)) is None else tuple(k)
         self.BASELINES_VERSION = str(getattr(module, "BASELINES_VERSION", ""))
         vp = getattr(module, "verify_problems", None)
         self._vp_params = callable(vp) and len(inspect.signature(vp).parameters) > 1

@@ -135,27 +135,6 @@ def test_a_missing_gpu_side_function_is_named(tmp_path):
         assert (res.exit_code, res.output) == (2, error), args
 
 
-def test_the_deep_check_names_a_missing_function_itself(tmp_path):
-    new_op(tmp_path)
-    from ptxbuild.declare.kernelfile import load
-    from ptxbuild.oploader import load_op
-
-    kf = load(tmp_path / "kernelfile.toml")
-    op = load_op("demo_op", kf.root)
-    stub = SimpleNamespace(**{k: getattr(op, k) for k in dir(op) if not k.startswith("__")})
-    del stub.make_outputs, stub.tolerance
-    res = deep.deep_check(kf, kf.ops["demo_op"], stub, compile_fn=_fake_compile)
-    assert [f.what for f in res.failures] == [
-        "op.py does not define make_outputs, tolerance (GPU side: the verifier calls them)"
-    ]
-    assert res.compiles == 16 and not any(line.startswith("python side") for line in res.lines)
-
-
-def _fake_compile(kernel, arch):
-    params = ".param .u64 a, .param .u64 b, .param .f32 c, .param .u64 d"
-    return SimpleNamespace(ptx=f".entry {kernel.entry}({params})")
-
-
 @pytest.mark.compile
 def test_a_python_float_for_a_float_parameter_is_named(tmp_path):
     folder = new_op(tmp_path)

@@ -35,7 +35,7 @@ class Template(Op):
         "unroll": [1, 2, 4],
     }
     # optional (Op's defaults): DEPENDS, SCRATCH, KERNELS + launches() + stage_args(),
-    # deterministic(), compare(), rel_l2_tolerance(), size_classes(), baselines()
+    # deterministic(), compare(), error_bound(), size_classes(), baselines()
 
     def alpha(self, problem: Problem) -> float:
         return float({**self.OPTIONS, **problem.opts}["alpha"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from .. import contract
 from ..problem import Problem
 from .catalog import did_you_mean
 from .kernelfile import KernelfileError
@@ -28,12 +27,6 @@ def check_declaration(spec, op, sm_count: int = 132) -> None:
 
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)  # CUDA's gridDim limits in x, y, z
-
-
-def missing_gpu_side(op: object) -> list[str]:
-    """The GPU-side functions of the op contract that `op` lacks (the loader refuses such an op
-    first; check --deep says so of whatever it is given)."""
-    return [n for n in contract.missing(op) if n in contract.GPU_SIDE + contract.MULTI_KERNEL]
 
 
 def _problem_error(spec, op, p, sm_count: int) -> str | None:
