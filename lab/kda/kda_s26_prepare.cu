@@ -28,8 +28,15 @@
 #define S26_MINB 3         // blocks per SM the registers are bounded for
 #endif
 
+#ifndef S26_REGS
+#define S26_REGS 0         // 1: q, k, a words kept in registers (see S26_LOAD)
+#endif
 #ifndef S26_KS_UNROLL
+#if S26_REGS
+#define S26_KS_UNROLL 8    // the register arrays need static indices
+#else
 #define S26_KS_UNROLL 2    // step 2's channel blocks in flight (full unrolling spills at 168 registers)
+#endif
 #endif
 
 #define S26_LOG2E 1.4426950408889634f
@@ -123,7 +130,28 @@ __device__ __forceinline__ void s26_chunk(S26Warp& sm, unsigned char* blob, cons
     krow[rr] = reinterpret_cast<const u32*>(k + (row * H + h) * KDIM) + t;
     arow[rr] = reinterpret_cast<const u32*>(a + (row * HV + hv) * KDIM) + t;
   }
-#define S26_WORD(ptrs, rr, w) (rok[rr] ? __ldg((ptrs)[rr] + 8 * ((w) >> 1) + 4 * ((w) & 1)) : 0u)
+#define S26_LOAD(ptrs, rr, w) (rok[rr] ? __ldg((ptrs)[rr] + 8 * ((w) >> 1) + 4 * ((w) & 1)) : 0u)
+#if S26_REGS
+  // S26_REGS: the 96 q, k, a words loaded once, up front, and kept in registers (no
+  // re-read: run 26b's probe measured this prepare 1.5x slower than kda@h200's, and with ~230 KB of
+  // shared memory per SM the L1 left for the re-reads of step 2 is small). Needs S26_KS_UNROLL 8 and
+  // 255 registers (8 B spill in NVRTC 13.0): 8 warps per SM (S26_MINB 2). Compiled, not yet run.
+  u32 wq_[2][16], wk_[2][16], wa_[2][16];                // a too: left in the loop, its loads still hoist
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+    for (int w = 0; w < 16; ++w) {
+      wq_[rr][w] = S26_LOAD(qrow, rr, w);
+      wk_[rr][w] = S26_LOAD(krow, rr, w);
+      wa_[rr][w] = S26_LOAD(arow, rr, w);
+    }
+#define S26_REG_qrow(rr, w) wq_[rr][w]
+#define S26_REG_krow(rr, w) wk_[rr][w]
+#define S26_REG_arow(rr, w) wa_[rr][w]
+#define S26_WORD(ptrs, rr, w) S26_REG_##ptrs(rr, w)
+#else
+#define S26_WORD(ptrs, rr, w) S26_LOAD(ptrs, rr, w)
+#endif
   if (lane < CH) {
     S26_BETA(lane) = lane < m ? s26_rcp(1.f + ex2(-S26_LOG2E * bf16_to_f32(b[((size_t)t0 + lane) * HV + hv]))) : 0.f;
   }

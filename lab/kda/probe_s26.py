@@ -46,6 +46,8 @@ VARIANTS = {
     "w4": (4, 3),
     "w2": (2, 5),
     "w1": (1, 11),
+    "w4r": (4, 2),  # S26_REGS: inputs kept in registers, 8 warps per SM
+    "w2r": (2, 4),
 }  # warps per block, blocks per SM (launch bounds)
 # kda_s26_fused: V split, producer warps, ring slots
 FUSED = {
@@ -76,11 +78,12 @@ def problem_of(lens, H, opts=None) -> Problem:
     )
 
 
-def source(params: dict, problem: Problem, wpb: int, minb: int) -> str:
+def source(params: dict, problem: Problem, wpb: int, minb: int, regs: bool = False) -> str:
     # SPLIT / STAGES are the recurrence's: fixed here, so that scenarios share one s26 binary
     defs = (
         kda.host.defines({**params, "split": 1, "stages": 2}, problem)
         + f"#define S26_WPB {wpb}\n#define S26_MINB {minb}\n"
+        + ("#define S26_REGS 1\n" if regs else "")
     )
     return defs + (ROOT / "ops" / "kda" / "kda_common.cuh").read_text() + SRC.read_text()
 
@@ -148,8 +151,8 @@ def _compile(kernel: Kernel):
     return compiler.compile_kernel(kernel, "sm_90a")
 
 
-def compile_s26(params: dict, problem: Problem, wpb: int, minb: int):
-    return _compile(Kernel(source(params, problem, wpb, minb), "kda_s26_prepare"))
+def compile_s26(params: dict, problem: Problem, wpb: int, minb: int, regs: bool = False):
+    return _compile(Kernel(source(params, problem, wpb, minb, regs), "kda_s26_prepare"))
 
 
 def fused_source(params: dict, problem: Problem, split: int, P: int, R: int) -> str:
@@ -175,7 +178,10 @@ def kernels_for(problem: Problem, variants, fused, op: bool = True) -> list:
     if op:
         k = kda.render(params, problem, "sm_90a")
         out += [k] + [Kernel(k.source, s) for s in kda.launches(params, problem, 132)]
-    out += [Kernel(source(params, problem, *VARIANTS[v]), "kda_s26_prepare") for v in variants]
+    out += [
+        Kernel(source(params, problem, *VARIANTS[v], v.endswith("r")), "kda_s26_prepare")
+        for v in variants
+    ]
     out += [Kernel(fused_source(params, problem, *FUSED[v]), "kda_s26_fused") for v in fused]
     return out
 
@@ -212,7 +218,9 @@ def compile_only() -> int:
         for op_dtype in ("f16", "bf16"):
             for name, (wpb, minb) in VARIANTS.items():
                 t0 = time.perf_counter()
-                b = compile_s26({**params, "op_dtype": op_dtype}, problem, wpb, minb)
+                b = compile_s26(
+                    {**params, "op_dtype": op_dtype}, problem, wpb, minb, name.endswith("r")
+                )
                 ok = b.spill_bytes == 0 and wpb * WARP_BYTES + 1024 <= 233472 // minb
                 bad += not ok
                 log(
@@ -370,7 +378,7 @@ def main(argv=None) -> int:
         def __init__(self, cp, params, problem, variant):
             super().__init__(cp, params, problem)
             wpb, minb = VARIANTS[variant]
-            b = compile_s26(params, problem, wpb, minb)
+            b = compile_s26(params, problem, wpb, minb, variant.endswith("r"))
             self.info = f"{b.registers} regs, {b.spill_bytes} B spill"
             self.s26 = load(b, "kda_s26_prepare")
             self.s26_launch = launch_of(problem, wpb)
