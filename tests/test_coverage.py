@@ -101,5 +101,6 @@ def test_a_manifest_without_a_record_serves_its_built_shapes_class_only(built):
     k = load(built / "build" / "scale@h100")
     assert k.select(Problem.make("scale", "float32", (64, 1024))) is not None
     assert k.select(Problem.make("scale", "float32", (7, 1024))) is not None
-    with pytest.warns(RuntimeWarning, match=r"float32\[65x1024\] is outside the shapes"):
+    with pytest.warns(RuntimeWarning, match=r"float32\[65x1024\] is outside the shapes") as seen:
         assert k.select(Problem.make("scale", "float32", (65, 1024))) is None
+    assert "`ptxbuild build --locked scale@h100` records what it verified" in str(seen[0].message)

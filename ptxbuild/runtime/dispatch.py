@@ -172,6 +172,8 @@ class Dispatch:
             f"{entry.label} was verified on; not dispatched there: declare the shape in "
             "kernelfile.toml and rebuild"
         )
+        if not self.manifest.coverage:  # an older build: only its built shapes' class is served
+            why += f"; or `ptxbuild build --locked {self.target}` records what it verified"
         if why not in (warned := self.__dict__.setdefault("_warned", set())):
             warned.add(why)
             warnings.warn(why, RuntimeWarning, stacklevel=4)
