@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from ptxbuild.build.run import build
 from ptxbuild.runtime import LoaderError, arch_runs_on, load, load_choice
 
 from .conftest import make_ctx
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # The toy op with N baked into the source (as rmsnorm's exact variants do): other N cannot reuse a binary.
 BAKED = """
@@ -87,6 +90,27 @@ def test_not_built_and_not_a_target(proj):
     with pytest.raises(LoaderError) as exc:
         load("scale@a100", kernelfile=proj / "kernelfile.toml")
     assert "scale@a100 is not a target of" in _one_line(exc)
+
+
+def test_a_build_directory_away_from_its_project_finds_the_installed_op(
+    built, tmp_path, monkeypatch
+):
+    """A build directory copied where there is no kernelfile and no ops/ (a deployment) gets its op
+    through the shipped-op lookup (an installed wheel's ptxbuild/_ops), not the repository layout."""
+    import shutil
+
+    from ptxbuild import oploader
+
+    away = tmp_path / "deploy" / "build" / "scale@h100"
+    shutil.copytree(built / "build" / "scale@h100", away)
+    with pytest.raises(LoaderError):  # nothing ships an op named scale: refused, in one line
+        load(away)
+    wheel_ops = tmp_path / "site-packages" / "ptxbuild" / "_ops"
+    shutil.copytree(built / "ops" / "scale", wheel_ops / "scale")
+    monkeypatch.setattr(oploader, "shipped_ops", lambda: wheel_ops)
+    k = load(away)
+    assert k.op.FOLDER.resolve() == (wheel_ops / "scale").resolve()
+    assert k.target == "scale@h100" and [m.names for m in k.modes()] == [("x",)]
 
 
 def test_tampered_cubin_is_refused(built):
@@ -184,6 +208,45 @@ def test_wrong_input_shape_names_expected(tmp_path):
     with pytest.raises(LoaderError) as exc:
         k.problem_of(mode, {"x": torch.zeros(4, 8), "w": torch.zeros(7)})
     assert "input w is float32[7], expected float32[8] for float32[4x8]" in _one_line(exc)
+
+
+def test_a_per_row_input_scales_with_m_and_a_per_column_one_does_not(tmp_path):
+    """rmsnorm_bwd's rstd is one value per row ([M]), its weight one per column ([N]): the input
+    check scales the first with the problem's M (it used to expect the tiny problem's [3])."""
+    torch = _torch()
+    from ptxbuild.oploader import load_op
+    from ptxbuild.problem import Problem
+    from ptxbuild.runtime import BuiltKernel
+
+    k = BuiltKernel.__new__(BuiltKernel)
+    k.target, k.dtypes, k._specs = "rmsnorm_bwd@h200", ["bfloat16"], {}
+    k.op = load_op("rmsnorm_bwd", ROOT)
+    specs = k._input_specs(Problem.make("rmsnorm_bwd", "bfloat16", (32768, 4096)))
+    assert specs == {
+        "x": ((32768, 4096), "bfloat16"),
+        "dy": ((32768, 4096), "bfloat16"),
+        "weight": ((4096,), "bfloat16"),
+        "rstd": ((32768,), "float32"),
+    }
+    mode = _Mode_of(("x", "dy", "weight", "rstd"))
+    m, n = 77, 256
+    x, dy = torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(m, n, dtype=torch.bfloat16)
+    w, rstd = torch.ones(n, dtype=torch.bfloat16), torch.ones(m)
+    p = k.problem_of(mode, {"x": x, "dy": dy, "weight": w, "rstd": rstd})
+    assert p.shape == (m, n)
+    with pytest.raises(LoaderError) as exc:
+        k.problem_of(mode, {"x": x, "dy": dy, "weight": w, "rstd": torch.ones(3)})
+    assert "input rstd is float32[3], expected float32[77] for bfloat16[77x256]" in _one_line(exc)
+    with pytest.raises(
+        LoaderError, match=r"input weight is bfloat16\[77\], expected bfloat16\[256\]"
+    ):
+        k.problem_of(mode, {"x": x, "dy": dy, "weight": w[:1].expand(m).clone(), "rstd": rstd})
+
+
+def _Mode_of(names):
+    from ptxbuild.runtime import _Mode
+
+    return _Mode({}, tuple(names))
 
 
 def test_fallback_is_explicit_and_warned(built):

@@ -57,28 +57,45 @@ class Dispatch:
             **next(e.problem for e in self.entries if e.problem["options"] == mode.options)
         )
 
-    def _tiny_inputs(self, problem: Problem) -> dict:
-        tiny = problem.with_shape(tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:])
+    def _tiny_inputs(self, problem: Problem, tiny: bool = True) -> dict:
+        """The op's inputs for `problem` with its leading dims cut to at most 3 (`tiny`)."""
+        if tiny:
+            problem = problem.with_shape(
+                tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:]
+            )
         try:
-            return self.op.make_inputs(tiny, 0, np)
+            return self.op.make_inputs(problem, 0, np)
         except ValueError:  # an option sized like the problem (lengths summing to T): drop those
             opts = {k: v for k, v in problem.opts.items() if not isinstance(v, tuple | list)}
             return self.op.make_inputs(
-                Problem.make(problem.op, problem.dtype, tiny.shape, opts), 0, np
+                Problem.make(problem.op, problem.dtype, problem.shape, opts), 0, np
             )
 
-    def _input_specs(self, problem: Problem) -> dict[str, tuple[tuple[int, ...], str]]:
-        """name -> (shape, dtype) the op expects for `problem`: inputs shaped like the problem
-        scale with it."""
+    # leading dims of the two tiny problems _input_specs compares: distinct pairs per axis, so an
+    # input axis that grows from SPEC_A[j] to SPEC_B[j] is the problem's leading dim j
+    SPEC_A, SPEC_B = (2, 3, 5, 7, 11), (3, 5, 7, 11, 13)
+
+    def _input_specs(self, problem: Problem) -> dict[str, tuple[tuple[int | None, ...], str]]:
+        """name -> (shape, dtype) the op expects for `problem`: each axis of an input is the
+        problem's leading dim j where it follows it (rmsnorm's x [M, N] and rstd [M]), else the
+        fixed size it has (the weight [N]); None where it follows no single dim (not checked)."""
         key = (problem.dtype, problem.shape, json.dumps(problem.opts, sort_keys=True, default=str))
         if key in self._specs:
             return self._specs[key]
-        tiny_shape = tuple(min(d, 3) for d in problem.shape[:-1]) + problem.shape[-1:]
-        self._specs[key] = {
-            name: (problem.shape if tuple(a.shape) == tiny_shape else tuple(a.shape), dtype_of(a))
-            for name, a in self._tiny_inputs(problem).items()
-        }
-        return self._specs[key]
+        lead = len(problem.shape) - 1
+        a, b = (
+            self._tiny_inputs(problem.with_shape(t[:lead] + problem.shape[lead:]), tiny=False)
+            for t in (self.SPEC_A, self.SPEC_B)
+        )
+        specs = {}
+        for name, x in a.items():
+            axes = []
+            for sa, sb in zip(x.shape, b[name].shape):
+                pair = [j for j in range(lead) if (self.SPEC_A[j], self.SPEC_B[j]) == (sa, sb)]
+                axes.append(sa if sa == sb else problem.shape[pair[0]] if pair else None)
+            specs[name] = (tuple(axes), dtype_of(x))
+        self._specs[key] = specs
+        return specs
 
     def bind(self, args: tuple, kwargs: dict) -> tuple[_Mode, dict]:
         """Match positional and keyword arguments to one built option set: (mode, name -> array)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..oploader import load_op, source_files
+from ..oploader import OpError, load_op, source_files
 from ..problem import Problem
 from ..records import DispatchEntry, Manifest
 from .arrays import NP_TO_DTYPE, TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
@@ -44,7 +44,13 @@ class BuiltKernel(Dispatch):
     def __init__(self, build: Path, manifest: Manifest, folder: Path, allow_fallback: bool = False):
         self.build_dir, self.manifest, self.allow_fallback = Path(build), manifest, allow_fallback
         self.target, self.arch = manifest.target, manifest.arch
-        self.op = load_op(str(Path(folder).resolve()), Path("/"))
+        try:
+            self.op = load_op(str(Path(folder).resolve()), Path("/"))
+        except OpError as exc:
+            raise LoaderError(
+                f"{self.target}: cannot load its op {manifest.template!r} ({exc}); "
+                "install the ptxbuild that built it, or pass op_folder= to ptxbuild.load"
+            ) from None
         self._check_artifacts()
         self._check_op_files()
         self.entries = [e for e in manifest.dispatch if e.params is not None]
@@ -187,10 +193,15 @@ class BuiltKernel(Dispatch):
         problem = Problem.make(self.op.NAME, dtype, tuple(primary.shape), mode.options)
         for name, (shape, dt) in self._input_specs(problem).items():
             a = arrays[name]
-            if tuple(a.shape) != shape or dtype_of(a) != dt:
+            if (
+                len(a.shape) != len(shape)
+                or any(w is not None and g != w for g, w in zip(a.shape, shape))
+                or dtype_of(a) != dt
+            ):
+                want = "x".join("?" if w is None else str(w) for w in shape)
                 raise LoaderError(
                     f"{self.target}: input {name} is {dtype_of(a)}[{'x'.join(map(str, a.shape))}], "
-                    f"expected {dt}[{'x'.join(map(str, shape))}] for {problem.label()}"
+                    f"expected {dt}[{want}] for {problem.label()}"
                 )
             if kind(a) == "torch" and a.data_ptr() % 16:
                 raise LoaderError(

@@ -77,10 +77,9 @@ def load(
         if kfp:
             kf = _load_kernelfile(kfp, f"find the op of {manifest.target}")
             spec = kf.ops.get(manifest.target.split("@")[0])
-            default = kf.root / "ops" / manifest.template
-            folder = op_dir(spec.template, kf.root) if spec else default
-        else:
-            folder = build.resolve().parent.parent / "ops" / manifest.template
+            folder = op_dir(spec.template if spec else manifest.template, kf.root)
+        else:  # <project>/build/<target>: the project's ops/<template>, else the installed op
+            folder = op_dir(manifest.template, build.resolve().parent.parent)
     return _kernel_class(manifest)(build, manifest, folder, allow_fallback)
 
 
