@@ -8,15 +8,31 @@ A module counts as an RMSNorm when its class name ends in "RMSNorm" (transformer
 Qwen2RMSNorm, MistralRMSNorm, ...; torch.nn.RMSNorm) and it holds a 1-D `weight` and its epsilon
 as `variance_epsilon` or `eps`. Each is replaced by a PtxbuildRMSNorm that keeps the very same
 weight Parameter (state_dict keys and values unchanged) and calls the built kernel on the rows of
-its input; CPU tensors and dtypes other than the weight's take torch's own rms_norm. The built
-kernel must have been built for the model's epsilon: a mismatch raises before anything is replaced.
+its input. The built kernel must have been built for the model's epsilon: a mismatch raises before
+anything is replaced.
 
-Only `ptxbuild.load` is used to get the kernel (torch is imported here, never by ptxbuild itself).
+Where the built kernel does not run, the replaced module's own forward does (the stock path, the
+same code as before the patch): CPU tensors, a dtype other than the weight's, a shape the build
+does not cover (refused once, then remembered) and, by default, inside torch.compile regions
+(`compiled="stock"`: inductor fuses the stock norm with the residual add before it and the cast
+after it, where a custom op would stay a kernel of its own; `compiled="ptxbuild"` calls the
+custom op there instead, no graph break).
+
+Training: where autograd records, the forward is the kernel's custom op with an autograd formula
+(runtime/autograd.py). Its backward runs a built backward target (`backward="auto"`: every built
+target of the same GPU whose op is rmsnorm_bwd in the kernelfile, one per dtype) where one covers
+the call, else the closed form in torch: gradients are always those of the module's math, never
+cut. `backward=None`: the closed form only; or pass loaded backward kernels.
+
+Only `ptxbuild.load` is used to get the kernels (torch is imported here, never by ptxbuild itself).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
+
+from .runtime.errors import LoaderError
 
 
 class PatchError(ValueError):
@@ -54,17 +70,58 @@ def built_eps(kernel) -> set[float] | None:
     }
 
 
-def torch_callable(kernel):
-    """What the replaced modules call: the kernel's torch custom op (no graph break under
-    torch.compile), from the runtime's `torch_op` attribute where it has one, else torch_ops."""
-    op = getattr(kernel, "torch_op", None)
-    if op is not None:
-        return op
-    try:
-        from .torch_ops import register
-    except ImportError:
-        return kernel
-    return register(kernel)
+def _plain_options(kernel, eps: float | None, rstd: bool) -> dict | None:
+    """The options of the built mode called as f(x, weight) for `eps` (writing rstd or not)."""
+    defaults = dict(kernel.op.OPTIONS)
+    for m in kernel.modes():
+        full = {**defaults, **m.options}
+        if (
+            m.names == ("x", "weight")
+            and (eps is None or float(full.get("eps", eps)) == eps)
+            and bool(full.get("rstd")) == rstd
+        ):
+            return {k: full[k] for k in ("eps", "rstd", "residual", "bias", "weight") if k in full}
+    return None
+
+
+def backward_kernels(kernel, kernelfile=None) -> list:
+    """The built backward targets of a loaded forward kernel (its op's name + "_bwd", on its GPU),
+    loaded as it was (allow_fallback); one that cannot be loaded is skipped with a warning (its
+    calls take the closed form)."""
+    from .runtime import load
+    from .runtime.locate import built_targets
+
+    gpu = kernel.target.split("@", 1)[1]
+    kw = {"allow_fallback": bool(getattr(kernel, "allow_fallback", False))}  # as the forward
+    if kernelfile:
+        kw["kernelfile"] = kernelfile
+    out = []
+    for t in built_targets(f"{kernel.op.NAME}_bwd", gpu, kernelfile):
+        try:
+            out.append(load(t, **kw))
+        except LoaderError as exc:
+            warnings.warn(f"{exc}; backward calls it covers take torch's closed form", stacklevel=3)
+    return out
+
+
+def training_callable(kernel, eps: float | None, backward="auto", kernelfile=None):
+    """What the replaced modules call: f(x2d, weight) -> y2d, the kernel itself in eager, its custom
+    op under torch.compile and where autograd records (with the built or closed-form backward)."""
+    from .runtime.autograd import register_rmsnorm_training
+    from .runtime.torch_ops import module_callable
+
+    plain = _plain_options(kernel, eps, rstd=False) or _plain_options(kernel, eps, rstd=True)
+    if plain is None:
+        raise PatchError(
+            f"{kernel.target} has no mode called as f(x, weight) for eps {eps}; built: "
+            + "; ".join(m.label() for m in kernel.modes())
+        )
+    bwds = backward_kernels(kernel, kernelfile) if backward == "auto" else backward
+    train = _plain_options(kernel, eps, rstd=True) or plain
+    op = register_rmsnorm_training(kernel, bwds, train)
+    fn = module_callable(kernel, plain, op=op, first=bool(train.get("rstd")))
+    fn.backward = [b.target for b in bwds or []]
+    return fn
 
 
 def _module_class():
@@ -74,25 +131,49 @@ def _module_class():
     class PtxbuildRMSNorm(nn.Module):
         """An RMSNorm whose CUDA rows run a ptxbuild kernel; same weight, same epsilon."""
 
-        def __init__(self, fn, weight, eps: float, target: str, cuda_only: bool = True):
+        def __init__(self, fn, weight, eps: float, target: str, cuda_only: bool = True,
+                     stock=None, compiled: str = "stock"):  # fmt: skip
             super().__init__()
             self.fn, self.weight, self.eps, self.target = fn, weight, eps, target
-            self.cuda_only = cuda_only
+            self.cuda_only, self.compiled = cuda_only, compiled
             self.variance_epsilon = eps  # what transformers' RMSNorms call it
+            self.__dict__["_stock"] = stock  # not a submodule: state_dict keys stay the model's
+            self._refused: set = set()
+
+        def stock_forward(self, x):
+            """The replaced module's own forward (torch's rms_norm for one made by hand)."""
+            if self._stock is not None:
+                if self._stock.weight is not self.weight:  # e.g. a Parameter replaced by hand
+                    self._stock.weight = self.weight
+                return self._stock(x)
+            n = self.weight.shape[0]
+            return torch.nn.functional.rms_norm(x, (n,), self.weight, self.eps)
 
         def forward(self, x):
             n = self.weight.shape[0]
+            if torch.compiler.is_compiling():
+                if self.compiled == "stock":
+                    return self.stock_forward(x)
+                return self.fn(x.reshape(-1, n).contiguous(), self.weight).reshape(x.shape)
             if (
                 (self.cuda_only and not x.is_cuda)
                 or x.dtype != self.weight.dtype
                 or x.shape[-1] != n
+                or (x.shape, x.dtype) in self._refused
             ):
-                return torch.nn.functional.rms_norm(x, (n,), self.weight, self.eps)
-            y = self.fn(x.reshape(-1, n).contiguous(), self.weight)
+                return self.stock_forward(x)
+            try:
+                y = self.fn(x.reshape(-1, n).contiguous(), self.weight)
+            except LoaderError as exc:  # a shape the build does not cover: the stock path
+                self._refused.add((x.shape, x.dtype))
+                warnings.warn(f"{exc}; running the model's own RMSNorm", stacklevel=2)
+                return self.stock_forward(x)
             return y.reshape(x.shape)
 
         def extra_repr(self) -> str:
-            return f"{self.weight.shape[0]}, eps={self.eps}, target={self.target}"
+            bwd = getattr(self.fn, "backward", None)
+            more = "" if bwd is None else f", backward={', '.join(bwd) or 'torch closed form'}"
+            return f"{self.weight.shape[0]}, eps={self.eps}, target={self.target}{more}"
 
     return PtxbuildRMSNorm
 
@@ -101,12 +182,25 @@ _CLASS: dict[str, Any] = {}
 
 
 def patch_rmsnorm(
-    model, target: str = "rmsnorm@h200", *, kernelfile=None, kernel=None, check_eps: bool = True
+    model,
+    target: str = "rmsnorm@h200",
+    *,
+    kernelfile=None,
+    kernel=None,
+    check_eps: bool = True,
+    backward="auto",
+    compiled: str = "stock",
+    cuda_only: bool | None = None,
 ) -> int:
     """Replace every RMSNorm module of `model` (in place) by one calling the built `target`; returns
-    how many were replaced. `kernelfile`: where `target` is declared (default: ./kernelfile.toml or
-    the nearest one above the working directory). `kernel`: an already loaded kernel, or any
-    callable f(x2d, weight) -> y2d, instead of ptxbuild.load(target)."""
+    how many were replaced. `kernelfile`: where `target` (and its backward) is declared (default:
+    ./kernelfile.toml or the nearest one above the working directory). `kernel`: an already loaded
+    kernel, or any callable f(x2d, weight) -> y2d (used as it is, autograd through its own ops),
+    instead of ptxbuild.load(target). `backward`: "auto", None or loaded backward kernels (see the
+    module docstring). `compiled`: "stock" or "ptxbuild", what runs inside torch.compile regions.
+    `cuda_only`: take the stock path for CPU tensors (default: for a loaded kernel)."""
+    if compiled not in ("stock", "ptxbuild"):
+        raise PatchError(f"compiled={compiled!r}: use 'stock' or 'ptxbuild'")
     found = [(name, m) for name, m in model.named_modules() if is_rmsnorm(m)]
     if any(name == "" for name, _ in found):
         raise PatchError("the model itself is an RMSNorm: patch the model that holds it")
@@ -128,11 +222,17 @@ def patch_rmsnorm(
                 "declare that eps in the kernelfile's options and rebuild"
             )
     built = hasattr(kernel, "modes")  # a loaded kernel (CUDA only), not a plain callable
-    fn = torch_callable(kernel) if built else kernel
+    fns = {}
+    for eps in sorted({_eps_of(m) for _, m in found}):
+        mode_eps = eps if check_eps else None  # unchecked: the first mode, whatever its eps
+        fns[eps] = training_callable(kernel, mode_eps, backward, kernelfile) if built else kernel
     if "cls" not in _CLASS:
         _CLASS["cls"] = _module_class()
     for name, m in found:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, _CLASS["cls"](fn, m.weight, _eps_of(m), target, built))
+        eps = _eps_of(m)
+        new = _CLASS["cls"](fns[eps], m.weight, eps, target, built if cuda_only is None else cuda_only,
+                            stock=m, compiled=compiled)  # fmt: skip
+        setattr(parent, attr, new)
     return len(found)

@@ -1,80 +1,73 @@
-"""Training with built RMSNorm kernels (issue 29, item 2): the built backward (rmsnorm_bwd) as the
-autograd formula of the forward's torch custom op, so torch.compile traces forward and backward as
-one graph (no graph break).
+"""Training with built RMSNorm kernels (issue 28 item 1, issue 29 item 2): the forward's torch
+custom op with an autograd formula that runs the built backward (rmsnorm_bwd), so torch.compile
+traces forward and backward as one graph (no graph break).
 
     import ptxbuild
     from ptxbuild.runtime.autograd import register_rmsnorm_training
-    fwd, bwd = ptxbuild.load("rmsnorm@h200"), ptxbuild.load("rmsnorm_bwd@h200")
+    fwd = ptxbuild.load("rmsnorm@h200")
+    bwd = [ptxbuild.load("rmsnorm_bwd@h200"), ptxbuild.load("rmsnorm_bwd_fp32@h200")]  # by dtype
     rms = register_rmsnorm_training(fwd, bwd, options={"rstd": True})   # the forward mode to use
     y = rms(x, weight)[0]                   # outputs as the forward op returns them (y, [residual_out], [rstd])
     torch.compile(lambda x, w: rms(x, w)[0], fullgraph=True)(x, w).sum().backward()
 
+The backward of a call runs the first built backward target (of `bwd`, one kernel or a list: one
+per dtype) that has the call's dtype, a mode for its options (eps, weight type, bias, residual)
+and a variant for its shape; where none has, or a kernel refuses the call at run time, the same
+gradients come from the closed form in torch (`reference_backward`): correct, never a silent cut.
+`bwd=None` (no backward built) always takes the closed form.
+
 The forward's mode should write rstd (option rstd = true): the backward then reads it (its
 rstd_in = true modes). Without it the backward runs a rstd_in = false mode if one is built, else
-rstd is recomputed here with torch (one more read of x). With a residual, x's and residual's
+rstd is computed here with torch (one more read of x). With a residual, x's and residual's
 gradients are the same tensor (h = x + residual), plus the gradient arriving at residual_out
 (the backward's dresidual_in mode; without one the residual_out gradient is added with torch).
 dbias comes from a bias mode of the backward, else dy.sum over rows in torch.
-
-The backward target runs two kernels (KERNELS). run_stages() here is BuiltKernel.run minus its
-input check (BuiltKernel.problem_of takes the [M] rstd input for a fixed-size one), launching
-every kernel of the call through BuiltKernel._calls on the caller's stream.
 torch is imported when this module is.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..problem import Problem
-from .arrays import Ptr, TorchXp
-from .driver import _Current, _device, _launch
+from .arrays import TorchXp
 from .errors import LoaderError
-from .kernel import BuiltKernel
-from .torch_ops import NAMESPACE, _MetaXp, _mode_index, register
+from .torch_ops import NAMESPACE, _MetaXp, _mode_index, _option_kwargs, register
 
 _registered: dict = {}
 
 
-# ---------------------------------------------------------------- several kernels, one call
-def run_stages(kernel: BuiltKernel, mode, **arrays) -> dict:
-    """BuiltKernel.run for an op of several kernels (KERNELS / launches / stage_args), torch tensors
-    in, every output out by name (scratch outputs included)."""
-    # the mode is given: modes of one op can share input names (plain and fp32-weight + bias), so
-    # binding by names alone could pick another
-    arrays = {n: arrays[n] for n in mode.names}
-    # not kernel.problem_of: its input check takes a [M] input (rstd) for a fixed-size one
-    primary = arrays[mode.names[0]]
-    for name, a in arrays.items():
-        if a.device != primary.device or not a.is_contiguous():
-            raise LoaderError(
-                f"{kernel.target}: input {name} must be contiguous on {primary.device}"
-            )
-    dtype = str(primary.dtype).removeprefix("torch.")
-    problem = Problem.make(kernel.op.NAME, dtype, tuple(primary.shape), mode.options)
-    entry = kernel.select(problem)
-    if entry is None:
-        raise LoaderError(
-            f"{kernel.target}: no built variant covers {problem.label()}; built shapes for "
-            f"{problem.dtype}: {kernel._built_shapes(problem.dtype, problem.opts_json)}"
-        )
-    ordinal = (
-        primary.device.index if primary.device.index is not None else torch.cuda.current_device()
-    )
-    dev = _device(ordinal)
-    outputs = kernel._outputs(problem, primary)
-    stream = torch.cuda.current_stream(primary.device).cuda_stream
-    ins = {n: Ptr(a) for n, a in arrays.items()}
-    outs = {n: Ptr(a) for n, a in outputs.items()}
-    with _Current(dev):
-        for fn, geom, args in kernel._calls(entry, problem, dev, ins, outs):
-            _launch(fn, geom, args, stream)
-    kernel.calls += 1
-    return outputs
+# ---------------------------------------------------------------- the closed form, in torch
+def reference_backward(h, dy, weight, rstd, eps: float, dres=None, bias: bool = False):
+    """(dx, dweight, dbias) of y = h * rstd(h) * weight [+ bias] for rows h [M, N] (fp32 math,
+    outputs in the inputs' types; dweight None without a weight, dbias None without a bias).
+    `rstd` [M] as the forward wrote it, or None (computed here); `dres`: the gradient arriving at
+    the residual sum h itself (added to dx)."""
+    acc = torch.promote_types(h.dtype, torch.float32)
+    hf, g = h.to(acc), dy.to(acc)
+    if rstd is None:
+        rstd = _rstd(h, eps)
+    r = rstd.to(acc).reshape(-1, 1)
+    n = hf * r
+    gw = g * weight.to(acc) if weight is not None else g
+    dx = r * (gw - n * (gw * n).mean(-1, keepdim=True))
+    if dres is not None:
+        dx = dx + dres.to(acc)
+    dw = (g * n).sum(0).to(weight.dtype) if weight is not None else None
+    db = g.sum(0).to(weight.dtype if weight is not None else dy.dtype) if bias else None
+    return dx.to(h.dtype), dw, db
+
+
+def _rstd(h, eps: float):
+    """1 / sqrt(mean(h^2) + eps) per row in fp32: one reduction over the stored h."""
+    norm = torch.linalg.vector_norm(h, dim=-1, dtype=torch.promote_types(h.dtype, torch.float32))
+    return torch.rsqrt(norm.square() / h.shape[-1] + eps)
 
 
 # ---------------------------------------------------------------- the backward as a custom op
-def _bwd_mode(bwd: BuiltKernel, want: dict) -> dict | None:
+def _bwd_mode(bwd, want: dict):
     """The built backward mode whose options include `want` (the op's defaults filled in)."""
     defaults = dict(bwd.op.OPTIONS)
     for m in bwd.modes():
@@ -84,10 +77,13 @@ def _bwd_mode(bwd: BuiltKernel, want: dict) -> dict | None:
     return None
 
 
-def _bwd_op(bwd: BuiltKernel, mode) -> object:
-    """ptxbuild::<target>_bwd_m<i>: the backward mode's inputs -> (dx, dweight?, dbias?)."""
+def _bwd_op(bwd, mode):
+    """ptxbuild::<target>_m<i>: the backward mode's inputs -> its outputs (dx, dweight?, dbias?).
+    The real call runs the built kernels (the per-call fast path); a call they refuse at run time
+    (LoaderError: a shape outside what the build covers) gets the closed form, with a warning."""
     i = bwd.modes().index(mode)
     qual = f"{NAMESPACE}::{bwd.target.replace('@', '_')}_m{i}"
+    _registered.setdefault("serving", {})[qual] = bwd
     if qual in _registered:
         return _registered[qual]
     like = bwd.problem_like(mode)
@@ -99,10 +95,16 @@ def _bwd_op(bwd: BuiltKernel, mode) -> object:
         + ", ".join("Tensor" for _ in outs)
         + ")"
     )
+    opts = {**dict(bwd.op.OPTIONS), **mode.options}
+    kwargs = _option_kwargs(bwd, mode.options)
 
     def impl(*tensors):
-        res = run_stages(bwd, mode, **dict(zip(mode.names, tensors)))
-        return tuple(res[n] for n in outs)
+        kernel = _registered["serving"][qual]
+        try:
+            got = kernel(*tensors, **kwargs)
+        except LoaderError as exc:
+            return _closed_form(kernel, opts, dict(zip(mode.names, tensors)), outs, exc)
+        return got if isinstance(got, tuple) else (got,)
 
     custom = torch.library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
@@ -119,20 +121,65 @@ def _bwd_op(bwd: BuiltKernel, mode) -> object:
     return _registered[qual]
 
 
-def register_rmsnorm_training(fwd: BuiltKernel, bwd: BuiltKernel, options: dict | None = None):
-    """The forward's custom op (torch_ops.register) with the built backward registered as its
-    autograd formula (torch.library.register_autograd). Returns the op."""
+def _closed_form(kernel, opts: dict, ins: dict, outs: list, why: Exception) -> tuple:
+    key = ("warned", kernel.target, str(why))
+    if key not in _registered:
+        _registered[key] = True
+        warnings.warn(
+            f"{why}; its gradients come from the closed form in torch", RuntimeWarning, stacklevel=3
+        )
+    dx, dw, db = reference_backward(
+        ins["x"], ins["dy"], ins.get("weight"), ins.get("rstd"), float(opts["eps"]),
+        dres=ins.get("dres"), bias=bool(opts.get("bias")),
+    )  # fmt: skip
+    got = {"dx": dx, "dweight": dw, "dbias": db}
+    return tuple(got[n] for n in outs)
+
+
+def _plan(bwds: list, dtype, shape: tuple, want: dict):
+    """(kernel, mode, rstd needed here) of the first built backward that covers a call, or None."""
+    for bwd in bwds:
+        if str(dtype).removeprefix("torch.") not in bwd.dtypes:
+            continue
+        w = dict(want)
+        mode = _bwd_mode(bwd, w)
+        for drop in ("bias", "residual"):  # done in torch instead (see the module docstring)
+            if mode is None and w.get(drop):
+                w.update({drop: False, **({"dresidual_in": False} if drop == "residual" else {})})
+                mode = _bwd_mode(bwd, w)
+        compute_rstd = False
+        if mode is None and w.get("rstd_in") is False:
+            w.pop("rstd_in")
+            mode, compute_rstd = _bwd_mode(bwd, w), True
+        if mode is None:
+            continue
+        problem = Problem.make(bwd.op.NAME, bwd_dtype(dtype), shape, mode.options)
+        if bwd.select(problem) is not None:
+            return bwd, mode, compute_rstd
+    return None
+
+
+def bwd_dtype(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def register_rmsnorm_training(fwd, bwd=None, options: dict | None = None):
+    """The forward's custom op (torch_ops.register) with autograd registered: the built backward
+    (`bwd`: a loaded rmsnorm_bwd target, a list of them, or None) where it covers the call, else
+    the closed form in torch. Returns the op."""
+    bwds = [] if bwd is None else list(bwd) if isinstance(bwd, list | tuple) else [bwd]
     fop = register(fwd, options)
-    fmode = fwd.modes()[_mode_index(fwd, options)]
-    fo = {**dict(fwd.op.OPTIONS), **fmode.options}
+    _registered.setdefault("bwds", {})[id(fop)] = bwds  # the latest registration serves
     if ("autograd", id(fop)) in _registered:
         return fop
+    fmode = fwd.modes()[_mode_index(fwd, options)]
+    fo = {**dict(fwd.op.OPTIONS), **fmode.options}
     outs = list(fwd.op.make_outputs(fwd.problem_like(fmode), _MetaXp()))
     names = list(fmode.names)
     res, bias = bool(fo.get("residual")), bool(fo.get("bias"))
     has_w = fo.get("weight", "x") != "none"
     eps = float(fo.get("eps", 1e-6))
-    base = {"weight": fo.get("weight", "x"), "residual": False}
+    base = {"weight": fo.get("weight", "x"), "eps": eps, "residual": False}
     if fo.get("residual_out_fp32"):
         raise LoaderError(f"{fwd.target}: no backward for residual_out_fp32 yet (issue 29)")
 
@@ -145,54 +192,39 @@ def register_rmsnorm_training(fwd: BuiltKernel, bwd: BuiltKernel, options: dict 
     def backward(ctx, *grads):
         h, w, rstd = ctx.saved_tensors
         g = dict(zip(outs, grads))
-        dy = g["y"].contiguous()
+        dy = g["y"] if g.get("y") is not None else torch.zeros_like(h)
         dres = g.get("residual_out")
-        flat_h, flat_dy = h.reshape(-1, h.shape[-1]), dy.reshape(-1, dy.shape[-1])
-        want = dict(base)
+        n = h.shape[-1]
+        flat_h, flat_dy = h.reshape(-1, n), dy.reshape(-1, n).contiguous()
+        flat_dres = None if dres is None else dres.reshape(-1, n).contiguous()
+        flat_rstd = None if rstd is None else rstd.reshape(-1)
+        want = dict(base, bias=bias)
         if rstd is None:
             want["rstd_in"] = False
-        if res and dres is not None:
+        if flat_dres is not None:
             want.update(residual=True, dresidual_in=True)
-        if bias:
-            want["bias"] = True
-        mode = _bwd_mode(bwd, want)
-        if mode is None and "bias" in want:
-            want.pop("bias")
-            mode = _bwd_mode(bwd, want)
-        if mode is None and want.get("residual"):
-            want.update(residual=False, dresidual_in=False)
-            mode = _bwd_mode(bwd, want)
-        if mode is None and want.get("rstd_in") is False:
-            want.pop("rstd_in")
-            rstd = torch.rsqrt(flat_h.float().pow(2).mean(-1) + eps)
-            mode = _bwd_mode(bwd, want)
-        if mode is None:
-            raise LoaderError(
-                f"{bwd.target}: no built mode for {want}; built: "
-                + "; ".join(m.label() for m in bwd.modes())
+        plan = _plan(_registered["bwds"][id(fop)], h.dtype, tuple(flat_h.shape), want)
+        if plan is None:
+            dx, dw, db = reference_backward(
+                flat_h, flat_dy, w, flat_rstd, eps, dres=flat_dres, bias=bias
             )
-        op, bouts = _bwd_op(bwd, mode)
-        have = {
-            "x": flat_h,
-            "dy": flat_dy,
-            "weight": w,
-            "rstd": None if rstd is None else rstd.reshape(-1),
-            "dres": None if dres is None else dres.reshape(-1, dres.shape[-1]).contiguous(),
-        }
-        got = dict(zip(bouts, op(*(have[n] for n in mode.names))))
-        dx = got["dx"].reshape(h.shape)
-        if dres is not None and not {**dict(bwd.op.OPTIONS), **mode.options}.get("dresidual_in"):
-            dx = dx + dres
-        dw = got.get("dweight") if has_w else None
-        db = None
-        if bias:
-            db = (
-                got["dbias"]
-                if "dbias" in got
-                else flat_dy.sum(0).to(w.dtype if w is not None else dy.dtype)
-            )
-        per = {"x": dx, "residual": dx, "weight": dw, "bias": db}
-        return tuple(per.get(n) for n in names)
+        else:
+            kernel, mode, compute_rstd = plan
+            if compute_rstd:
+                flat_rstd = _rstd(flat_h, eps)
+            op, bouts = _bwd_op(kernel, mode)
+            have = {"x": flat_h, "dy": flat_dy, "weight": w, "rstd": flat_rstd, "dres": flat_dres}
+            got = dict(zip(bouts, op(*(have[k] for k in mode.names))))
+            dx = got["dx"]
+            if flat_dres is not None and "dres" not in mode.names:
+                dx = dx + flat_dres
+            dw = got.get("dweight")
+            db = got.get("dbias")
+            if bias and db is None:
+                db = flat_dy.float().sum(0).to(w.dtype if w is not None else dy.dtype)
+        dx = dx.reshape(h.shape)
+        per = {"x": dx, "residual": dx, "weight": dw if has_w else None, "bias": db}
+        return tuple(per.get(k) for k in names)
 
     torch.library.register_autograd(fop, backward, setup_context=setup_context)
     _registered[("autograd", id(fop))] = True

@@ -92,3 +92,20 @@ def _kernel_class(manifest: Manifest):
     from .kernel import BuiltKernel
 
     return BuiltKernel
+
+
+def built_targets(template: str, gpu: str, kernelfile: str | Path | None = None) -> list[str]:
+    """The targets "<op>@<gpu>" of `kernelfile` (default: ./kernelfile.toml or the nearest one
+    above) whose op is `template` (e.g. every rmsnorm_bwd target, one per dtype) and that have been
+    built (a manifest.json in the build directory), in declaration order; [] without a kernelfile."""
+    kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
+    if kfp is None or not kfp.is_file():
+        return []
+    kf = _load_kernelfile(kfp, f"find the {template} targets")
+    return [
+        f"{name}@{gpu}"
+        for name, spec in kf.ops.items()
+        if gpu in spec.gpus
+        and op_dir(spec.template, kf.root).name == template
+        and (kf.build_dir / f"{name}@{gpu}" / "manifest.json").is_file()
+    ]

@@ -8,8 +8,8 @@
 One custom op per (target, option set): its schema lists the op's input names as Tensors and
 returns the op's outputs; a fake (meta) implementation allocates the outputs exactly as the real
 one does, so the compiler can trace shapes and dtypes without a GPU. No autograd formula is
-registered (the ops are forward-only until a backward op exists): calling one on tensors that
-require grad raises in backward. torch is imported when this module is, never by ptxbuild.runtime itself (kernel.torch_op
+registered here: calling one on tensors that require grad raises in backward (autograd.py
+registers RMSNorm's, running the built backward). torch is imported when this module is, never by ptxbuild.runtime itself (kernel.torch_op
 imports this module when asked). Public path: ptxbuild.torch_ops.
 """
 
@@ -150,18 +150,21 @@ def register_kda(kernel):
     return custom
 
 
-def module_callable(kernel, options: dict | None = None):
+def module_callable(kernel, options: dict | None = None, op=None, first: bool = False):
     """What a torch module should call for `kernel` (BuiltKernel.torch_op): the registered custom
-    op while torch.compile traces (no graph break) or where autograd records (it raises in
-    backward instead of silently cutting the graph), else the kernel itself: eager calls skip the
-    dispatcher's round trip into Python (a few microseconds of host time per call)."""
-    op = register(kernel, options)
+    op while torch.compile traces (no graph break) or where autograd records, else the kernel
+    itself: eager calls skip the dispatcher's round trip into Python (a few microseconds of host
+    time per call). `op`: the custom op to call there instead of register(kernel, options) (e.g.
+    autograd.register_rmsnorm_training's, whose backward runs the built backward); `first`: it
+    returns a tuple whose first item is the kernel's output (a forward that also writes rstd).
+    Without an autograd formula the custom op raises in backward: never a silent cut."""
+    op = op if op is not None else register(kernel, options)
     opt_kwargs = {} if not options else _option_kwargs(kernel, options)
     compiling, grad_on = torch.compiler.is_compiling, torch.is_grad_enabled
 
     def call(*tensors):
         if compiling() or (grad_on() and any(t.requires_grad for t in tensors)):
-            return op(*tensors)
+            return op(*tensors)[0] if first else op(*tensors)
         return kernel(*tensors, **opt_kwargs)
 
     call.op, call.kernel = op, kernel
