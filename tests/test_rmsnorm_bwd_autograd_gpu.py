@@ -9,7 +9,8 @@ backward under torch.compile(fullgraph=True) (a graph break fails it).
 
 import math
 import os
-import traceback
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,6 @@ def _modes(ms):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from click.testing import CliRunner
-
-    from ptxbuild.cli import main
     from ptxbuild.runtime import _device
 
     if _device(0).cc != 90:
@@ -74,16 +72,17 @@ def built(tmp_path_factory):
         f'dtypes = ["bfloat16", "float16", "float32"]\nshapes = [[512, {N}]]\n'
         f"modes = {_modes(BWD_MODES)}\n"
     )
-    cwd = os.getcwd()
-    os.chdir(d)
-    try:
-        res = CliRunner().invoke(main, ["build", "--no-gpu", "-q"], catch_exceptions=False)
-    finally:
-        os.chdir(cwd)
-    assert res.exit_code == 0, (
-        f"exit {res.exit_code}\n{res.output}\nstderr: {getattr(res, 'stderr', '')}\n"
-        f"{''.join(traceback.format_exception(*res.exc_info)) if res.exc_info else ''}"
-    )
+    # in a fresh process (not CliRunner in this one, where CUDA is initialized already and the
+    # compile pool would fork it), not quiet: a failure shows each problem's outcome
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "ptxbuild.cli", "build", "--no-gpu"],
+        cwd=d, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
     import ptxbuild
 
     return (
