@@ -1,4 +1,10 @@
-"""Kernel arguments as host bytes for cuLaunchKernel(Ex): a device pointer for arrays, else the value."""
+"""Launching a kernel through the CUDA driver, shared by the GPU worker (gpu/) and the runtime
+(runtime/): kernel arguments as host bytes for cuLaunchKernel(Ex) (a device pointer for arrays,
+else the value), the function attributes a launch needs, the cuLaunchKernelEx config of a cluster,
+programmatic or persistent launch, and one launch on a stream. `cu` is cuda.bindings.driver (the
+caller's import: nothing here imports it), `ok(result, what)` the caller's check of a driver result
+(it raises the caller's own error). The runtime's per-call path (runtime/fast.py) packs its argument
+buffers once and launches through libcuda directly; the worker's calls come here."""
 
 from __future__ import annotations
 
@@ -91,3 +97,73 @@ def _attr(cu, which, fn) -> int:
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuFuncGetAttribute: {err.name}")
     return int(value)
+
+
+def load_module(cu, images, entries, ok) -> tuple:
+    """(module, entry -> CUfunction) from the first of `images` ((kind, bytes): e.g. the cubin, then
+    the PTX for the driver to JIT) that the driver loads into the current context, or (None,
+    [why each image was refused]). A module whose entries are not all there is unloaded."""
+    why = []
+    for kind, data in images:
+        buf = np.frombuffer(data + b"\0" if kind == "ptx" else data, dtype=np.uint8)
+        err, module = cu.cuModuleLoadData(buf.ctypes.data)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            why.append(f"{kind}: {err.name}")
+            continue
+        got = {e: cu.cuModuleGetFunction(module, e.encode()) for e in entries}
+        if all(err == cu.CUresult.CUDA_SUCCESS for err, _ in got.values()):
+            return module, {e: fn for e, (_, fn) in got.items()}
+        why += [
+            f"{kind}: {e}: {r[0].name}" for e, r in got.items() if r[0] != cu.CUresult.CUDA_SUCCESS
+        ]
+        ok(cu.cuModuleUnload(module), "cuModuleUnload")
+    return None, why
+
+
+def set_function_attributes(cu, fn, geom, ok) -> None:
+    """What a launch of `geom` needs set on its function first: dynamic shared memory beyond the
+    default, and the non-portable cluster size for clusters above 8."""
+    attr = cu.CUfunction_attribute
+    smem = int(geom.smem_bytes)
+    if smem > SMEM_DEFAULT_BYTES:
+        ok(
+            cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+            "cuFuncSetAttribute(max dynamic shared memory)",
+        )
+    if not geom.plain and int(np.prod(geom.cluster)) > PORTABLE_CLUSTER:
+        ok(
+            cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            "cuFuncSetAttribute(non-portable cluster)",
+        )
+
+
+def launch_config(cu, fn, geom, stream: int):
+    """The cuLaunchKernelEx config of a non-plain `geom` (cluster, PDL, persistent grid) on `stream`;
+    .attrs is kept alive on the config object."""
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in geom.grid)
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in geom.block)
+    cfg.sharedMemBytes, cfg.hStream = int(geom.smem_bytes), cu.CUstream(int(stream))
+    attrs = launch_attributes(cu, geom)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    cfg.gridDimX = resident_grid(cu, fn, cfg, geom)
+    return cfg
+
+
+def launch(cu, fn, geom, args: list, stream: int, ok) -> None:
+    """One launch of `fn` with `args` on `stream` (an int): cuLaunchKernel, or cuLaunchKernelEx with
+    the launch attributes (cluster, PDL, persistent grid); nothing for an empty grid (M = 0)."""
+    if 0 in tuple(geom.grid):
+        return
+    set_function_attributes(cu, fn, geom, ok)
+    params = [param(a) for a in args]
+    ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
+    if geom.plain:
+        grid, block = (int(v) for v in geom.grid), (int(v) for v in geom.block)
+        res = cu.cuLaunchKernel(
+            fn, *grid, *block, int(geom.smem_bytes), cu.CUstream(int(stream)), ptrs.ctypes.data, 0
+        )
+        ok(res, "cuLaunchKernel")
+        return
+    cfg = launch_config(cu, fn, geom, stream)
+    ok(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0), "cuLaunchKernelEx")

@@ -15,19 +15,8 @@ sees their arrays, the CUDA driver (cuda.bindings.driver) when a kernel launches
 a one-line LoaderError saying what to do.
 """
 
-from .arrays import TorchXp as _TorchXp
 from .dispatch import _Mode
-from .driver import (
-    _cu,
-    _Current,
-    _device,
-    _launch,
-    _ok,
-    arch_runs_on,
-    cc_of,
-    driver_cuda,
-    load_choice,
-)
+from .driver import _cu, _Current, _device, _launch, _ok, arch_runs_on, load_choice
 from .errors import LoaderError
 from .kernel import BuiltKernel
 from .locate import load
@@ -37,14 +26,11 @@ __all__ = [
     "LoaderError",
     "_Current",
     "_Mode",
-    "_TorchXp",
     "_cu",
     "_device",
     "_launch",
     "_ok",
     "arch_runs_on",
-    "cc_of",
-    "driver_cuda",
     "load",
     "load_choice",
 ]

@@ -11,13 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..launch import (
-    PORTABLE_CLUSTER,
-    SMEM_DEFAULT_BYTES,
-    launch_attributes,
-    param,
-    resident_grid,
-)
+from .. import launch as shared
+from ..launch import param
 from ..records import Variant
 from .errors import LoaderError
 
@@ -159,24 +154,13 @@ def load_functions(
             f"{target} was built for {variant.arch}; this GPU ({dev.name}) is sm_{dev.cc}: "
             f"declare a target for it in kernelfile.toml and build it"
         )
-    cu, why = _cu(), []
+    too_new = load_choice(variant.ptx_isa, dev.driver_version)
+    images = [(k, (Path(build_dir) / getattr(variant, k)).read_bytes()) for k in ("cubin", "ptx")]
     with _Current(dev):
-        for kind in ("cubin", "ptx"):
-            data = (Path(build_dir) / getattr(variant, kind)).read_bytes()
-            if kind == "ptx":
-                if too_new := load_choice(variant.ptx_isa, dev.driver_version):
-                    why.append(f"ptx: {too_new}")
-                    continue
-                data += b"\0"
-            buf = np.frombuffer(data, dtype=np.uint8)
-            res = cu.cuModuleLoadData(buf.ctypes.data)
-            if res[0] != cu.CUresult.CUDA_SUCCESS:
-                why.append(f"{kind}: {res[0].name}")
-                continue
-            return {
-                e: _ok(cu.cuModuleGetFunction(res[1], e.encode()), f"cuModuleGetFunction({e})")
-                for e in entries
-            }
+        module, got = shared.load_module(_cu(), images[: 1 if too_new else 2], entries, _ok)
+    if module is not None:
+        return got
+    why = got + ([f"ptx: {too_new}"] if too_new else [])
     raise LoaderError(
         f"{target}: this driver (CUDA {driver_cuda(dev.driver_version)}) can load neither the "
         f"cubin nor the PTX of {variant.entry} ({'; '.join(why)}); upgrade the NVIDIA driver, "
@@ -192,51 +176,14 @@ def _param(arg) -> np.ndarray:
 
 
 def set_function_attributes(fn, geom) -> None:
-    """What a launch of `geom` needs set on its function first: dynamic shared memory beyond the
-    default, and the non-portable cluster size for clusters above 8."""
-    cu = _cu()
-    attr = cu.CUfunction_attribute
-    smem = int(geom.smem_bytes)
-    if smem > SMEM_DEFAULT_BYTES:
-        _ok(
-            cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-            "cuFuncSetAttribute(max dynamic shared memory)",
-        )
-    if not geom.plain and int(np.prod(geom.cluster)) > PORTABLE_CLUSTER:
-        _ok(
-            cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-            "cuFuncSetAttribute(non-portable cluster)",
-        )
+    """ptxbuild.launch.set_function_attributes, with the runtime's errors."""
+    shared.set_function_attributes(_cu(), fn, geom, _ok)
 
 
 def launch_config(fn, geom, stream: int):
-    """The cuLaunchKernelEx config of a non-plain `geom` (cluster, PDL, persistent grid) on `stream`;
-    .attrs is kept alive on the config object."""
-    cu = _cu()
-    cfg = cu.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in geom.grid)
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (int(v) for v in geom.block)
-    cfg.sharedMemBytes, cfg.hStream = int(geom.smem_bytes), cu.CUstream(int(stream))
-    attrs = launch_attributes(cu, geom)
-    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
-    cfg.gridDimX = resident_grid(cu, fn, cfg, geom)
-    return cfg
+    return shared.launch_config(_cu(), fn, geom, stream)
 
 
 def _launch(fn, geom, args: list, stream: int) -> None:
-    """cuLaunchKernel on `stream`, or cuLaunchKernelEx with launch attributes (cluster, PDL)."""
-    cu = _cu()
-    if 0 in tuple(geom.grid):
-        return  # nothing to do (e.g. M = 0)
-    set_function_attributes(fn, geom)
-    params = [_param(a) for a in args]
-    ptrs = np.array([p.ctypes.data for p in params], dtype=np.uint64)
-    if geom.plain:
-        grid, block = (int(v) for v in geom.grid), (int(v) for v in geom.block)
-        res = cu.cuLaunchKernel(
-            fn, *grid, *block, int(geom.smem_bytes), cu.CUstream(int(stream)), ptrs.ctypes.data, 0
-        )
-        _ok(res, "cuLaunchKernel")
-        return
-    cfg = launch_config(fn, geom, stream)
-    _ok(cu.cuLaunchKernelEx(cfg, fn, ptrs.ctypes.data, 0), "cuLaunchKernelEx")
+    """ptxbuild.launch.launch (cuLaunchKernel, or cuLaunchKernelEx with launch attributes)."""
+    shared.launch(_cu(), fn, geom, args, stream, _ok)

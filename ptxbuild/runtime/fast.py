@@ -200,14 +200,3 @@ class Prepared:
             except ValueError:
                 name = f"error {err}"
             raise LoaderError(f"{self.target}: the kernel launch failed: {name}")
-
-
-def pointer_slots(prepared: Prepared) -> list[tuple[int, int, int]]:
-    """(kernel, argument, source) of every pointer patched per call (for tests and inspection)."""
-    return [(k, j, src) for k, b in enumerate(prepared.buffers) for j, src, _ in b.patch]
-
-
-def scalar_bytes(prepared: Prepared, kernel: int, arg: int, size: int) -> bytes:
-    """The bytes argument `arg` of kernel `kernel` is launched with (a scalar's value)."""
-    buf = prepared.buffers[kernel]
-    return ctypes.string_at(buf.params[arg], size)
