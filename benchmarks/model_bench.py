@@ -42,13 +42,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 KDA_SCENARIOS = [  # kda.md: H in {96, 64} x {one 8192-token sequence, six mixed lengths, 8 x 1024}
-    (h, name, lengths)
-    for h in (96, 64)
+    (h, name, lengths)  # H96 and H64 side by side; the one-sequence rows first (--quick: those)
     for name, lengths in (
         ("T8192", [8192]),
-        ("mixed6", [1300, 547, 2048, 963, 271, 3063]),
         ("8x1024", [1024] * 8),
+        ("mixed6", [1300, 547, 2048, 963, 271, 3063]),
     )
+    for h in (96, 64)
 ]
 NOISE = 0.02  # a ratio within 2% whose p20-p80 ranges overlap is called a tie, not a loss
 
@@ -113,7 +113,8 @@ def why_slower(r: dict) -> str:
         reasons.append(
             "likely: inductor fuses the residual add, the cast and torch's norm into one Triton "
             "kernel, while ptxbuild's custom op is opaque to it, so the add before each norm stays a "
-            "kernel of its own (ptxbuild's residual mode would take it; patch_rmsnorm uses the plain one)"
+            "kernel of its own (ptxbuild's residual mode would take it; patch_rmsnorm uses the plain "
+            "one); patch_rmsnorm(compiled='stock'), the default, leaves compiled regions to torch's norm"
         )
     return "; ".join(reasons) or "not known"
 
@@ -139,9 +140,15 @@ def render_md(env: dict, rows: list[dict]) -> str:
 
     for r in rows:
         note = r.get("skipped") or r.get("error") or r.get("note") or ""
+        if r.get("norm_backward"):
+            calls = r.get("backward_kernel_calls")
+            note += f" norm backward: {r['norm_backward']}" + (
+                f" ({calls} kernel calls per step)" if calls is not None else ""
+            )
         sp = f"{r['speedup']:.3f}x" if r.get("speedup") else "-"
+        shape = "x".join(map(str, r["shape"])) + (f" {r['scenario']}" if r.get("scenario") else "")
         lines.append(
-            f"| {r['model']} | {r['phase']} | {r['mode']} | {'x'.join(map(str, r['shape']))} | "
+            f"| {r['model']} | {r['phase']} | {r['mode']} | {shape} | "
             f"{ms(r['stock_ms'])} | {ms(r['ptxbuild_ms'])} | {sp} | {note.replace('|', '/')} |"
         )
     slow = [r for r in rows if slower(r)]
@@ -398,7 +405,7 @@ class Llama:
         self.ptx = copy.deepcopy(self.stock)
         kernel = fake_kernel(args.eps) if args.fake_kernel else None
         self.norms = ptxbuild.patch_rmsnorm(self.ptx, target=args.target, kernel=kernel)
-        self.compiled = {}
+        self.compiled = False  # the decoder layers are compiled in place by the first compile row
         self.host = None
         with contextlib.suppress(Exception):
             self.host = norm_host_us(
@@ -447,21 +454,31 @@ class Llama:
             fa, _ga = graph_of(torch, s_step)
             fb, _gb = graph_of(torch, p_step)
         else:
-            for key, m in (("stock", self.stock), ("ptxbuild", self.ptx)):
-                if (key, phase) not in self.compiled:
-                    self.compiled[(key, phase)] = torch.compile(m, dynamic=False)
-            cs, cp = self.compiled[("stock", phase)], self.compiled[("ptxbuild", phase)]
+            # regional compilation (torch's recipe for a stack of identical blocks): every decoder
+            # layer compiled in place, the one compiled code shared by the layers of a model; the
+            # embedding and the final norm stay eager. Inside the layers the patched norms run
+            # torch's own (patch_rmsnorm's compiled="stock"), so inductor fuses them as in stock
+            if not self.compiled:
+                for m in (self.stock, self.ptx):
+                    for layer in m.layers:
+                        layer.compile(dynamic=False)
+                self.compiled = True
             (
                 s_step(),
                 p_step(),
             )  # caches are allocated eagerly (transformers 5 allocates on first use)
             t0 = time.monotonic()
-            s_step(cs)
+            s_step()
             t1 = time.monotonic()
-            p_step(cp)
+            p_step()
             t2 = time.monotonic()
-            fa, fb = (lambda: s_step(cs)), (lambda: p_step(cp))
-            note = f"first call (compile) {t1 - t0:.0f} s stock, {t2 - t1:.0f} s ptxbuild"
+            fa, fb = s_step, p_step
+            note = (
+                f"decoder layers compiled (first call {t1 - t0:.0f} s stock, {t2 - t1:.0f} s "
+                "ptxbuild); in them both run torch's norm (the patch leaves compiled regions to the "
+                "stock path: inductor fuses it with the residual add), the final norm outside runs "
+                "ptxbuild's kernel"
+            )
         reps = args.reps if phase == "decode" else max(5, args.reps // 4)
         a, b = self.clock.pair(fa, fb, reps=reps, warmup=3)
         return row(self.name, phase, mode, shape, a, b, note=note, **extra)
@@ -473,19 +490,17 @@ class Llama:
 
 
 def train_row(args, clock, config, stock, ptx, model_name, budget):
-    """(c): forward + backward + SGD of the decoder on (1, args.train_tokens), if RMSNorm has a backward."""
+    """(c): one training step (forward + backward + SGD) of the whole decoder on (1, train_tokens):
+    the patched model's norms run ptxbuild's forward and, in backward, the built rmsnorm_bwd target
+    where one covers the call (else torch's closed form: the row says which)."""
     import torch
 
     shape = (1, args.train_tokens)
-    base = row(model_name, "train", "eager", shape)
     norm = next(m for m in ptx.modules() if type(m).__name__ == "PtxbuildRMSNorm")
-    try:
-        x = torch.randn(2, norm.weight.shape[0], device=args.device, dtype=norm.weight.dtype)
-        w = norm.weight.detach().clone().requires_grad_(True)
-        probe = type(norm)(norm.fn, torch.nn.Parameter(w), norm.eps, norm.target, norm.cuda_only)
-        probe(x.requires_grad_(True)).sum().backward()
-    except Exception as exc:
-        return base | {"skipped": f"ptxbuild's RMSNorm has no backward here ({_err(exc)})"}
+    bwds = getattr(norm.fn, "bwd", None)
+    info = {"norm_backward": ", ".join(k.target for k in bwds) if bwds else
+            "torch closed form" if bwds is not None else "autograd of the given callable"}  # fmt: skip
+    base = row(model_name, "train", "eager", shape, **info)
     if budget.left() < 30:
         return base | {"skipped": f"time budget spent ({budget.left():.0f} s left)"}
     try:
@@ -494,22 +509,35 @@ def train_row(args, clock, config, stock, ptx, model_name, budget):
 
         def step(model, opt):
             def run():
-                opt.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
                 h = model(input_ids=ids, use_cache=False).last_hidden_state
                 h.float().square().mean().backward()
-                opt.step()
+                if opt is not None:
+                    opt.step()
 
             return run
 
-        fa = step(stock.train(), torch.optim.SGD(stock.parameters(), lr=1e-6))
-        fb = step(ptx.train(), torch.optim.SGD(ptx.parameters(), lr=1e-6))
+        stock.train(), ptx.train()
+        step(stock, None)()  # one step without the update: the gradients compared
+        before = sum(k.calls for k in bwds or [])
+        step(ptx, None)()
+        ran = sum(k.calls for k in bwds or []) - before
+        diff = max(
+            max_rel_diff(a.grad, b.grad)
+            for (na, a), (nb, b) in zip(stock.named_parameters(), ptx.named_parameters())
+            if "norm" in na
+        )
+        fa = step(stock, torch.optim.SGD(stock.parameters(), lr=1e-6))
+        fb = step(ptx, torch.optim.SGD(ptx.parameters(), lr=1e-6))
         a, b = clock.pair(fa, fb, reps=max(5, args.reps // 4), warmup=2)
-        return row(model_name, "train", "eager", shape, a, b)
+        return row(model_name, "train", "eager", shape, a, b, **info,
+                   norm_grad_max_rel_diff=round(diff, 5), backward_kernel_calls=ran)  # fmt: skip
     except Exception as exc:
         return base | {"error": _err(exc)}
     finally:
-        stock.eval()
-        ptx.eval()
+        for m in (stock, ptx):
+            m.eval()
+            m.zero_grad(set_to_none=True)
 
 
 # ----------------------------------------------------------------------------- (b) KDA
@@ -529,7 +557,7 @@ def kda_dropin(target: str):
         return None, f"cannot load {target}: {_err(exc)}"
 
 
-def kda_rows(args, clock, budget, emit):
+def kda_rows(args, clock, budget, emit, scenarios=KDA_SCENARIOS):
     import torch
 
     shape_of = lambda h, lengths: [1, sum(lengths), h]  # noqa: E731
@@ -538,12 +566,12 @@ def kda_rows(args, clock, budget, emit):
     try:
         import fla.layers.kda as fla_kda
     except Exception as exc:
-        for h, name, lengths in KDA_SCENARIOS:
+        for h, name, lengths in scenarios:
             emit(row("fla-kda", "prefill", "eager", shape_of(h, lengths), scenario=name,
                      skipped=f"flash-linear-attention's KDA layer is not importable ({_err(exc)})"))  # fmt: skip
         return
     dropin, why = kda_dropin(args.kda_target)
-    for h, name, lengths in KDA_SCENARIOS:
+    for h, name, lengths in scenarios:
         base = dict(scenario=name, hidden_size=args.kda_hidden)
         shape = shape_of(h, lengths)
         if dropin is None:
@@ -609,7 +637,7 @@ def parse_args(argv=None):
         "--reps", type=int, default=None, help="timed calls per decode row (prefill: /4)"
     )
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this")
-    ap.add_argument("--compile-s", type=float, default=90, help="time a compile row may need")
+    ap.add_argument("--compile-s", type=float, default=60, help="time a compile row may need")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--intermediate", type=int, default=14336, help="11008 (Llama 2) or 14336")
     ap.add_argument("--ctx", type=int, default=1024, help="tokens in the KV cache at decode")
@@ -628,7 +656,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.modes = set(args.modes.split(","))
     args.reps = args.reps or (20 if args.quick else 100)
-    args.budget_s = args.budget_s or (180 if args.quick else 1800)
+    args.budget_s = args.budget_s or (200 if args.quick else 1800)
     args.prefill = [(1, 8192), (8, 1024)] if not args.tiny else [(1, 16), (2, 8)]
     args.decode = [(1, 1), (8, 1), (64, 1)]
     args.ctx = args.ctx if not args.tiny else 8
@@ -650,17 +678,19 @@ def main(argv=None) -> int:
     with contextlib.suppress(AttributeError):
         torch._dynamo.config.recompile_limit = 64
 
+    t0 = time.monotonic()
+
     def emit(r, diagnostics=None):
         if diagnostics:
             env.setdefault("diagnostics", {}).update(diagnostics)
         if r is not None:
+            r.setdefault("done_at_s", round(time.monotonic() - t0, 1))  # where the time went
             rows.append(r)
             sp = f" {r['speedup']:.3f}x" if r.get("speedup") else ""
             print(f"{r['model']} {r['phase']} {r['mode']} {r['shape']}: stock {r['stock_ms']} ms, "
                   f"ptxbuild {r['ptxbuild_ms']} ms{sp} {r.get('skipped') or r.get('error') or ''}", flush=True)  # fmt: skip
         write_report(out, env, rows)
 
-    t0 = time.monotonic()
     llama = None
     if args.modes & {"eager", "cudagraph", "compile", "train"}:
         try:
@@ -670,12 +700,16 @@ def main(argv=None) -> int:
     gpu_modes = ["cudagraph"] if clock.cuda else []
     if llama:
         llama.rows([m for m in ["eager", *gpu_modes] if m in args.modes], budget)
-    if "kda" in args.modes and clock.cuda:
-        kda_rows(args, clock, budget, emit)
-    if llama and clock.cuda and "compile" in args.modes:
-        llama.rows(["compile"], budget)
     if llama and "train" in args.modes:
         llama.train(budget)
+    kda = "kda" in args.modes and clock.cuda
+    first = [s for s in KDA_SCENARIOS if s[1] == "T8192"] if args.quick else KDA_SCENARIOS
+    if kda:
+        kda_rows(args, clock, budget, emit, first)
+    if llama and clock.cuda and "compile" in args.modes:
+        llama.rows(["compile"], budget)  # last: the decoder layers are compiled in place
+    if kda and args.quick:
+        kda_rows(args, clock, budget, emit, [s for s in KDA_SCENARIOS if s not in first])
     env["wall_s"] = round(time.monotonic() - t0, 1)
     write_report(out, env, rows)
     print(f"model_bench: {len(rows)} rows in {env['wall_s']} s -> {out}/report.json, report.md")

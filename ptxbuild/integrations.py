@@ -59,29 +59,19 @@ def is_rmsnorm(module) -> bool:
 
 def built_eps(kernel) -> set[float] | None:
     """The epsilons a loaded rmsnorm kernel was built for (plain mode), or None if it cannot say."""
-    modes = getattr(kernel, "modes", None)
-    if modes is None:
+    if not hasattr(kernel, "modes"):
         return None
-    defaults = dict(getattr(getattr(kernel, "op", None), "OPTIONS", {}))
-    return {
-        float({**defaults, **m.options}["eps"])
-        for m in modes()
-        if "eps" in {**defaults, **m.options} and not m.options.get("residual")
-    }
+    full = [{**dict(kernel.op.OPTIONS), **m.options} for m in kernel.modes()]
+    return {float(o["eps"]) for o in full if "eps" in o and not o.get("residual")}
 
 
-def _plain_options(kernel, eps: float | None, rstd: bool) -> dict | None:
-    """The options of the built mode called as f(x, weight) for `eps` (writing rstd or not)."""
-    defaults = dict(kernel.op.OPTIONS)
-    for m in kernel.modes():
-        full = {**defaults, **m.options}
-        if (
-            m.names == ("x", "weight")
-            and (eps is None or float(full.get("eps", eps)) == eps)
-            and bool(full.get("rstd")) == rstd
-        ):
-            return {k: full[k] for k in ("eps", "rstd", "residual", "bias", "weight") if k in full}
-    return None
+def _plain_mode(kernel, eps: float | None, rstd: bool):
+    """The built mode called as f(x, weight) for `eps` (writing rstd or not), or None."""
+    from .runtime.torch_ops import mode_with
+
+    return mode_with(
+        kernel, {"rstd": rstd, **({} if eps is None else {"eps": eps})}, ("x", "weight")
+    )
 
 
 def backward_kernels(kernel, kernelfile=None) -> list:
@@ -91,12 +81,10 @@ def backward_kernels(kernel, kernelfile=None) -> list:
     from .runtime import load
     from .runtime.locate import built_targets
 
-    gpu = kernel.target.split("@", 1)[1]
     kw = {"allow_fallback": bool(getattr(kernel, "allow_fallback", False))}  # as the forward
-    if kernelfile:
-        kw["kernelfile"] = kernelfile
+    kw.update({"kernelfile": kernelfile} if kernelfile else {})
     out = []
-    for t in built_targets(f"{kernel.op.NAME}_bwd", gpu, kernelfile):
+    for t in built_targets(f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1], kernelfile):
         try:
             out.append(load(t, **kw))
         except LoaderError as exc:
@@ -110,17 +98,17 @@ def training_callable(kernel, eps: float | None, backward="auto", kernelfile=Non
     from .runtime.autograd import register_rmsnorm_training
     from .runtime.torch_ops import module_callable
 
-    plain = _plain_options(kernel, eps, rstd=False) or _plain_options(kernel, eps, rstd=True)
+    plain = _plain_mode(kernel, eps, rstd=False) or _plain_mode(kernel, eps, rstd=True)
     if plain is None:
-        raise PatchError(
-            f"{kernel.target} has no mode called as f(x, weight) for eps {eps}; built: "
-            + "; ".join(m.label() for m in kernel.modes())
-        )
+        modes = "; ".join(m.label() for m in kernel.modes())
+        raise PatchError(f"{kernel.target}: no mode f(x, weight) for eps {eps}; built: {modes}")
     bwds = backward_kernels(kernel, kernelfile) if backward == "auto" else backward
-    train = _plain_options(kernel, eps, rstd=True) or plain
-    op = register_rmsnorm_training(kernel, bwds, train)
-    fn = module_callable(kernel, plain, op=op, first=bool(train.get("rstd")))
-    fn.backward = [b.target for b in bwds or []]
+    train = _plain_mode(kernel, eps, rstd=True) or plain
+    op = register_rmsnorm_training(kernel, bwds, {**dict(kernel.op.OPTIONS), **train.options})
+    # eager: the mode's options as built (none for the default one: no per-call keywords; a mode
+    # writing rstd that binds first then returns (y, rstd), still right)
+    fn = module_callable(kernel, plain.options or None, op=op)
+    fn.bwd, fn.backward = list(bwds or []), [b.target for b in bwds or []]
     return fn
 
 
@@ -131,8 +119,7 @@ def _module_class():
     class PtxbuildRMSNorm(nn.Module):
         """An RMSNorm whose CUDA rows run a ptxbuild kernel; same weight, same epsilon."""
 
-        def __init__(self, fn, weight, eps: float, target: str, cuda_only: bool = True,
-                     stock=None, compiled: str = "stock"):  # fmt: skip
+        def __init__(self, fn, weight, eps: float, target: str, cuda_only: bool, stock, compiled):
             super().__init__()
             self.fn, self.weight, self.eps, self.target = fn, weight, eps, target
             self.cuda_only, self.compiled = cuda_only, compiled
@@ -141,22 +128,15 @@ def _module_class():
             self._refused: set = set()
 
         def stock_forward(self, x):
-            """The replaced module's own forward (torch's rms_norm for one made by hand)."""
-            if self._stock is not None:
-                if self._stock.weight is not self.weight:  # e.g. a Parameter replaced by hand
-                    self._stock.weight = self.weight
-                return self._stock(x)
-            n = self.weight.shape[0]
-            return torch.nn.functional.rms_norm(x, (n,), self.weight, self.eps)
+            """The replaced module's own forward (it holds the same weight Parameter)."""
+            return self._stock(x)
 
         def forward(self, x):
             n = self.weight.shape[0]
-            if torch.compiler.is_compiling():
-                if self.compiled == "stock":
-                    return self.stock_forward(x)
-                return self.fn(x.reshape(-1, n).contiguous(), self.weight).reshape(x.shape)
             if (
-                (self.cuda_only and not x.is_cuda)
+                self.compiled == "stock"
+                if torch.compiler.is_compiling()
+                else (self.cuda_only and not x.is_cuda)
                 or x.dtype != self.weight.dtype
                 or x.shape[-1] != n
                 or (x.shape, x.dtype) in self._refused
@@ -168,12 +148,11 @@ def _module_class():
                 self._refused.add((x.shape, x.dtype))
                 warnings.warn(f"{exc}; running the model's own RMSNorm", stacklevel=2)
                 return self.stock_forward(x)
-            return y.reshape(x.shape)
+            return (y[0] if isinstance(y, tuple) else y).reshape(x.shape)
 
         def extra_repr(self) -> str:
-            bwd = getattr(self.fn, "backward", None)
-            more = "" if bwd is None else f", backward={', '.join(bwd) or 'torch closed form'}"
-            return f"{self.weight.shape[0]}, eps={self.eps}, target={self.target}{more}"
+            bwd = ", ".join(getattr(self.fn, "backward", ["?"])) or "torch closed form"
+            return f"{self.weight.shape[0]}, eps={self.eps}, target={self.target}, backward={bwd}"
 
     return PtxbuildRMSNorm
 
@@ -222,17 +201,26 @@ def patch_rmsnorm(
                 "declare that eps in the kernelfile's options and rebuild"
             )
     built = hasattr(kernel, "modes")  # a loaded kernel (CUDA only), not a plain callable
-    fns = {}
-    for eps in sorted({_eps_of(m) for _, m in found}):
-        mode_eps = eps if check_eps else None  # unchecked: the first mode, whatever its eps
-        fns[eps] = training_callable(kernel, mode_eps, backward, kernelfile) if built else kernel
+    fns = {  # check_eps=False: the first mode, whatever its eps
+        eps: training_callable(kernel, eps if check_eps else None, backward, kernelfile)
+        if built
+        else kernel
+        for eps in {_eps_of(m) for _, m in found}
+    }
     if "cls" not in _CLASS:
         _CLASS["cls"] = _module_class()
     for name, m in found:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         eps = _eps_of(m)
-        new = _CLASS["cls"](fns[eps], m.weight, eps, target, built if cuda_only is None else cuda_only,
-                            stock=m, compiled=compiled)  # fmt: skip
+        new = _CLASS["cls"](
+            fns[eps],
+            m.weight,
+            eps,
+            target,
+            built if cuda_only is None else cuda_only,
+            stock=m,
+            compiled=compiled,
+        )
         setattr(parent, attr, new)
     return len(found)

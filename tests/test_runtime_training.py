@@ -151,7 +151,7 @@ def test_a_shape_no_backward_covers_takes_the_closed_form(tmp_path, ran):
     g, dres = torch.randn(9, 40, dtype=torch.float64), torch.randn(9, 40, dtype=torch.float64)
     y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w + b
     ((y * g).sum() + (h * dres).sum()).backward()
-    dx, dw, db = reference_backward(h.detach(), g, w.detach(), None, 1e-6, dres=dres, bias=True)
+    dx, dw, db = reference_backward(h.detach(), g, w.detach(), dres=dres, eps=1e-6, bias=True)
     for got, want in ((dx, h.grad), (dw, w.grad), (db, b.grad)):
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 

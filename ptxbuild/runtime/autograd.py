@@ -20,8 +20,8 @@ The forward's mode should write rstd (option rstd = true): the backward then rea
 rstd_in = true modes). Without it the backward runs a rstd_in = false mode if one is built, else
 rstd is computed here with torch (one more read of x). With a residual, x's and residual's
 gradients are the same tensor (h = x + residual), plus the gradient arriving at residual_out
-(the backward's dresidual_in mode; without one the residual_out gradient is added with torch).
-dbias comes from a bias mode of the backward, else dy.sum over rows in torch.
+(the backward's dresidual_in mode). A backward mode must match the call's options (weight type,
+bias, residual, eps) exactly; without one the call takes the closed form.
 torch is imported when this module is.
 """
 
@@ -34,21 +34,21 @@ import torch
 from ..problem import Problem
 from .arrays import TorchXp
 from .errors import LoaderError
-from .torch_ops import NAMESPACE, _MetaXp, _mode_index, _option_kwargs, register
+from .torch_ops import NAMESPACE, _MetaXp, _mode_index, _option_kwargs, mode_with, register
 
 _registered: dict = {}
 
 
 # ---------------------------------------------------------------- the closed form, in torch
-def reference_backward(h, dy, weight, rstd, eps: float, dres=None, bias: bool = False):
-    """(dx, dweight, dbias) of y = h * rstd(h) * weight [+ bias] for rows h [M, N] (fp32 math,
-    outputs in the inputs' types; dweight None without a weight, dbias None without a bias).
-    `rstd` [M] as the forward wrote it, or None (computed here); `dres`: the gradient arriving at
-    the residual sum h itself (added to dx)."""
-    acc = torch.promote_types(h.dtype, torch.float32)
-    hf, g = h.to(acc), dy.to(acc)
+def reference_backward(x, dy, weight=None, rstd=None, dres=None, *, eps: float, bias=False):
+    """(dx, dweight, dbias) of y = x * rstd(x) * weight [+ bias] for rows x [M, N] (x: the input,
+    or the residual sum h; fp32 math, outputs in the inputs' types; dweight None without a weight,
+    dbias None without a bias). The arguments are rmsnorm_bwd's inputs: `rstd` [M] as the forward
+    wrote it, or None (computed here); `dres`: the gradient arriving at h itself (added to dx)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    hf, g = x.to(acc), dy.to(acc)
     if rstd is None:
-        rstd = _rstd(h, eps)
+        rstd = _rstd(x, eps)
     r = rstd.to(acc).reshape(-1, 1)
     n = hf * r
     gw = g * weight.to(acc) if weight is not None else g
@@ -57,7 +57,7 @@ def reference_backward(h, dy, weight, rstd, eps: float, dres=None, bias: bool = 
         dx = dx + dres.to(acc)
     dw = (g * n).sum(0).to(weight.dtype) if weight is not None else None
     db = g.sum(0).to(weight.dtype if weight is not None else dy.dtype) if bias else None
-    return dx.to(h.dtype), dw, db
+    return dx.to(x.dtype), dw, db
 
 
 def _rstd(h, eps: float):
@@ -67,16 +67,6 @@ def _rstd(h, eps: float):
 
 
 # ---------------------------------------------------------------- the backward as a custom op
-def _bwd_mode(bwd, want: dict):
-    """The built backward mode whose options include `want` (the op's defaults filled in)."""
-    defaults = dict(bwd.op.OPTIONS)
-    for m in bwd.modes():
-        full = {**defaults, **m.options}
-        if all(full.get(k) == v for k, v in want.items()):
-            return m
-    return None
-
-
 def _bwd_op(bwd, mode):
     """ptxbuild::<target>_m<i>: the backward mode's inputs -> its outputs (dx, dweight?, dbias?).
     The real call runs the built kernels (the per-call fast path); a call they refuse at run time
@@ -89,14 +79,9 @@ def _bwd_op(bwd, mode):
     like = bwd.problem_like(mode)
     outs = [n for n in bwd.op.make_outputs(like, _MetaXp()) if n not in bwd.op.SCRATCH]
     schema = (
-        "("
-        + ", ".join(f"Tensor {n}" for n in mode.names)
-        + ") -> ("
-        + ", ".join("Tensor" for _ in outs)
-        + ")"
+        f"({', '.join(f'Tensor {n}' for n in mode.names)}) -> ({', '.join(['Tensor'] * len(outs))})"
     )
-    opts = {**dict(bwd.op.OPTIONS), **mode.options}
-    kwargs = _option_kwargs(bwd, mode.options)
+    opts, kwargs = {**dict(bwd.op.OPTIONS), **mode.options}, _option_kwargs(bwd, mode.options)
 
     def impl(*tensors):
         kernel = _registered["serving"][qual]
@@ -111,9 +96,7 @@ def _bwd_op(bwd, mode):
     @custom.register_fake
     def _fake(*tensors):
         x = tensors[0]
-        prob = Problem.make(
-            bwd.op.NAME, str(x.dtype).removeprefix("torch."), tuple(x.shape), mode.options
-        )
+        prob = Problem.make(bwd.op.NAME, _dt(x.dtype), tuple(x.shape), mode.options)
         res = bwd.op.make_outputs(prob, TorchXp(torch, x.device))
         return tuple(res[n] for n in outs)
 
@@ -122,44 +105,25 @@ def _bwd_op(bwd, mode):
 
 
 def _closed_form(kernel, opts: dict, ins: dict, outs: list, why: Exception) -> tuple:
-    key = ("warned", kernel.target, str(why))
-    if key not in _registered:
-        _registered[key] = True
-        warnings.warn(
-            f"{why}; its gradients come from the closed form in torch", RuntimeWarning, stacklevel=3
-        )
-    dx, dw, db = reference_backward(
-        ins["x"], ins["dy"], ins.get("weight"), ins.get("rstd"), float(opts["eps"]),
-        dres=ins.get("dres"), bias=bool(opts.get("bias")),
-    )  # fmt: skip
-    got = {"dx": dx, "dweight": dw, "dbias": db}
-    return tuple(got[n] for n in outs)
+    warnings.warn(f"{why}; the gradients come from torch's closed form", RuntimeWarning, 3)
+    got = reference_backward(**ins, eps=float(opts["eps"]), bias=bool(opts.get("bias")))
+    return tuple(dict(zip(("dx", "dweight", "dbias"), got))[n] for n in outs)
 
 
 def _plan(bwds: list, dtype, shape: tuple, want: dict):
-    """(kernel, mode, rstd needed here) of the first built backward that covers a call, or None."""
-    for bwd in bwds:
-        if str(dtype).removeprefix("torch.") not in bwd.dtypes:
-            continue
-        w = dict(want)
-        mode = _bwd_mode(bwd, w)
-        for drop in ("bias", "residual"):  # done in torch instead (see the module docstring)
-            if mode is None and w.get(drop):
-                w.update({drop: False, **({"dresidual_in": False} if drop == "residual" else {})})
-                mode = _bwd_mode(bwd, w)
-        compute_rstd = False
-        if mode is None and w.get("rstd_in") is False:
-            w.pop("rstd_in")
-            mode, compute_rstd = _bwd_mode(bwd, w), True
-        if mode is None:
-            continue
-        problem = Problem.make(bwd.op.NAME, bwd_dtype(dtype), shape, mode.options)
-        if bwd.select(problem) is not None:
-            return bwd, mode, compute_rstd
+    """(kernel, mode, rstd computed here) of the first built backward whose mode has exactly the
+    call's options (`want`; a rstd_in = true mode also serves a call without rstd: it is computed
+    here) and a variant for its shape, or None (the closed form then)."""
+    for bwd in bwds if _dt(dtype) else ():
+        for w in (want, {**want, "rstd_in": True}):
+            mode = mode_with(bwd, w) if _dt(dtype) in bwd.dtypes else None
+            problem = mode and Problem.make(bwd.op.NAME, _dt(dtype), shape, mode.options)
+            if mode is not None and bwd.select(problem) is not None:
+                return bwd, mode, w is not want and want.get("rstd_in") is False
     return None
 
 
-def bwd_dtype(dtype) -> str:
+def _dt(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -195,33 +159,26 @@ def register_rmsnorm_training(fwd, bwd=None, options: dict | None = None):
         dy = g["y"] if g.get("y") is not None else torch.zeros_like(h)
         dres = g.get("residual_out")
         n = h.shape[-1]
-        flat_h, flat_dy = h.reshape(-1, n), dy.reshape(-1, n).contiguous()
-        flat_dres = None if dres is None else dres.reshape(-1, n).contiguous()
-        flat_rstd = None if rstd is None else rstd.reshape(-1)
-        want = dict(base, bias=bias)
-        if rstd is None:
-            want["rstd_in"] = False
-        if flat_dres is not None:
+        flat = {
+            "x": h.reshape(-1, n),
+            "dy": dy.reshape(-1, n).contiguous(),
+            "weight": w,
+            "rstd": None if rstd is None else rstd.reshape(-1),
+            "dres": None if dres is None else dres.reshape(-1, n).contiguous(),
+        }
+        want = dict(base, bias=bias, rstd_in=rstd is not None)
+        if dres is not None:
             want.update(residual=True, dresidual_in=True)
-        plan = _plan(_registered["bwds"][id(fop)], h.dtype, tuple(flat_h.shape), want)
+        plan = _plan(_registered["bwds"][id(fop)], h.dtype, tuple(flat["x"].shape), want)
         if plan is None:
-            dx, dw, db = reference_backward(
-                flat_h, flat_dy, w, flat_rstd, eps, dres=flat_dres, bias=bias
-            )
+            dx, dw, db = reference_backward(**flat, eps=eps, bias=bias)
         else:
             kernel, mode, compute_rstd = plan
             if compute_rstd:
-                flat_rstd = _rstd(flat_h, eps)
+                flat["rstd"] = _rstd(flat["x"], eps)
             op, bouts = _bwd_op(kernel, mode)
-            have = {"x": flat_h, "dy": flat_dy, "weight": w, "rstd": flat_rstd, "dres": flat_dres}
-            got = dict(zip(bouts, op(*(have[k] for k in mode.names))))
-            dx = got["dx"]
-            if flat_dres is not None and "dres" not in mode.names:
-                dx = dx + flat_dres
-            dw = got.get("dweight")
-            db = got.get("dbias")
-            if bias and db is None:
-                db = flat_dy.float().sum(0).to(w.dtype if w is not None else dy.dtype)
+            got = dict(zip(bouts, op(*(flat[k] for k in mode.names))))
+            dx, dw, db = got["dx"], got.get("dweight"), got.get("dbias")
         dx = dx.reshape(h.shape)
         per = {"x": dx, "residual": dx, "weight": dw if has_w else None, "bias": db}
         return tuple(per.get(k) for k in names)

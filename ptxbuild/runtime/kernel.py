@@ -195,8 +195,8 @@ class BuiltKernel(Dispatch):
             a = arrays[name]
             if (
                 len(a.shape) != len(shape)
-                or any(w is not None and g != w for g, w in zip(a.shape, shape))
                 or dtype_of(a) != dt
+                or any(w not in (None, g) for g, w in zip(a.shape, shape))
             ):
                 want = "x".join("?" if w is None else str(w) for w in shape)
                 raise LoaderError(
@@ -243,11 +243,10 @@ class BuiltKernel(Dispatch):
         if kind(arrays[mode.names[0]]) == "torch":
             key = ("run", tuple((n, _meta(a)) for n, a in arrays.items()), json.dumps(mode.options))
             if key not in self._prepared:
-                self._prepared[key] = (self.prepare(entry, problem, dev, mode.names, arrays),)
-            prep = self._prepared[key][0]
-            outs = prep([arrays[n] for n in mode.names])
+                self._prepared[key] = self.prepare(entry, problem, dev, mode.names, arrays)
             self.calls += 1
-            return dict(zip(prep.out_names, outs))
+            prep = self._prepared[key]
+            return dict(zip(prep.out_names, prep([arrays[n] for n in mode.names])))
         import cupy
 
         outputs = self.op.make_outputs(problem, cupy)

@@ -36,15 +36,23 @@ def op_name(kernel, options: dict | None = None) -> str:
     return base if i == 0 or len(kernel.modes()) == 1 else f"{base}_m{i}"
 
 
+def mode_with(kernel, options: dict, names: tuple | None = None):
+    """The first built mode whose options (the op's defaults filled in) include `options` (and
+    whose input names are `names`), or None."""
+    defaults = dict(getattr(kernel.op, "OPTIONS", {}))
+    for m in kernel.modes():
+        full = {**defaults, **m.options}
+        if all(full.get(k) == v for k, v in options.items()) and names in (None, m.names):
+            return m
+    return None
+
+
 def _mode_index(kernel, options: dict | None) -> int:
     modes = kernel.modes()
     if not options:
         return 0
-    defaults = dict(kernel.op.OPTIONS)
-    for i, m in enumerate(modes):
-        full = {**defaults, **m.options}
-        if all(full.get(k) == v for k, v in options.items()):
-            return i
+    if (m := mode_with(kernel, options)) is not None:
+        return modes.index(m)
     raise LoaderError(
         f"{kernel.target}: no built mode has options {options}; built: "
         + "; ".join(m.label() for m in modes)
@@ -150,13 +158,12 @@ def register_kda(kernel):
     return custom
 
 
-def module_callable(kernel, options: dict | None = None, op=None, first: bool = False):
+def module_callable(kernel, options: dict | None = None, op=None):
     """What a torch module should call for `kernel` (BuiltKernel.torch_op): the registered custom
     op while torch.compile traces (no graph break) or where autograd records, else the kernel
     itself: eager calls skip the dispatcher's round trip into Python (a few microseconds of host
     time per call). `op`: the custom op to call there instead of register(kernel, options) (e.g.
-    autograd.register_rmsnorm_training's, whose backward runs the built backward); `first`: it
-    returns a tuple whose first item is the kernel's output (a forward that also writes rstd).
+    autograd.register_rmsnorm_training's, whose backward runs the built backward).
     Without an autograd formula the custom op raises in backward: never a silent cut."""
     op = op if op is not None else register(kernel, options)
     opt_kwargs = {} if not options else _option_kwargs(kernel, options)
@@ -164,7 +171,7 @@ def module_callable(kernel, options: dict | None = None, op=None, first: bool = 
 
     def call(*tensors):
         if compiling() or (grad_on() and any(t.requires_grad for t in tensors)):
-            return op(*tensors)[0] if first else op(*tensors)
+            return op(*tensors)
         return kernel(*tensors, **opt_kwargs)
 
     call.op, call.kernel = op, kernel
