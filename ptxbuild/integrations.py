@@ -29,8 +29,8 @@ Only `ptxbuild.load` is used to get the kernels (torch is imported here, never b
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Any
 
 from .runtime.errors import LoaderError
 
@@ -65,15 +65,6 @@ def built_eps(kernel) -> set[float] | None:
     return {float(o["eps"]) for o in full if "eps" in o and not o.get("residual")}
 
 
-def _plain_mode(kernel, eps: float | None, rstd: bool):
-    """The built mode called as f(x, weight) for `eps` (writing rstd or not), or None."""
-    from .runtime.torch_ops import mode_with
-
-    return mode_with(
-        kernel, {"rstd": rstd, **({} if eps is None else {"eps": eps})}, ("x", "weight")
-    )
-
-
 def backward_kernels(kernel, kernelfile=None) -> list:
     """The built backward targets of a loaded forward kernel (its op's name + "_bwd", on its GPU),
     loaded as it was (allow_fallback); one that cannot be loaded is skipped with a warning (its
@@ -96,15 +87,16 @@ def training_callable(kernel, eps: float | None, backward="auto", kernelfile=Non
     """What the replaced modules call: f(x2d, weight) -> y2d, the kernel itself in eager, its custom
     op under torch.compile and where autograd records (with the built or closed-form backward)."""
     from .runtime.autograd import register_rmsnorm_training
-    from .runtime.torch_ops import module_callable
+    from .runtime.torch_ops import mode_with, module_callable
 
-    plain = _plain_mode(kernel, eps, rstd=False) or _plain_mode(kernel, eps, rstd=True)
-    if plain is None:
+    want = {} if eps is None else {"eps": eps}  # the modes called as f(x, weight), with rstd or not
+    plain, train = (mode_with(kernel, {**want, "rstd": r}, ("x", "weight")) for r in (False, True))
+    if (plain := plain or train) is None:
         modes = "; ".join(m.label() for m in kernel.modes())
         raise PatchError(f"{kernel.target}: no mode f(x, weight) for eps {eps}; built: {modes}")
     bwds = backward_kernels(kernel, kernelfile) if backward == "auto" else backward
-    train = _plain_mode(kernel, eps, rstd=True) or plain
-    op = register_rmsnorm_training(kernel, bwds, {**dict(kernel.op.OPTIONS), **train.options})
+    opts = {**dict(kernel.op.OPTIONS), **(train or plain).options}
+    op = register_rmsnorm_training(kernel, bwds, opts)
     # eager: the mode's options as built (none for the default one: no per-call keywords; a mode
     # writing rstd that binds first then returns (y, rstd), still right)
     fn = module_callable(kernel, plain.options or None, op=op)
@@ -112,6 +104,7 @@ def training_callable(kernel, eps: float | None, backward="auto", kernelfile=Non
     return fn
 
 
+@functools.cache
 def _module_class():
     import torch
     from torch import nn
@@ -155,9 +148,6 @@ def _module_class():
             return f"{self.weight.shape[0]}, eps={self.eps}, target={self.target}, backward={bwd}"
 
     return PtxbuildRMSNorm
-
-
-_CLASS: dict[str, Any] = {}
 
 
 def patch_rmsnorm(
@@ -207,13 +197,11 @@ def patch_rmsnorm(
         else kernel
         for eps in {_eps_of(m) for _, m in found}
     }
-    if "cls" not in _CLASS:
-        _CLASS["cls"] = _module_class()
     for name, m in found:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         eps = _eps_of(m)
-        new = _CLASS["cls"](
+        new = _module_class()(
             fns[eps],
             m.weight,
             eps,

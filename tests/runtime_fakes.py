@@ -42,7 +42,7 @@ def install(monkeypatch) -> list[dict]:
 
     monkeypatch.setattr(kernel, "load_functions", load_functions)
     monkeypatch.setattr(fast, "_Current", _NoContext)
-    monkeypatch.setattr(fast, "set_function_attributes", lambda fn, geom: None)
+    monkeypatch.setattr(fast.shared, "set_function_attributes", lambda cu, fn, geom, ok: None)
 
     def launch(*args):  # cuLaunchKernel's arguments as ctypes objects (no argtypes)
         handle, gx, gy, gz, bx, by, bz, smem, stream, params = (a.value for a in args[:10])

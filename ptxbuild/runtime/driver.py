@@ -175,15 +175,6 @@ def _param(arg) -> np.ndarray:
         raise LoaderError(str(exc)) from None
 
 
-def set_function_attributes(fn, geom) -> None:
-    """ptxbuild.launch.set_function_attributes, with the runtime's errors."""
-    shared.set_function_attributes(_cu(), fn, geom, _ok)
-
-
-def launch_config(fn, geom, stream: int):
-    return shared.launch_config(_cu(), fn, geom, stream)
-
-
 def _launch(fn, geom, args: list, stream: int) -> None:
     """ptxbuild.launch.launch (cuLaunchKernel, or cuLaunchKernelEx with launch attributes)."""
     shared.launch(_cu(), fn, geom, args, stream, _ok)

@@ -18,8 +18,9 @@ import os
 import sys
 import threading
 
+from .. import launch as shared
 from .arrays import Ptr
-from .driver import _cu, _Current, _param, launch_config, set_function_attributes
+from .driver import _cu, _Current, _ok, _param
 from .errors import LoaderError
 
 LAUNCHERS = ("ctypes", "bindings")
@@ -127,7 +128,7 @@ class Prepared:
                     continue  # nothing to launch (e.g. M = 0)
                 buf = _Args(args, sources)
                 fn = functions[entry]
-                set_function_attributes(fn, geom)
+                shared.set_function_attributes(_cu(), fn, geom, _ok)
                 self.buffers.append(buf)
                 self.fires.append(self._fire(fn, geom, buf))
         self.patches = [(b.store, b.patch) for b in self.buffers if b.patch]
@@ -142,7 +143,7 @@ class Prepared:
             def fire_ex(stream: int) -> int:
                 cfg = configs.get(stream)
                 if cfg is None:
-                    cfg = configs[stream] = launch_config(fn, geom, stream)
+                    cfg = configs[stream] = shared.launch_config(cu, fn, geom, stream)
                 err = cu.cuLaunchKernelEx(cfg, fn, addr, 0)[0]
                 return 0 if err == ok else int(err)
 

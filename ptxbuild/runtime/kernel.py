@@ -323,7 +323,7 @@ class BuiltKernel(Dispatch):
         ref = self.op.reference(problem, {n: to_numpy(a) for n, a in arrays.items()}, np)
         like = next(iter(arrays.values()))
         out = {}
-        scratch = set(getattr(self.op, "SCRATCH", ()))  # the kernels' own: no reference value
+        scratch = set(self.op.SCRATCH)  # the kernels' own: no reference value
         for name, empty in self.op.make_outputs(problem, np).items():
             if name in scratch:
                 continue

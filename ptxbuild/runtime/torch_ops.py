@@ -39,7 +39,7 @@ def op_name(kernel, options: dict | None = None) -> str:
 def mode_with(kernel, options: dict, names: tuple | None = None):
     """The first built mode whose options (the op's defaults filled in) include `options` (and
     whose input names are `names`), or None."""
-    defaults = dict(getattr(kernel.op, "OPTIONS", {}))
+    defaults = dict(kernel.op.OPTIONS)
     for m in kernel.modes():
         full = {**defaults, **m.options}
         if all(full.get(k) == v for k, v in options.items()) and names in (None, m.names):
