@@ -12,7 +12,6 @@ to the class form by indenting its file into a class (and adding `self`).
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -181,6 +180,8 @@ class ModuleOp(Op):
         self.SCRATCH = frozenset(getattr(module, "SCRATCH", ()))
         self.KERNELS = None if (k := getattr(module, "KERNELS", None)) is None else tuple(k)
         self.BASELINES_VERSION = str(getattr(module, "BASELINES_VERSION", ""))
+        import inspect  # here: a command that loads no op does not import it
+
         vp = getattr(module, "verify_problems", None)
         self._vp_params = callable(vp) and len(inspect.signature(vp).parameters) > 1
 

@@ -35,3 +35,8 @@ class ToolError(PtxbuildError):
     """ptxbuild itself could not run (no compiler, the GPU worker down): not a failed build."""
 
     exit_code = EXIT_TOOL
+
+
+class GpuError(RuntimeError):
+    """The tool failed on the GPU side (worker cannot start, an op's own code raised): not a
+    candidate outcome. Here, not in gpu/, so a build that catches it need not import the GPU side."""

@@ -7,10 +7,12 @@ import functools
 import hashlib
 import importlib.util
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from .contract import Op, from_module
+from .declare import memo
 from .errors import ConfigError
 
 
@@ -18,6 +20,7 @@ class OpError(ConfigError):
     """An op folder is missing or does not honour the op contract."""
 
 
+@functools.cache
 def shipped(in_wheel: str, in_tree: str) -> Path | None:
     """A file or folder this ptxbuild ships: ptxbuild/<in_wheel> in an installed wheel (setup.py
     copies it there), <in_tree> of the checkout when ptxbuild runs from its source tree (an
@@ -134,11 +137,37 @@ def _attach_baselines(op: Op, mod: ModuleType, folder: Path) -> None:
     op.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
 
 
-def source_files(op: Op) -> list[Path]:
+@dataclass(frozen=True)
+class OpFiles:
+    """What build keys, manifests and locks read of an op: its name, version, folder and sources."""
+
+    NAME: str
+    VERSION: str
+    SOURCES: tuple[str, ...]
+    FOLDER: Path
+
+
+def op_files(template: str, root: Path) -> OpFiles:
+    """The OpFiles of `template`, without importing the op where the memo holds them for its files
+    as they are (memo.py: every file of the folder its op folder sits in), else from load_op."""
+    folder = op_dir(template, root)
+    tree, where = memo.tree_digest(folder.parent), f"op:{folder.resolve()}"
+    key, book = tree and memo.digest(tree, memo.code_digest()), memo.book("ops")
+    hit = book.get(where, key) if key else None
+    if isinstance(hit, list) and len(hit) == 3 and (folder / "op.py").is_file():
+        return OpFiles(hit[0], hit[1], tuple(hit[2]), folder)
+    op = load_op(template, root)
+    files = OpFiles(op.NAME, op.VERSION, tuple(op.SOURCES), folder)
+    if key and all(isinstance(v, str) for v in (files.NAME, files.VERSION, *files.SOURCES)):
+        book.put(where, key, [files.NAME, files.VERSION, list(files.SOURCES)])
+    return files
+
+
+def source_files(op: Op | OpFiles) -> list[Path]:
     """op.py and every file it declares in SOURCES: what the build key hashes."""
     return [op.FOLDER / "op.py", *(op.FOLDER / s for s in op.SOURCES)]
 
 
-def file_digests(op: Op) -> dict[str, str]:
+def file_digests(op: Op | OpFiles) -> dict[str, str]:
     """sha256 of each of source_files, by file name: what build keys, manifests and locks record."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}

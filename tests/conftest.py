@@ -1,4 +1,10 @@
+import os
+import tempfile
+
 import pytest
+
+# the memo of what commands proved (ptxbuild/declare/memo.py): the suite's own, never ~/.cache's
+os.environ.setdefault("PTXBUILD_STATE", tempfile.mkdtemp(prefix="ptxbuild-state-"))
 
 from ptxbuild.build.context import Context
 from ptxbuild.declare.kernelfile import load

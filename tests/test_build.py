@@ -1429,11 +1429,11 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(
     """`ptxbuild build` writes the lock when every target is done: Ctrl-C (or a lost GPU) in the second
     target must not cost the first one, finished and reported, its lock entry (a dependency built
     for twenty minutes, then the dependent interrupted, was left unlocked)."""
-    from ptxbuild.build import run as run_mod
+    from ptxbuild.build import target as target_mod
     from ptxbuild.gpu.session import GpuError
     from ptxbuild.outputs.lockfile import read_lock
 
-    real, seen = run_mod.build_target, []
+    real, seen = target_mod.build_target, []
 
     def stop_second(ctx, t, *a):
         seen.append(str(t))
@@ -1441,7 +1441,7 @@ def test_a_stop_in_a_later_target_still_locks_the_targets_finished_before_it(
             raise KeyboardInterrupt if stop == "ctrl-c" else GpuError("the GPU worker exited")
         return real(ctx, t, *a)
 
-    monkeypatch.setattr(run_mod, "build_target", stop_second)
+    monkeypatch.setattr(target_mod, "build_target", stop_second)
     monkeypatch.setattr(cli.shell, "_context", lambda kf, *a, **k: make_ctx(proj))
     monkeypatch.chdir(proj)
     res = CliRunner().invoke(cli.main, ["build", "--no-gpu"])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,7 @@ class Context:
     gpu_match: Callable[[Any, Any], str | None] | None = None
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
     report: Callable[..., None] = lambda *a, **k: None
-    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    run: str = field(default_factory=lambda: os.urandom(6).hex())  # a run's id (12 hex digits)
     force: bool = False
     command: str = ""
     # time every candidate and baseline again (compiles, verdicts cached): a report's numbers from one run
@@ -41,6 +41,7 @@ class Context:
         None  # resuming an interrupted --remeasure build: timings since then are this run's
     )
     resume: bool = True  # False: a --remeasure build starts over even after an interrupted one
+    op_files: dict = field(default_factory=dict)  # template -> oploader.OpFiles (build/plan.py)
     proposers: tuple = ()  # `ptxbuild try --proposer`: proposer commands instead of the kernelfile's
     rounds: int = 0  # and their rounds a problem (0: the kernelfile's)
 
@@ -82,6 +83,13 @@ def must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> boo
     )
 
 
+class NoCache:
+    """The cache of a plan where there is none yet: nothing was ever built."""
+
+    def last_build(self, target: str, project: str = "") -> None:
+        return None
+
+
 def open_context(
     kf, jobs: int | None, use_gpu: bool, report, dry: bool = False, command: str = "", say=print
 ) -> Context:
@@ -92,7 +100,7 @@ def open_context(
     from ..store.cache import Cache
 
     tc = toolchain()
-    cache = Cache(":memory:" if dry and not kf.cache_path.exists() else kf.cache_path)
+    cache = NoCache() if dry and not kf.cache_path.exists() else Cache(kf.cache_path)
     ctx = Context(kf=kf, cache=cache, toolchain=tc, report=report, command=command)
     shared = kf.cache_path.parent / "lessons.jsonl"
     counts = None if dry else _import_shared(kf, ctx.cache, shared)
@@ -102,7 +110,7 @@ def open_context(
         say(f"lessons: imported {counts['added']} from {where} into a new cache")
     if jobs:
         ctx.jobs = jobs
-    if use_gpu:
+    if use_gpu and importlib.util.find_spec("cupy") is not None:  # the GPU side needs cupy
         try:
             from ..gpu import GpuSession, gpu_available, match_gpu
             from ..gpu.session import GpuError
@@ -125,10 +133,13 @@ def _import_shared(kf, cache, shared):
     """The shared lessons file (or those ptxbuild ships, where an op is one of its own) merged into
     a new cache; lessons_io and its pydantic models are imported only here (`plan` reads none)."""
     from ..oploader import from_shipped
+
+    shipped = any(from_shipped(spec.template, kf.root) for spec in kf.ops.values())
+    if cache.lesson_count() or not (shared.is_file() or shipped):  # import_shared's own tests,
+        return None  # before its pydantic models load
     from ..store.lessons_io import LessonsFileError, import_shared
 
     try:
-        shipped = any(from_shipped(spec.template, kf.root) for spec in kf.ops.values())
         return import_shared(cache, shared, shipped)
     except LessonsFileError as exc:
         raise ConfigError(f"{exc}; fix or remove {shared.name}") from None

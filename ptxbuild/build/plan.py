@@ -8,17 +8,24 @@ from dataclasses import dataclass
 
 from .. import keys
 from ..declare.graph import Target, build_order, dependencies
-from ..oploader import file_digests, load_op
+from ..oploader import OpFiles, file_digests, op_files
 from ..outputs import gates
 from ..outputs.lockfile import LockError, check_entry, pinned_binaries, read_lock
-from ..outputs.manifest import built
+from ..outputs.manifest import built, target_dir
 from ..records import Manifest
 from .context import Context, hardware_for
 
 
+def _files(ctx: Context, template: str) -> OpFiles:
+    """oploader.op_files, once per template in a context (one command's snapshot of ops/)."""
+    if template not in ctx.op_files:
+        ctx.op_files[template] = op_files(template, ctx.kf.root)
+    return ctx.op_files[template]
+
+
 def target_key(ctx: Context, t: Target, done: dict[Target, str]) -> str:
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
-    op = load_op(spec.template, ctx.kf.root)
+    op = _files(ctx, spec.template)
     deps = [done.get(d) or target_key(ctx, d, done) for d in dependencies(ctx.kf, t)]
     return keys.build_key(
         file_digests(op),
@@ -67,10 +74,13 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
 
 def _locked_entry(ctx: Context, t: Target) -> dict | None:
     """The lock entry of `t` where it holds for today's inputs and was measured on hardware unless
-    none of the target's GPU is here (a compile-only entry on that GPU is searched there); else None."""
+    none of the target's GPU is here (a compile-only entry on that GPU is searched there); else None
+    (at once where build/ holds no manifest of it: then no entry can make it up to date)."""
+    if not (target_dir(ctx.kf, t) / "manifest.json").is_file():
+        return None
     try:
         entry = read_lock(ctx.kf)["targets"].get(str(t))
-        op = load_op(ctx.kf.ops[t.op].template, ctx.kf.root)
+        op = _files(ctx, ctx.kf.ops[t.op].template)
         check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op)
     except (LockError, OSError, ValueError, KeyError):
         return None
@@ -81,7 +91,7 @@ def _locked_entry(ctx: Context, t: Target) -> dict | None:
 def inputs(ctx: Context, t: Target) -> dict[str, str]:
     """Named digests of each input of a target's build key (for --explain)."""
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
-    op = load_op(spec.template, ctx.kf.root)
+    op = _files(ctx, spec.template)
 
     def d(v):
         return hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -115,13 +125,15 @@ LOCK_DIFFERS = "build/ holds other kernels than the lock pins; run: ptxbuild bui
 
 
 def judge(
-    ctx: Context, t: Target, key: str, pinned: dict[str, list[str]], stale_deps=()
+    ctx: Context, t: Target, key: str, pinned: dict[str, list[str]] | None = None, stale_deps=()
 ) -> Freshness:
     """Up to date by the cache's last build (or the lock), build/ holding what the lock pins (`pinned`:
-    lockfile.pinned_binaries), no dependency stale (`stale_deps`); a missed gate is said, not rebuilt."""
+    lockfile.pinned_binaries, read here where None: only a fresh target needs it), no dependency
+    stale (`stale_deps`); a missed gate is said, not rebuilt."""
     fresh, why, m = explain(ctx, t, key)
     if not fresh or m is None:
         return Freshness(False, why, True, why)
+    pinned = pinned_binaries(ctx.kf) if pinned is None else pinned
     if str(t) in pinned and pinned[str(t)] != [d.binary for d in m.dispatch]:
         return Freshness(False, LOCK_DIFFERS, False, why, m)
     said = why
@@ -136,9 +148,8 @@ def plan(ctx: Context, targets: list[Target] | None) -> list[tuple[Target, bool,
     """(target, up to date?, why) for plan / --explain, in build order (judge's verdicts)."""
     done: dict[Target, str] = {}
     verdicts: dict[Target, Freshness] = {}
-    pinned = pinned_binaries(ctx.kf)
     for t in build_order(ctx.kf, targets):
         done[t] = key = target_key(ctx, t, done)
         stale = [d for d in dependencies(ctx.kf, t) if not verdicts[d].fresh]
-        verdicts[t] = judge(ctx, t, key, pinned, stale)
+        verdicts[t] = judge(ctx, t, key, None, stale)
     return [(t, v.fresh, v.why) for t, v in verdicts.items()]

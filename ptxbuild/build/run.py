@@ -5,15 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..declare.graph import Target, build_order, dependencies
-from ..gpu.session import GpuError
+from ..errors import GpuError
 from ..outputs.lockfile import pinned_binaries, update_lock
 from ..outputs.report import rejudge
 from ..records import Run, TargetResult
 from .context import Context
-from .locked import build_locked
 from .plan import judge, target_key
 from .signals import Interrupts
-from .target import build_target
 
 
 def run(ctx: Context, targets: list[Target] | None = None) -> Run:
@@ -43,6 +41,8 @@ def run(ctx: Context, targets: list[Target] | None = None) -> Run:
                 ctx.report("target_fresh", target=t, reason=verdict.basis)
                 continue
             ctx.report("target_start", target=t, reason=verdict.basis)
+            from .target import build_target  # the search, compiler, lessons: when one is stale
+
             with Interrupts() as irq:
                 res, stop = build_target(ctx, t, key, verdict.basis, irq)
             if res is not None:
@@ -67,6 +67,8 @@ def build_and_lock(ctx: Context, targets=None, locked: bool = False, note=lambda
     """`ptxbuild build`: run() then record the lock of every target that finished, a stop or not;
     `locked`: reproduce what the lock pins instead (build_locked; the lock is not written)."""
     if locked:
+        from .locked import build_locked
+
         try:
             return Run(build_locked(ctx, targets))
         except (KeyboardInterrupt, GpuError) as exc:

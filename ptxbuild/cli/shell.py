@@ -89,21 +89,11 @@ def main(ctx, kernelfile):
 
 def _kernelfile(path: str, ops: bool = True):
     """The kernelfile, with every op's declaration mistakes found at once (one line each)."""
-    from ..declare.checks import declaration_errors
+    from ..declare.checks import op_errors
     from ..declare.kernelfile import load
-    from ..oploader import OpError, load_op
 
     kf = load(path)
-    errors = []
-    for spec in kf.ops.values() if ops else ():  # dtypes, shapes, options, modes, search vs the op
-        try:
-            op = load_op(spec.template, kf.root)
-        except OpError as exc:
-            errors.append(str(exc))
-            continue
-        sm = min(kf.gpus[g].sm_count for g in spec.gpus)
-        errors += [f"{kf.path.name}: {e}" for e in declaration_errors(spec, op, sm)]
-    if errors:
+    if ops and (errors := op_errors(kf)):  # dtypes, shapes, options, modes, search vs the op
         raise ConfigError("\n".join(dict.fromkeys(errors)))
     return kf
 

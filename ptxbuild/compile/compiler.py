@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from dataclasses import dataclass, replace
+import sys
+from dataclasses import asdict, dataclass, replace
 
+from ..declare import memo
 from ..errors import BuildFailed, ToolError
 from ..keys import installed_version
 from ..problem import Binary, Kernel
@@ -56,6 +59,14 @@ class Toolchain:
 
 
 def toolchain() -> Toolchain:
+    """The installed compiler's identity; the memo's (declare/memo.py) where the compiler wheels
+    are the ones it was read from (importing the bindings costs plan and no-op builds ~0.1 s)."""
+    wheels = [installed_version(n) for n in ("cuda-bindings", *COMPILER_WHEELS)]
+    book, key = memo.book("toolchain"), memo.digest(wheels, sys.prefix)
+    hit = book.get("toolchain", key) if None not in wheels else None
+    if isinstance(hit, dict):
+        with contextlib.suppress(TypeError):
+            return Toolchain(**hit)
     nvrtc, nvjitlink = _bindings()
     import cuda.bindings
 
@@ -65,13 +76,19 @@ def toolchain() -> Toolchain:
         jl_ver = f"{jl[0]}.{jl[1]}"
     except Exception:  # older bindings have no version()
         jl_ver = "unknown"
-    return Toolchain(
+    tc = Toolchain(
         nvrtc=f"{major}.{minor}",
         nvjitlink=jl_ver,
         bindings=cuda.bindings.__version__,
         nvrtc_wheel=installed_version("nvidia-cuda-nvrtc"),
         nvjitlink_wheel=installed_version("nvidia-nvjitlink"),
     )
+    if None not in wheels:
+        book.put("toolchain", key, asdict(tc))
+    return tc
+
+
+COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 
 
 _RES = {

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
+from ..oploader import OpError, load_op, op_dir
 from ..problem import Problem
+from . import memo
 from .catalog import did_you_mean
 from .kernelfile import KernelfileError
 
@@ -18,6 +21,31 @@ def problems_of(spec) -> list[Problem]:
         for mode in spec.modes
         for shape in shapes
     ]
+
+
+def op_errors(kf) -> list[str]:
+    """Every op's mistakes, one line each: an op that does not load (or lacks a name of the
+    contract) and every declaration_errors. Each command's kernelfile check; an op whose files and
+    declaration passed as they are now (the memo, memo.py) is neither loaded nor checked again."""
+    book, errors, trees = memo.Memo.of(kf.path), [], {}
+    for spec in kf.ops.values():
+        folder, sm = op_dir(spec.template, kf.root), min(kf.gpus[g].sm_count for g in spec.gpus)
+        tree = trees.get(folder.parent) or trees.setdefault(
+            folder.parent, memo.tree_digest(folder.parent)
+        )
+        key = tree and memo.digest(tree, memo.code_digest(), str(folder), asdict(spec), sm)
+        if key and book.get(f"declared:{spec.name}", key) is True:
+            continue
+        try:
+            op = load_op(spec.template, kf.root)
+        except OpError as exc:
+            errors.append(str(exc))
+            continue
+        mine = [f"{kf.path.name}: {e}" for e in declaration_errors(spec, op, sm)]
+        if key and not mine:
+            book.put(f"declared:{spec.name}", key, True)
+        errors += mine
+    return errors
 
 
 def check_declaration(spec, op, sm_count: int = 132) -> None:

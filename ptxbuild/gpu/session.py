@@ -8,15 +8,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import GpuError
 from ..outcome import Outcome
 from ..problem import Binary, Problem
 from .fingerprint import Fingerprint
 from .process import Child, WorkerDied
 from .worker import encode_binary, encode_config, encode_problem
-
-
-class GpuError(RuntimeError):
-    """The tool failed on the GPU side (worker cannot start, an op's own code raised): not a candidate outcome."""
 
 
 @dataclass(frozen=True)

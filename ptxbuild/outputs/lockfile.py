@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 
 from ..declare.graph import all_targets
 from ..errors import EXIT_CONFIG, BuildFailed
 from ..keys import installed_version
-from ..oploader import file_digests, load_op
+from ..oploader import file_digests, op_files
 from ..problem import canonical_json
 from ..records import Manifest
 from .manifest import read_manifest, target_dir
@@ -83,7 +84,7 @@ def lock_problem(path: Path, data: bytes) -> dict | LockUnreadable:
     """The parsed lock, or the LockUnreadable that says what is wrong with its bytes."""
     name = path.name
     text = data.decode("utf-8", "replace")
-    mark = _CONFLICT.search(text)
+    mark = _CONFLICT.search(text) if "<<<<<<<" in text or ">>>>>>>" in text else None
     if mark:
         line = text.count("\n", 0, mark.start()) + 1
         return LockUnreadable(
@@ -138,12 +139,17 @@ def read_lock(kf) -> dict:
         raise LockError(
             f"{path} does not exist; run `ptxbuild build` once to write it, then commit it"
         )
-    data = path.read_bytes()
-    key = (str(path.resolve()), hashlib.blake2b(data, digest_size=16).digest())
-    if _READ.get("key") != key:
-        # parsed once per content: plan and build ask for the lock once per target, and a lock of
-        # 24 targets is ~1 MB of JSON (callers read the result, they never change it)
-        _READ.update(key=key, lock=lock_problem(path, data))
+    # parsed once per content: plan and build ask for the lock once per target, and a lock of 24
+    # targets is ~1 MB of JSON (callers read the result, they never change it); read again only if
+    # its stat changed or it changed in the last 2 s (a timestamp's granularity: git's racy files)
+    st = path.stat()
+    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    if _READ.get("stamp") != stamp or time.time_ns() - st.st_mtime_ns < 2 * 10**9:
+        data = path.read_bytes()
+        key = (str(path), hashlib.blake2b(data, digest_size=16).digest())
+        if _READ.get("key") != key:
+            _READ.update(key=key, lock=lock_problem(path, data))
+        _READ["stamp"] = stamp
     lock = _READ["lock"]
     if isinstance(lock, LockError):
         raise lock
@@ -156,7 +162,7 @@ _READ: dict = {}
 def entry_from_manifest(kf, target, m: Manifest, folder: Path) -> dict:
     """The lock entry of one built target, from its manifest and its artifacts in `folder`."""
     spec = kf.ops[target.op]
-    op = load_op(spec.template, kf.root)
+    op = op_files(spec.template, kf.root)
     variants = {}
     for digest, v in sorted(m.variants.items()):
         cubin = (folder / v.cubin).read_bytes()

@@ -7,8 +7,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -96,6 +94,9 @@ def assemble(
 def replace_folder(out: Path, files: dict[str, bytes]) -> None:
     """`out` holds exactly `files`, replaced as a whole: they are written to a folder beside it, which
     then takes its place (a stop at any point leaves the old complete folder, or the new one)."""
+    import shutil  # with tempfile, ~10 ms of imports that only a build that writes needs
+    import tempfile
+
     out.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     old = out.with_name(f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}")

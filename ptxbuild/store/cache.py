@@ -8,9 +8,10 @@ import time
 import zlib
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
+if TYPE_CHECKING:  # imported at a Cache's first use of it: plan and a no-op build read with sqlite3
+    import sqlite_utils
 
 from ..errors import ToolError
 from ..problem import Binary
@@ -105,11 +106,10 @@ class Cache:
                 raise CacheError(f"{shown(path)}: {why}; {way_out(path)}")
             Cache.opened = path
         try:
-            self.db = sqlite_utils.Database(
-                sqlite3.connect(str(path), timeout=30, isolation_level=None)
-            )
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._db: sqlite_utils.Database | None = None
+            self.conn = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
             self.path = path
             self.migrate()
         except sqlite3.DatabaseError as exc:
@@ -128,10 +128,23 @@ class Cache:
             raise
         self.db.execute("COMMIT")
 
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """sqlite-utils over the connection (~0.1 s to import: not for a cache only read by plan)."""
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
+
+    def _rows(self, sql: str, params: Any = ()) -> list[dict]:
+        cur = self.conn.execute(sql, params)
+        return [dict(zip([d[0] for d in cur.description], r)) for r in cur.fetchall()]
+
     def version(self) -> int:
-        if "meta" not in self.db.table_names():
+        if not self._rows("select name from sqlite_master where type = 'table' and name = 'meta'"):
             return 0
-        rows = list(self.db.query("select value from meta where key = 'schema_version'"))
+        rows = self._rows("select value from meta where key = 'schema_version'")
         return int(rows[0]["value"]) if rows else 0
 
     def migrate(self) -> None:
@@ -308,7 +321,7 @@ class Cache:
         return bool(list(self.db.query("select 1 from lessons where id = ?", [lesson_id])))
 
     def lesson_count(self) -> int:
-        return self.db["lessons"].count
+        return int(self._rows("select count(*) as n from lessons")[0]["n"])
 
     def count_lessons(self, ids: list[str], source_like: str) -> int:
         """How many of the lessons `ids` have a source LIKE `source_like`."""
@@ -371,11 +384,9 @@ class Cache:
         its own sees the builds made before schema v3 (project ""), whose kernelfile is unknown: upgrading ptxbuild must
         not make every target "never built". Their build keys still decide whether a target is up to date."""
         for p in dict.fromkeys([project, ""]):
-            rows = list(
-                self.db.query(
-                    "select * from builds where target = ? and project = ? order by id desc limit 1",
-                    [target, p],
-                )
+            rows = self._rows(
+                "select * from builds where target = ? and project = ? order by id desc limit 1",
+                [target, p],
             )
             if rows:
                 return rows[0]

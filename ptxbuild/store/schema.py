@@ -4,8 +4,10 @@ runs them, each in its own transaction), and how compiled PTX and cubins are sto
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:  # the migrations get a Cache's sqlite-utils Database (imported at its first use)
+    import sqlite_utils
 
 SCHEMA_VERSION = 4
 _ELF = b"\x7fELF"
