@@ -363,11 +363,10 @@ def test_rmsnorm_with_a_bf16_sum_of_squares_fails_where_the_old_limit_passed_it(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_scaffold_and_toy_ops_pass_rounded_once(dtype, tmp_path):
-    from ptxbuild.declare import scaffold
-
+def test_the_template_and_toy_ops_pass_rounded_once(dtype):
+    """ops/_template (what `ptxbuild new` copies) and the toy op: y = alpha * x."""
     toy = load_op(str(ROOT / "tests/toy/ops/scale"), ROOT)
-    for op in (toy, scaffold_op(tmp_path, scaffold)):
+    for op in (toy, load_op(str(ROOT / "ops/_template"), ROOT)):
         prob = Problem.make(op.NAME, dtype, (64, 1000), {})
         inputs = op.make_inputs(prob, 0, np)
         ref = op.reference(prob, dict(inputs), np)
@@ -375,14 +374,6 @@ def test_the_scaffold_and_toy_ops_pass_rounded_once(dtype, tmp_path):
         got = scale_kernel(prob, inputs, alpha)
         assert got["y"].dtype == storage_dtype(dtype, np)
         assert suite.judge_run(op, prob, inputs, {}, got, ref, np)[0] is Outcome.OK, op.NAME
-
-
-def scaffold_op(tmp_path, scaffold):
-    folder = tmp_path / "ops" / "myop"
-    folder.mkdir(parents=True)
-    (folder / "op.py").write_text(scaffold.OP_PY.replace("@NAME@", "myop"))
-    (folder / "myop.cu").write_text(scaffold.KERNEL_CU.replace("@NAME@", "myop"))
-    return load_op(str(folder), tmp_path)
 
 
 def test_kda_ops_are_judged_by_their_own_compare_not_the_rounding_bound():
