@@ -41,7 +41,10 @@ def state_dir() -> Path | None:
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "ptxbuild"
+    try:
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "ptxbuild"
+    except RuntimeError:  # no home directory (a bare container): no memo
+        return None
 
 
 def tree_digest(folder: Path) -> str | None:
