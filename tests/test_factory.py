@@ -205,7 +205,7 @@ def test_try_runs_a_proposer_on_one_target_and_prints_json(proj, monkeypatch):
         cli.shell, "_context", lambda kf, *a, **k: _ctx(proj)
     )  # its progress unseen
     cmd = f"{sys.executable} {SCRIPTED} script.json"
-    res = CliRunner().invoke(cli.main, ["try", "scale@h100", "--proposer", cmd, "--json"])
+    res = CliRunner().invoke(cli.main, ["try", "scale@h100", "--proposer", cmd])
     assert res.exit_code == 0, res.output
     (row,) = [json.loads(ln) for ln in res.output.splitlines() if ln.startswith("{")]
     assert row["winner"] == "proposed" and row["same_window"]["speedup"] == pytest.approx(2.0)

@@ -58,32 +58,7 @@ def playoff(ev, hist: list, size: int = 4, within: float = 0.02):
         if kernel(cfg) in met:
             continue  # the same kernel and launch as one already met: nothing to learn
         met.add(kernel(cfg))
-        b, lb = binary(cfg), binary(lead[0])
-        key = digest(
-            "playoff",
-            b.digest,
-            lb.digest,
-            ev.hw,
-            ev.problem.key(),
-            cfg,
-            lead[0],
-            keys.PROTOCOL_VERSION,
-        )
-        row = ev.ctx.cache.get("measurements", key)
-        if must_time(ev.ctx, key, row, ev.problem) or row["outcome"] in RETRY_BASELINE:
-            ev.ctx.timed.add(key)
-            r = ev.ctx.gpu.measure(str(ev.op.FOLDER), cfg, ev.problem, b, incumbent=(lead[0], lb))
-            row = {
-                "key": key,
-                "binary": "playoff",
-                "fingerprint": json.dumps(ev.hw, sort_keys=True),
-                "problem": json.dumps(ev.problem.key()),
-                "outcome": r.outcome.value,
-                "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
-                "detail": json.dumps({"leader_p50_ms": r.incumbent_p50_ms}),
-            }
-            if row["outcome"] not in RETRY_BASELINE:  # the harness failed: timed again next build
-                ev.ctx.cache.put("measurements", row)
+        row = bout(ev, cfg, lead[0])
         lead_p50 = json.loads(row["detail"])["leader_p50_ms"]
         won = row["outcome"] == "ok" and lead_p50 is not None and row["p50_ms"] < lead_p50
         ev.bouts.append(
@@ -91,6 +66,33 @@ def playoff(ev, hist: list, size: int = 4, within: float = 0.02):
         )
         lead = (cfg, row["p50_ms"]) if won else lead
     return lead
+
+
+def bout(ev, cfg: dict, lead: dict, tag: str = "playoff") -> dict:
+    """`cfg` timed in one window with `lead`, alternating (its p50_ms; the leader's in the detail's
+    leader_p50_ms): a playoff bout, or (build/factory.py) a proposed winner beside the best
+    template config. Cached by both binaries, GPU, problem, configs and protocol; a run the harness
+    failed is not cached (timed again next build)."""
+    b, lb = ev.binaries[tuple(sorted(cfg.items()))], ev.binaries[tuple(sorted(lead.items()))]
+    key = digest(
+        tag, b.digest, lb.digest, ev.hw, ev.problem.key(), cfg, lead, keys.PROTOCOL_VERSION
+    )
+    row = ev.ctx.cache.get("measurements", key)
+    if must_time(ev.ctx, key, row, ev.problem) or row["outcome"] in RETRY_BASELINE:
+        ev.ctx.timed.add(key)
+        r = ev.ctx.gpu.measure(str(ev.op.FOLDER), cfg, ev.problem, b, incumbent=(lead, lb))
+        row = {
+            "key": key,
+            "binary": tag,
+            "fingerprint": json.dumps(ev.hw, sort_keys=True),
+            "problem": json.dumps(ev.problem.key()),
+            "outcome": r.outcome.value,
+            "p50_ms": r.p50_ms if r.outcome is Outcome.OK else None,
+            "detail": json.dumps({"leader_p50_ms": r.incumbent_p50_ms}),
+        }
+        if row["outcome"] not in RETRY_BASELINE:
+            ev.ctx.cache.put("measurements", row)
+    return row
 
 
 def baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict, Binary]) -> dict:

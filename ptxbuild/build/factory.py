@@ -8,10 +8,9 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from contextlib import closing
 
-from .. import keys
-from ..outcome import Outcome
-from ..problem import SOURCE_PARAM, Problem, digest, op_params
+from ..problem import SOURCE_PARAM, Problem, op_params
 from ..search.proposals import (
     MAX_CANDIDATES,
     EditError,
@@ -22,7 +21,8 @@ from ..search.proposals import (
     source_digest,
 )
 from ..store import lessons
-from .context import Context, must_time
+from . import beside
+from .context import Context
 from .deep import explain_log
 
 ATTEMPTS_IN_TASK = 24  # the most recent attempts of the problem a task carries
@@ -31,8 +31,9 @@ LESSONS_IN_TASK = 24
 
 def proposers_of(ctx: Context, search: dict) -> tuple[list[str], int]:
     """The proposer commands and rounds of a target: the run's (ptxbuild try) or the kernelfile's."""
-    cmds = list(getattr(ctx, "proposers", ()) or search.get("proposers") or ())
-    return cmds, int(getattr(ctx, "rounds", 0) or search.get("rounds") or 1)
+    return list(ctx.proposers or search.get("proposers") or ()), ctx.rounds or search.get(
+        "rounds", 1
+    )
 
 
 def _key(cfg: dict) -> tuple:
@@ -58,19 +59,30 @@ def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, 
     kern = op.render(default, problem, arch)
     keep = ("params", "outcome", "detail", "p50_ms")
     return dict(
-        round=rnd, rounds=rounds, proposer=cmd, op=op.NAME, target=str(ev.t), reference=ref,
+        round=rnd,
+        rounds=rounds,
+        proposer=cmd,
+        op=op.NAME,
+        target=str(ev.t),
+        reference=ref,
         problem={**problem.key(), "label": problem.label()},
         gpu=dict(name=ev.gpu.name, arch=arch, sm_count=ev.gpu.sm_count, measured=hw),
         template=dict(space=op.SPACE, default_params=default, entry=kern.entry, source=kern.source),
-        incumbent=inc and dict(
-            params=inc[0], source=op.render(inc[0], problem, arch).source,
-            p50_ms=inc[1] if hw else None, fraction_of_floor=floor / inc[1] if hw and inc[1] else None,
+        incumbent=inc
+        and dict(
+            params=inc[0],
+            source=op.render(inc[0], problem, arch).source,
+            p50_ms=inc[1] if hw else None,
+            fraction_of_floor=floor / inc[1] if hw and inc[1] else None,
         ),
-        floor_ms=floor, bytes_moved=op.bytes_moved(problem),
-        attempts=[{k: r.get(k) for k in keep} for r in list(ev.results.values())[-ATTEMPTS_IN_TASK:]],
+        floor_ms=floor,
+        bytes_moved=op.bytes_moved(problem),
+        attempts=[
+            {k: r.get(k) for k in keep} for r in list(ev.results.values())[-ATTEMPTS_IN_TASK:]
+        ],
         lessons=edit_lessons(ctx.cache, op.NAME, arch),
         budget={"candidates": MAX_CANDIDATES, "rounds_left": rounds - rnd},
-    )  # fmt: skip
+    )
 
 
 def edit_lessons(cache, op_name: str, arch: str, limit: int = LESSONS_IN_TASK) -> list[dict]:
@@ -98,7 +110,6 @@ def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | N
     parent = meta.get("parent")
     lineage = {
         **meta,
-        "op": op.NAME,
         "problem": problem.label(),
         "arch": ev.gpu.arch,  # and the template's text it replaces (WithSources.check)
         "template": source_digest(op.render(params, problem, ev.gpu.arch).source),
@@ -116,26 +127,17 @@ def propose(ctx: Context, ev, problem: Problem, hist: list, search: dict) -> lis
     added: list = []
     ev.proposed = getattr(ev, "proposed", {})
     for cmd in cmds:
-        try:
-            p = Proposer(cmd, ctx.kf.root)
+        try:  # a proposer that breaks the protocol ends its rounds, not the build
+            with closing(Proposer(cmd, ctx.kf.root)) as p:
+                for rnd in range(rounds):
+                    _round(ctx, ev, problem, hist + added, rnd, rounds, cmd, p, added)
         except ProposalError as exc:
             ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
-            continue
-        try:
-            for rnd in range(rounds):
-                if not _round(ctx, ev, problem, hist + added, rnd, rounds, cmd, p, added):
-                    break
-        finally:
-            p.close()
     return added
 
 
-def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> bool:
-    try:
-        cands = p.ask(task(ctx, ev, problem, hist, rnd, rounds, cmd))
-    except ProposalError as exc:
-        ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
-        return False
+def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
+    cands = p.ask(task(ctx, ev, problem, hist, rnd, rounds, cmd))
     inc = _best(hist)
     parent = inc and (inc[0].get(SOURCE_PARAM) or "template " + json.dumps(inc[0], sort_keys=True))
     meta = {"proposer": cmd, "round": rnd, "parent": parent}
@@ -161,25 +163,25 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> bool:
         row = ev.results[_key(r)]
         p50 = row.get("p50_ms") if row["outcome"] == "ok" else None
         ratio = p50 / inc[1] if p50 and inc and ev.hw and inc[1] > 0 else None
-        verdict = "failed" if row["outcome"] != "ok" else "built" if ratio is None else "helped" if ratio < 1 else "hurt"  # fmt: skip
+        good = row["outcome"] == "ok"
+        verdict = (
+            "failed" if not good else "built" if ratio is None else ("hurt", "helped")[ratio < 1]
+        )
         ev.proposed[_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
-        out.append(dict(index=i, digest=r[SOURCE_PARAM], params=r, outcome=row["outcome"],
-                        detail=row["detail"], p50_ms=p50, vs_incumbent=ratio, verdict=verdict))  # fmt: skip
+        res = {k: row[k] for k in ("params", "outcome", "detail")}
+        out.append(
+            {**res, "index": i, "digest": r[SOURCE_PARAM], "p50_ms": p50, "verdict": verdict}
+        )
+        out[-1]["vs_incumbent"] = ratio
         _lesson(ctx, ev, problem, r, c, verdict, row["outcome"], row["detail"], ratio)
-    try:
-        p.tell({"round": rnd, "results": out})
-    except ProposalError as exc:
-        ctx.report("note", message=f"{ev.t} {problem.label()}: {exc}")
-        return False
-    return True
+    p.tell({"round": rnd, "results": out})
 
 
 def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
     """An `edit` lesson: which edit (its label, else its rationale), on which op, arch, dtype and
     shape, helped / hurt / failed, by how much, and the first line of the evidence."""
     edit = (c.get("edit") or c.get("rationale") or "").strip().splitlines()
-    scope = dict(arch=ev.gpu.arch, family=lessons.family_of("", ev.gpu.arch), dtype=problem.dtype,
-                 shape=list(problem.shape), bucket=lessons.shape_bucket(problem.shape), options=problem.opts_json)  # fmt: skip
+    scope = lessons._scope(ev.t.gpu, ev.gpu.arch, {**problem.key(), "options": problem.opts_json})
     rule = {
         "params": {k: v for k, v in (cfg or {}).items() if k != SOURCE_PARAM},
         "edit": _line(edit[0] if edit else "(unnamed edit)"),
@@ -195,18 +197,20 @@ def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
 
 def rejected(ev, limit: int = 4) -> list[str]:
     """Why a problem has no valid candidate: the evidence of up to `limit` rejected configs with
-    different evidence, compile errors first (at template lines: deep.explain_log), then verdicts."""
-    rank = ["compile_error", "wrong_result", "memcheck"]
-    rows = sorted(ev.results.values(), key=lambda r: (rank + [r["outcome"]]).index(r["outcome"]))
+    different evidence, compile errors first (at template lines: deep.explain_log), then the rest."""
     out, seen = [], set()
-    for r in rows:
+    for r in sorted(ev.results.values(), key=lambda r: r["outcome"] != "compile_error"):
         if len(seen) >= limit or (r["outcome"], r["detail"][:200]) in seen:
             continue
         seen.add((r["outcome"], r["detail"][:200]))
         cfg = r["params"]
         out.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.items())) + f": {r['outcome']}")
         src = r["outcome"] == "compile_error" and ev.op.render(cfg, ev.problem, ev.gpu.arch).source
-        lines = explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4) if src else r["detail"].splitlines()[:3]  # fmt: skip
+        lines = (
+            explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4)
+            if src
+            else r["detail"].splitlines()[:3]
+        )
         out += ["  " + ln for ln in lines]
     return out
 
@@ -235,22 +239,8 @@ def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> d
     out["lineage"] = ev.op.store.meta(winner[0][SOURCE_PARAM])
     if not (ev.hw and tmpl):
         return out
-    wb, tb = ev.binaries[_key(winner[0])], ev.binaries[_key(tmpl[0])]
-    key = digest(
-        "beside-template", wb.digest, tb.digest, ev.hw, problem.key(), winner[0], tmpl[0],
-        keys.PROTOCOL_VERSION,
-    )  # fmt: skip
-    row = ctx.cache.get("measurements", key)
-    if must_time(ctx, key, row, problem):
-        ctx.timed.add(key)
-        r = ctx.gpu.measure(str(ev.op.FOLDER), winner[0], problem, wb, incumbent=(tmpl[0], tb))
-        row = dict(key=key, binary="beside-template", fingerprint=json.dumps(ev.hw, sort_keys=True),
-                   problem=json.dumps(problem.key()), outcome=r.outcome.value,
-                   p50_ms=r.p50_ms if r.outcome is Outcome.OK else None,
-                   detail=json.dumps({"template_p50_ms": r.incumbent_p50_ms}))  # fmt: skip
-        if r.outcome is Outcome.OK:
-            ctx.cache.put("measurements", row)
-    t50 = json.loads(row["detail"]).get("template_p50_ms")
+    row = beside.bout(ev, winner[0], tmpl[0], "beside-template")
+    t50 = json.loads(row["detail"]).get("leader_p50_ms")
     out["same_window"] = {
         "outcome": row["outcome"],
         "winner_p50_ms": row["p50_ms"],

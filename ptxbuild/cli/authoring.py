@@ -60,16 +60,28 @@ def run_deep(kf, op_name: str | None, max_configs: int) -> None:
 
 @click.command("try")
 @click.argument("target")
-@click.option("--proposer", "proposers", multiple=True, required=True, metavar="CMD",
-              help="A proposer command (repeatable): the proposer protocol over its stdin/stdout.")  # fmt: skip
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="Rounds of propose -> build -> feedback a problem.")  # fmt: skip
+@click.option(
+    "--proposer",
+    "proposers",
+    multiple=True,
+    required=True,
+    metavar="CMD",
+    help="A proposer command (repeatable): the proposer protocol over its stdin/stdout.",
+)
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Rounds of propose -> build -> feedback a problem.",
+)
 @click.option("--no-gpu", is_flag=True, help="Compile and check only, even with a GPU present.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON line a problem (for agents).")
 @click.pass_obj
-def try_(kernelfile, target, proposers, rounds, no_gpu, as_json):
+def try_(kernelfile, target, proposers, rounds, no_gpu):
     """Build TARGET with proposers: after the template search, rounds of propose -> compile ->
-    verify -> time -> feedback; a proposed winner is built and locked like any (cached steps reused).
+    verify -> time -> feedback; a proposed winner is built and locked like any (cached steps
+    reused). Prints one JSON line a problem: its winner, each proposer's attempts by outcome, the
+    winner's lineage and its p50 in one window with the best template config.
 
     Example: ptxbuild try softmax@h200 --proposer 'python my_agent.py' --rounds 3
     """
@@ -78,16 +90,13 @@ def try_(kernelfile, target, proposers, rounds, no_gpu, as_json):
     from .shell import _context, _kernelfile, _targets
 
     kf = _kernelfile(kernelfile)
-    chosen, ctx = _targets(kf, [target]), _context(kf, None, not no_gpu, Progress(as_json))
+    chosen, ctx = _targets(kf, [target]), _context(kf, None, not no_gpu, Progress())
     ctx.force, ctx.proposers, ctx.rounds = True, tuple(proposers), rounds
     with closing(ctx):
         done = build_and_lock(ctx, chosen, False, note=lambda m: None)
     for r in done.results:
         for d in json.loads(r.manifest.read_text())["dispatch"] if r.manifest else []:
-            f = d.get("factory") or {}
-            row = dict(target=str(r.target), problem=d["label"], params=d["params"], p50_ms=d.get("p50_ms"), **f)  # fmt: skip
-            sw = (f.get("same_window") or {}).get("speedup")
-            click.echo(json.dumps(row, sort_keys=True) if as_json else f"{r.target} {d['label']}: {f.get('winner')} wins"
-                       + (f", {sw:.2f}x the best template" if sw else "") + f"; {f.get('proposers')}")  # fmt: skip
+            row = {"target": str(r.target), "problem": d["label"], "params": d["params"]}
+            click.echo(json.dumps({**row, "p50_ms": d.get("p50_ms"), **(d.get("factory") or {})}))
     if done.stop is not None or any(r.status == "failed" for r in done.results):
         sys.exit(1)  # EXIT_BUILD_FAILED

@@ -336,11 +336,19 @@ def proposed_section(dispatch: Sequence[DispatchEntry]) -> list[str]:
     rows = [(d.label, d.factory) for d in dispatch if d.factory]
     if not rows:
         return []
-    out = ["", "## Proposed sources", "", "| problem | proposers: attempts by outcome | winner | "
-           "same window: winner / best template (us) | speed-up |", "|---|---|---|---:|---:|"]  # fmt: skip
+    out = [
+        "",
+        "## Proposed sources",
+        "",
+        "| problem | proposers: attempts by outcome | winner | "
+        "same window: winner / best template (us) | speed-up |",
+        "|---|---|---|---:|---:|",
+    ]
     for label, f in rows:
-        who = "; ".join(f"`{c}`: " + ", ".join(f"{k} {n}" for k, n in sorted(o.items()))
-                        for c, o in f["proposers"].items())  # fmt: skip
+        who = "; ".join(
+            f"`{c}`: " + ", ".join(f"{k} {n}" for k, n in sorted(o.items()))
+            for c, o in f["proposers"].items()
+        )
         lin, w = f.get("lineage") or {}, f.get("same_window") or {}
         won = (
             f"proposed `{lin.get('digest')}` (round {lin.get('round')}: {lin.get('edit')})"
@@ -348,8 +356,10 @@ def proposed_section(dispatch: Sequence[DispatchEntry]) -> list[str]:
             else "template"
         )
         sp = f"{w['speedup']:.2f}x" if w.get("speedup") else "-"
-        out.append(f"| {label} | {who} | {won} | {_ms(w.get('winner_p50_ms'))} / "
-                   f"{_ms(w.get('template_p50_ms'))} | {sp} |")  # fmt: skip
+        out.append(
+            f"| {label} | {who} | {won} | {_ms(w.get('winner_p50_ms'))} / "
+            f"{_ms(w.get('template_p50_ms'))} | {sp} |"
+        )
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import selectors
+import select
 import shlex
 import subprocess
 import sys
@@ -49,19 +49,15 @@ class SourceStore:
     def put(self, text: str, meta: dict) -> str:
         digest = source_digest(text)
         self.folder.mkdir(parents=True, exist_ok=True)
-        cu = self.folder / f"{digest}.cu"
-        if not cu.is_file():
-            cu.write_text(text)
-        lineage = self.folder / f"{digest}.json"
-        if not lineage.is_file():  # the first proposer of a text keeps its lineage
-            lineage.write_text(json.dumps({**meta, "digest": digest}, indent=1, sort_keys=True))
+        lineage = json.dumps({**meta, "digest": digest}, indent=1, sort_keys=True)
+        for path, data in ((f"{digest}.cu", text), (f"{digest}.json", lineage)):
+            if not (self.folder / path).is_file():  # the first proposer of a text keeps its lineage
+                (self.folder / path).write_text(data)
         return digest
 
     def get(self, digest: str) -> str | None:
         p = self.folder / f"{digest}.cu"
-        if not p.is_file():
-            return None
-        text = p.read_text()
+        text = p.read_text() if p.is_file() else ""
         return text if source_digest(text) == digest else None  # an edited file is not that source
 
     def meta(self, digest: str) -> dict:
@@ -93,8 +89,10 @@ class WithSources:
         if self.store.get(digest) is None:
             return f"proposed source {digest} is not in {self.store.folder}"
         meta = self.store.meta(digest)
-        if meta.get("template") and meta["template"] != source_digest(self._op.render(p, problem, meta.get("arch", "")).source):  # fmt: skip
-            return f"proposed source {digest} was written for {meta.get('problem')}, where the template renders other code"  # fmt: skip
+        if meta.get("template") and meta["template"] != source_digest(
+            self._op.render(p, problem, meta.get("arch", "")).source
+        ):
+            return f"proposed source {digest} was written for {meta.get('problem')}, where the template renders other code"
         return None
 
     def render(self, params: dict, problem: Problem, arch: str):
@@ -102,8 +100,10 @@ class WithSources:
         if (digest := params.get(SOURCE_PARAM)) is None:
             return kernel
         if (text := self.store.get(digest)) is None:
-            raise ConfigError(f"proposed source {digest} is missing from {self.store.folder} or was "
-                              "edited (its sha256 differs): restore it (git checkout)")  # fmt: skip
+            raise ConfigError(
+                f"proposed source {digest} is missing from {self.store.folder} or was "
+                "edited (its sha256 differs): restore it (git checkout)"
+            )
         return replace(kernel, source=text)
 
     def launch(self, params: dict, problem: Problem, sm_count: int):
@@ -114,11 +114,7 @@ class WithSources:
 
 
 def with_sources(op, root: Path) -> WithSources:
-    return (
-        op
-        if isinstance(op, WithSources)
-        else WithSources(op, SourceStore(Path(root) / "proposed" / op.NAME))
-    )
+    return WithSources(op, SourceStore(Path(root) / "proposed" / op.NAME))
 
 
 class EditError(ValueError):
@@ -144,21 +140,18 @@ def apply_edits(base: str, edits: list) -> str:
     return text
 
 
-_CANDIDATE_RULES = (  # (is it wrong?, the message): a candidate's form, as proposer.schema.json
-    (lambda c: ("source" in c) == ("edits" in c), "a candidate has exactly one of 'source' (the whole text) and 'edits'"),
-    (lambda c: "source" in c and not (isinstance(c["source"], str) and c["source"].strip()), "'source' must be a non-empty string"),
-    (lambda c: "edits" in c and not isinstance(c["edits"], list), "'edits' must be a list"),
-    (lambda c: not isinstance(c.get("params", {}), dict), "'params' must be an object (template parameters: launch, arguments)"),
-    (lambda c: c.get("base", "incumbent") not in ("incumbent", "template"), "'base' is 'incumbent' or 'template'"),
-    (lambda c: not all(isinstance(c.get(k) or "", str) for k in ("rationale", "edit", "parent")), "'rationale', 'edit' and 'parent' are strings"),
-)  # fmt: skip
-
-
 def candidate_errors(c) -> str | None:
-    """Why one candidate of a reply is not one (see proposer.schema.json), or None."""
-    if not isinstance(c, dict):
-        return "a candidate must be an object"
-    return next((msg for wrong, msg in _CANDIDATE_RULES if wrong(c)), None)
+    """Why one candidate of a reply is not one (proposer.schema.json), or None; the optional
+    strings (base, edit, rationale, parent) are taken as given."""
+    if not isinstance(c, dict) or ("source" in c) == ("edits" in c):
+        return "a candidate is an object with exactly one of 'source' (the whole text) and 'edits'"
+    if not (
+        isinstance(c.get("source", "-"), str)
+        and isinstance(c.get("edits", []), list)
+        and isinstance(c.get("params", {}), dict)
+    ):
+        return "'source' is a string, 'edits' a list and 'params' an object"
+    return None
 
 
 def parse_reply(line: bytes) -> list:
@@ -167,9 +160,15 @@ def parse_reply(line: bytes) -> list:
         msg = json.loads(line)
     except ValueError as exc:
         raise ProposalError(f"a reply is not JSON ({exc})") from None
-    if not (isinstance(msg, dict) and msg.get("protocol") == PROTOCOL and msg.get("type") == "candidates"
-            and isinstance(msg.get("candidates"), list)):  # fmt: skip
-        raise ProposalError(f'a reply is {{"protocol": "{PROTOCOL}", "type": "candidates", "candidates": [...]}}')  # fmt: skip
+    if not (
+        isinstance(msg, dict)
+        and msg.get("protocol") == PROTOCOL
+        and msg.get("type") == "candidates"
+        and isinstance(msg.get("candidates"), list)
+    ):
+        raise ProposalError(
+            f'a reply is {{"protocol": "{PROTOCOL}", "type": "candidates", "candidates": [...]}}'
+        )
     return msg["candidates"]
 
 
@@ -183,16 +182,17 @@ class Proposer:
     """One proposer process, JSON lines over its stdin/stdout: ask() sends a task and reads one
     reply (within `seconds`, at most MAX_LINE_BYTES), tell() sends the results, close() ends it."""
 
-    def __init__(
-        self, cmd: str, cwd: Path, seconds: float = REPLY_SECONDS, env: dict | None = None
-    ):
+    def __init__(self, cmd: str, cwd: Path, seconds: float = REPLY_SECONDS):
         self.cmd, self.seconds = cmd, seconds
         self._err = tempfile.TemporaryFile()  # a pipe could fill and stop a chatty proposer
         try:
             self.proc = subprocess.Popen(
-                command_argv(cmd), cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self._err, env={**os.environ, **(env or {})},
-            )  # fmt: skip
+                command_argv(cmd),
+                cwd=cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._err,
+            )
         except OSError as exc:
             raise ProposalError(f"proposer {cmd!r} cannot start: {exc.strerror}") from None
         self._buf = b""
@@ -215,12 +215,10 @@ class Proposer:
 
     def _line(self) -> bytes:
         deadline = time.monotonic() + self.seconds
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf and len(self._buf) <= MAX_LINE_BYTES:
             left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
                 raise ProposalError(f"proposer {self.cmd!r}: no reply within {self.seconds:g} s")
             chunk = os.read(fd, 65536)
             if not chunk:
