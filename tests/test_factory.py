@@ -148,6 +148,12 @@ def test_a_compile_error_reaches_the_proposers_feedback_and_the_lessons(proj):
     lines = export_lessons(ctx.cache)
     back = parse_lessons(("\n".join(lines) + "\n").encode())
     assert sum(r.kind == "edit" for r in back) == 3
+    from ptxbuild.store.lessons_io import LessonsFileError
+
+    rec = json.loads(next(ln for ln in lines if '"kind":"edit"' in ln))
+    del rec["rule"]["verdict"]  # an edit lesson without its verdict is refused on import
+    with pytest.raises(LessonsFileError, match="an 'edit' rule has edit and verdict"):
+        parse_lessons((json.dumps(rec) + "\n").encode())
     # the next task carries the lessons
     build_and_lock(replace(_ctx(proj, FakeCompiler(error_on="PLANTED_ERROR")), force=True), H100)
     later = [json.loads(ln) for ln in (proj / "feedback.jsonl").read_text().splitlines()][5]

@@ -89,7 +89,7 @@ class Evaluator:
             "detail": detail[:2000],
             **extra,
         }
-        self.ctx.cache.add_attempt(**row)
+        row["id"] = self.ctx.cache.add_attempt(**row)  # the evidence a lesson names
         score = extra.get("p50_ms") if outcome is Outcome.OK else math.inf
         if outcome is Outcome.OK and score is None:
             score = 0.0  # compile-only: every config that passes scores the same; seeds come first

@@ -158,7 +158,7 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
         c = cands[i] if isinstance(cands[i], dict) else {}
         if r.get("outcome") == "rejected":
             out.append(r)
-            _lesson(ctx, ev, problem, None, c, "failed", "rejected", r["detail"], None)
+            _lesson(ctx, ev, problem, None, c, "failed", {"outcome": "rejected", **r}, None)
             continue
         row = ev.results[_key(r)]
         p50 = row.get("p50_ms") if row["outcome"] == "ok" else None
@@ -173,26 +173,28 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
             {**res, "index": i, "digest": r[SOURCE_PARAM], "p50_ms": p50, "verdict": verdict}
         )
         out[-1]["vs_incumbent"] = ratio
-        _lesson(ctx, ev, problem, r, c, verdict, row["outcome"], row["detail"], ratio)
+        _lesson(ctx, ev, problem, r, c, verdict, row, ratio)
     p.tell({"round": rnd, "results": out})
 
 
-def _lesson(ctx, ev, problem, cfg, c, verdict, outcome, detail, ratio) -> None:
+def _lesson(ctx, ev, problem, cfg, c, verdict, row, ratio) -> None:
     """An `edit` lesson: which edit (its label, else its rationale), on which op, arch, dtype and
     shape, helped / hurt / failed, by how much, and the first line of the evidence."""
-    edit = (c.get("edit") or c.get("rationale") or "").strip().splitlines()
     scope = lessons._scope(ev.t.gpu, ev.gpu.arch, {**problem.key(), "options": problem.opts_json})
     rule = {
         "params": {k: v for k, v in (cfg or {}).items() if k != SOURCE_PARAM},
-        "edit": _line(edit[0] if edit else "(unnamed edit)"),
+        "edit": _line(c.get("edit") or c.get("rationale") or "") or "(unnamed edit)",
         "verdict": verdict,
-        "result": outcome,
-        "why": _line(next((ln for ln in (detail or "").splitlines() if ln.strip()), "")),
+        "result": row["outcome"],
+        "why": _line(row["detail"] or ""),
         **({"source": cfg[SOURCE_PARAM]} if cfg else {}),
         **({"ratio": round(ratio, 4)} if ratio is not None else {}),
     }
-    row = lessons._row(ev.op.NAME, "edit", scope, rule, [], 1.0 if ev.hw else 0.5, f"run {ctx.run}")
-    ctx.cache.put_lessons([row])
+    evidence = [row["id"]] if "id" in row else []  # the attempt (none: rejected before one)
+    conf = 1.0 if ev.hw else 0.5
+    ctx.cache.put_lessons(
+        [lessons._row(ev.op.NAME, "edit", scope, rule, evidence, conf, f"run {ctx.run}")]
+    )
 
 
 def rejected(ev, limit: int = 4) -> list[str]:
@@ -216,8 +218,9 @@ def rejected(ev, limit: int = 4) -> list[str]:
 
 
 def _line(text: str) -> str:
-    """One line of text as a lesson keeps it (no control characters, at most 300)."""
-    return "".join(ch if ch.isprintable() else " " for ch in text).strip()[:300]
+    """The first non-blank line of `text` as a lesson keeps it (printable, at most 300)."""
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return "".join(ch if ch.isprintable() else " " for ch in first).strip()[:300]
 
 
 def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> dict:

@@ -126,15 +126,11 @@ class Record(_Strict):
         r = self.rule
         if self.kind == "best" and (r.p50_ms is None or r.outcome or r.order):
             raise ValueError("a 'best' rule has params, p50_ms and optionally near only")
-        edit_fields = (r.edit, r.verdict, r.result, r.why, r.source, r.ratio)
-        if self.kind == "edit" and (
-            r.edit is None or r.verdict is None or r.p50_ms or r.outcome or r.order
-        ):
-            raise ValueError(
-                "an 'edit' rule has params, edit, verdict and optionally result, why, source, ratio"
-            )
-        if self.kind != "edit" and any(f is not None for f in edit_fields):
-            raise ValueError("only an 'edit' rule has edit, verdict, result, why, source or ratio")
+        edit = [r.edit, r.verdict] + [r.result, r.why, r.source, r.ratio] * (self.kind != "edit")
+        if (self.kind == "edit") != all(f is not None for f in edit[:2]) or any(edit[2:]):
+            raise ValueError("an 'edit' rule has edit and verdict; no other rule has edit fields")
+        if self.kind == "edit" and (r.p50_ms or r.outcome or r.order):
+            raise ValueError("an 'edit' rule has no p50_ms, outcome or order")
         if self.kind != "best" and r.near is not None:
             raise ValueError("only a 'best' rule has near-best configs (near)")
         if self.kind == "fails" and (
