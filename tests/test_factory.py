@@ -276,3 +276,28 @@ def test_a_proposed_source_stands_in_only_where_the_template_renders_the_text_it
     assert why == f"proposed source {digest} was written for float32[64x1024], where the template renders other code"  # fmt: skip
     assert "vec=2" in op.check({**cfg, "vec": 2}, Problem.make("scale", "float32", (64, 1023)))
     assert op.check({**cfg, SOURCE_PARAM: "0" * 16}, Problem.make("scale", "float32", (64, 1024))).startswith("proposed source 0000")  # fmt: skip
+
+
+@pytest.mark.compile
+def test_the_committed_factory_lock_rebuilds_its_proposed_winners(tmp_path):
+    """benchmarks/factory.lock (H200 run 26b) names proposed sources: a copy of the repository's
+    files rebuilds both winners byte for byte from benchmarks/proposed/ with the real compiler."""
+    import shutil
+
+    from ptxbuild.build.context import Context
+    from ptxbuild.compile.compiler import toolchain
+    from ptxbuild.declare.kernelfile import load
+    from ptxbuild.store.cache import Cache
+
+    for rel in ("benchmarks/factory.toml", "benchmarks/factory.lock"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    for rel in ("benchmarks/proposed/softmax", "ops/softmax"):
+        shutil.copytree(REPO / rel, tmp_path / rel)
+    kf = load(tmp_path / "benchmarks" / "factory.toml")
+    ctx = Context(kf=kf, cache=Cache(kf.cache_path), toolchain=toolchain(), jobs=1)
+    lock = json.loads((tmp_path / "benchmarks" / "factory.lock").read_text())
+    params = [d["params"] for d in lock["targets"]["softmax@h200"]["dispatch"]]
+    assert params and all(SOURCE_PARAM in p for p in params)  # the locked winners are proposed
+    done = build_and_lock(ctx, [Target("softmax", "h200")], locked=True)
+    assert [r.status for r in done.results] == ["built"], done.results
