@@ -105,6 +105,8 @@ def test_a_scripted_proposer_wins_is_reported_locked_and_rebuilt_from_the_lock(p
         and f"proposed `{digest}` (round 0: mark the multiply)" in report
     )
     assert "| 2.00x |" in report
+    produced = next(ln for ln in report.splitlines() if ln.startswith("- produced: "))
+    assert "3 edit" in produced, produced  # the edit lessons count among the build's lessons
 
     # build --locked in a fresh context renders the proposed source from proposed/ and matches
     comp = FakeCompiler()

@@ -192,9 +192,9 @@ def _lesson(ctx, ev, problem, cfg, c, verdict, row, ratio) -> None:
     }
     evidence = [row["id"]] if "id" in row else []  # the attempt (none: rejected before one)
     conf = 1.0 if ev.hw else 0.5
-    ctx.cache.put_lessons(
-        [lessons._row(ev.op.NAME, "edit", scope, rule, evidence, conf, f"run {ctx.run}")]
-    )
+    row = lessons._row(ev.op.NAME, "edit", scope, rule, evidence, conf, f"run {ctx.run}")
+    ctx.cache.put_lessons([row])  # and the build's lessons_produced (target.py) name it
+    ev.edits = [*getattr(ev, "edits", []), dict(lesson=row["id"], kind="edit", scope=scope, **rule)]
 
 
 def rejected(ev, limit: int = 4) -> list[str]:

@@ -43,6 +43,7 @@ def build_target(
     chosen: list[DispatchEntry] = []
     memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
     used_lessons: list[dict] = []
+    edits: list[dict] = []  # the edit lessons proposed sources taught (build/factory.py)
     probs = problems_of(spec)
     started = time.time()
     check_declaration(spec, op, gpu.sm_count)
@@ -136,6 +137,7 @@ def build_target(
                 hist += list(zip(extra, ev(extra))) if extra else []
             if factory.proposers_of(ctx, search)[0]:  # proposed sources, after the template's best
                 hist += factory.propose(ctx, ev, problem, hist, search)
+                edits += getattr(ev, "edits", [])
             winner = (
                 beside.playoff(ev, hist) if hw else best(hist)
             )  # else: the first with the lowest finite score
@@ -247,7 +249,7 @@ def build_target(
             if hw and c.params is not None
         },
         done={json.dumps(c.problem, sort_keys=True) for c in chosen},
-    )
+    ) + [{**e, "confidence": 1.0 if hw else 0.5} for e in edits]
     summary = replace(
         summary,
         report_manifest=report_manifest,
