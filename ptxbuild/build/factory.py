@@ -53,7 +53,7 @@ def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, 
     default = op.default_params(problem)
     floor = op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else ev.gpu.dram_tbps) * 1e9)
     try:
-        ref = inspect.getsource(op.reference)
+        ref = inspect.getsource(getattr(op, "module", op).reference)  # the module form's own
     except (OSError, TypeError, AttributeError):
         ref = ""
     kern = op.render(default, problem, arch)
