@@ -1,7 +1,8 @@
 """The import rule of ptxbuild's layered layout (issue 26; ../shared notes: architecture.md).
 
     L4  cli/                                   the only click importer
-    L3  build/
+    L3  build/  cluster/                       cluster: several GPUs (local workers, Ray actors);
+                                               build reaches them only through the Context
     L2  store/  compile/  search/  gpu/  outputs/   siblings do not import each other, except
                                                search -> store and outputs -> store
     L1  declare/  oploader  contract
@@ -84,6 +85,8 @@ def unit(module: str) -> tuple[int, str] | None:
         return (2, top)
     if top == "build":
         return (3, "build")
+    if top == "cluster":
+        return (3, "cluster")
     if top == "cli":
         return (4, "cli")
     return None
@@ -215,5 +218,5 @@ def test_relative_imports_resolve_to_modules(tmp_path):
     """`from .. import keys` is an import of the module ptxbuild.keys, not of the package."""
     edges = graph()
     target = {d for d, _, _ in edges["ptxbuild.build.target"]}
-    assert {"ptxbuild.keys", "ptxbuild.outputs.gates", "ptxbuild.store.lessons"} <= target
+    assert {"ptxbuild.keys", "ptxbuild.outputs.gates", "ptxbuild.store.learn"} <= target
     assert "ptxbuild" not in target

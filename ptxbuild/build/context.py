@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,22 +45,26 @@ class Context:
     op_files: dict = field(default_factory=dict)  # template -> oploader.OpFiles (build/plan.py)
     proposers: tuple = ()  # `ptxbuild try --proposer`: proposer commands instead of the kernelfile's
     rounds: int = 0  # and their rounds a problem (0: the kernelfile's)
+    # several GPUs (ptxbuild/cluster: local workers or Ray actors), each with ctx.gpu's methods: a
+    # measured target's problems are spread over those of its fingerprint (build/spread.py)
+    lanes: list = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)  # set: spread work stops
 
     def close(self) -> None:
-        """Stop the GPU worker, if this context started one."""
-        if self.gpu is not None:
-            self.gpu.close()
+        """Stop the GPU workers, if this context started any."""
+        for g in self.lanes or ([self.gpu] if self.gpu is not None else []):
+            g.close()
 
 
 def hardware_for(ctx: Context, gpu) -> dict | None:
-    """The fingerprint of the GPU present if it is this target's GPU (or its model), else None."""
-    if ctx.gpu is None or ctx.gpu_match is None:
+    """The fingerprint of the GPU present if it is this target's GPU (or its model), else None; of
+    several (ctx.lanes), the first one's that is."""
+    if ctx.gpu_match is None:
         return None
-    return (
-        ctx.gpu.fingerprint.key()
-        if ctx.gpu_match(ctx.gpu.fingerprint, gpu) in ("exact", "model")
-        else None
-    )
+    for g in ctx.lanes or ([ctx.gpu] if ctx.gpu is not None else []):
+        if ctx.gpu_match(g.fingerprint, gpu) in ("exact", "model"):
+            return g.fingerprint.key()
+    return None
 
 
 def remeasuring(ctx: Context, problem: Problem) -> bool:

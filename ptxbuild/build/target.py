@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -11,7 +10,7 @@ from dataclasses import replace
 
 from .. import keys
 from ..compile.compiler import compile_kernel
-from ..declare.checks import check_declaration, declared_candidates, problems_of
+from ..declare.checks import check_declaration, problems_of
 from ..declare.graph import Target
 from ..gpu.session import GpuError
 from ..oploader import load_op
@@ -21,14 +20,13 @@ from ..outputs.manifest import Built, assemble, write_artifacts
 from ..outputs.report import write_report
 from ..records import BuildSummary, DispatchEntry, TargetResult
 from ..search.proposals import with_sources
-from ..search.strategies import best, neighbours, run_search
-from ..store import learn, lessons
+from ..store import learn
 from ..store.lessons_io import shipped_among
-from . import beside, factory
+from . import beside, spread
 from .context import Context, hardware_for, remeasuring
-from .evaluate import Evaluator
 from .plan import inputs
 from .signals import Interrupts, compile_worker, stop_pool
+from .solve import solve
 
 
 def build_target(
@@ -39,11 +37,9 @@ def build_target(
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = with_sources(load_op(spec.template, ctx.kf.root), ctx.kf.root)
     hw = hardware_for(ctx, gpu)
-    search = spec.search
     chosen: list[DispatchEntry] = []
     memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
     used_lessons: list[dict] = []
-    edits: list[dict] = []  # the edit lessons proposed sources taught (build/factory.py)
     probs = problems_of(spec)
     started = time.time()
     check_declaration(spec, op, gpu.sm_count)
@@ -66,136 +62,31 @@ def build_target(
         else None
     )
     interrupted, gpu_failure = False, None
+    lanes = spread.lanes_for(ctx, hw)
+    if lanes and len(lanes) < len(ctx.lanes):
+        ctx.report(
+            "note", message=f"{t}: {len(lanes)} of {len(ctx.lanes)} GPUs have its GPU's fingerprint"
+        )
     try:
-        for i, problem in enumerate(probs):
-            ctx.report("problem_start", target=t, problem=problem, index=i, total=len(probs))
-            seeds, used = lessons.seeds(ctx.cache, op, problem, gpu, run=ctx.run)
-            used_lessons += used
-            default = op.default_params(problem)
-            # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
-            seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
-            mine = declared_candidates(
-                spec, op, problem, default, note=lambda m: ctx.report("note", message=m)
+        if lanes:  # several GPUs (or --gpus 1): each problem on one of them, none seeding another
+            done, stop = spread.spread(
+                ctx,
+                lanes,
+                probs,
+                lambda c, i, p: solve(c, t, op, spec, p, hw, pool, i, len(probs), run_seeds=False),
+                on_stop=lambda: pool and stop_pool(pool, True),
             )
-            seeds = mine + seeds
-            ev = Evaluator(ctx, t, op, problem, hw, pool)
-
-            # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
-            def valid(c, p=problem, e=ev):
-                return op.check(c, p) or lessons.prune_reason(e.rules, c)
-
-            used_lessons += [
-                {k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")}
-                for r in ev.rules
-            ]
-            if hw is None:
-                # compile-only: the first config that compiles within the limits, lessons and default first
-                hist = []
-                for cfg in _dedupe(seeds):
-                    hist.append((cfg, ev([cfg])[0]))
-                    if math.isfinite(hist[-1][1]):
-                        break
-                if not any(math.isfinite(s) for _, s in hist):
-                    hist += run_search(
-                        op.SPACE,
-                        ev,
-                        strategy="exhaustive",
-                        budget=min(search["budget"], 16),
-                        seconds=search["seconds"],
-                        valid=valid,
-                        seeds=(),
-                        rng_seed=search["seed"],
-                        batch=ctx.jobs,
-                    )
-            else:
-                ev(
-                    [
-                        s
-                        for s in _dedupe(seeds)
-                        if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)
-                    ]
-                )
-                hist = run_search(
-                    op.SPACE,
-                    ev,
-                    strategy=search["strategy"],
-                    budget=search["budget"],
-                    seconds=search["seconds"],
-                    valid=valid,
-                    seeds=seeds,
-                    rng_seed=search["seed"],
-                    batch=search_batch(ctx.jobs, search["budget"]),
-                )
-                top = best(hist)
-                extra = (
-                    neighbours(
-                        top[0], op.SPACE, search.get("polish", ()), valid, [c for c, _ in hist]
-                    )
-                    if top
-                    else []
-                )
-                hist += list(zip(extra, ev(extra))) if extra else []
-            if factory.proposers_of(ctx, search)[0]:  # proposed sources, after the template's best
-                hist += factory.propose(ctx, ev, problem, hist, search)
-                edits += getattr(ev, "edits", [])
-            winner = (
-                beside.playoff(ev, hist) if hw else best(hist)
-            )  # else: the first with the lowest finite score
-            if hw and winner is not None:
-                winner, checked = beside.memchecked(ctx, ev, op, problem, hist, winner)
-                memchecks.append(checked)
-            if winner is None:
-                ctx.report("problem_fail", target=t, problem=problem, why=factory.rejected(ev))
-                chosen.append(DispatchEntry(problem.key(), problem.label(), None))
-                continue
-            cfg, ck = (
-                winner[0],
-                tuple(sorted(winner[0].items())),
-            )  # ck: the config's key in ev's tables
-            row, binary = ev.results[ck], ev.binaries[ck]
-            entry = DispatchEntry(
-                problem=problem.key(),
-                label=problem.label(),
-                params=cfg,
-                binary=binary.digest,
-                launch=op.launch(cfg, problem, gpu.sm_count).__dict__,
-                registers=binary.registers,
-                spill_bytes=binary.spill_bytes,
-                p50_ms=winner[1] if hw else row.get("p50_ms"),
-                floor_ms=op.bytes_moved(problem)
-                / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-                source="measured"
-                if hw
-                else (
-                    "declared"
-                    if cfg in mine
-                    else "lesson"
-                    if cfg in [u["params"] for u in used]
-                    else "default"
-                ),
-                lesson=None if hw else next((u for u in used if u["params"] == cfg), None),
-                compiled=binary,
-            )
-            if factory.proposers_of(ctx, search)[0]:
-                entry = replace(
-                    entry, factory=factory.beside_template(ctx, ev, problem, hist, winner)
-                )
-            t_base = time.perf_counter()
-            if hw:
-                entry = replace(
-                    entry,
-                    timed_at=ev.timed_at.get(ck),
-                    baselines=beside.baselines(ctx, op, problem, hw, (cfg, binary)),
-                    playoff=ev.bouts,
-                )
-            chosen.append(entry)
-            ctx.report(
-                "problem_done",
-                target=t,
-                problem=problem,
-                entry=entry,
-                baseline_s=time.perf_counter() - t_base if hw else None,
-            )
+            for s in done:
+                chosen.append(s.entry)
+                used_lessons += s.used
+                memchecks += [s.memcheck] if s.memcheck else []
+            if stop is not None:
+                raise stop
+        for i, problem in enumerate([] if lanes else probs):
+            s = solve(ctx, t, op, spec, problem, hw, pool, i, len(probs))
+            chosen.append(s.entry)
+            used_lessons += s.used
+            memchecks += [s.memcheck] if s.memcheck else []
     except KeyboardInterrupt:
         interrupted = True  # keep what finished: partial artifacts and report, marked interrupted
     except (
@@ -219,7 +110,7 @@ def build_target(
         inputs=inputs(ctx, t),
         command=ctx.command or f"ptxbuild build {t}",
         incomplete=f"{len(chosen)}/{len(probs)}" if interrupted else None,  # the manifest's too
-        copy_tbps=ctx.gpu.copy_tbps if hw else None,
+        copy_tbps=(lanes[0] if lanes else ctx.gpu).copy_tbps if hw else None,
         lessons_used=used_lessons,
         lessons_shipped=shipped_among(ctx.cache, [u["lesson"] for u in used_lessons]),
         remeasured=bool(hw) and ctx.remeasure,
@@ -249,7 +140,7 @@ def build_target(
             if hw and c.params is not None
         },
         done={json.dumps(c.problem, sort_keys=True) for c in chosen},
-    ) + [{**e, "confidence": 1.0 if hw else 0.5} for e in edits]
+    )
     summary = replace(
         summary,
         report_manifest=report_manifest,
@@ -290,12 +181,6 @@ def build_target(
     return res, KeyboardInterrupt() if irq.count else None
 
 
-def search_batch(jobs: int, budget: int) -> int:
-    """Configs compiled together per search step: enough to use the cores, few enough that an
-    evolutionary search gets several generations out of its budget (a third of it, at least 4)."""
-    return max(1, min(jobs, max(4, budget // 3)))
-
-
 def resume_point(ctx: Context, t: Target) -> float | None:
     """When the last build of `t` was an interrupted --remeasure build, the time its timings began:
     a rerun with --remeasure keeps what that run timed and times only the rest."""
@@ -304,10 +189,3 @@ def resume_point(ctx: Context, t: Target) -> float | None:
         return None
     summary = json.loads(last["summary"] or "{}")
     return summary.get("timed_since") if summary.get("remeasured") else None
-
-
-def _dedupe(cfgs: list[dict]) -> list[dict]:
-    first: dict[str, dict] = {}
-    for c in cfgs:
-        first.setdefault(json.dumps(c, sort_keys=True), c)
-    return list(first.values())

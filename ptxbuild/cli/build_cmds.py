@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from contextlib import closing
+from contextlib import ExitStack, closing
 
 import click
 
@@ -135,6 +135,22 @@ def _say_missed(r) -> None:
     help="With --remeasure: start over even after an interrupted "
     "--remeasure build (e.g. when the GPU was shared while it ran).",
 )
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Spread each measured target's problems over N GPUs of this machine, one "
+    "worker pinned to each (with --cluster: N of the cluster's, default all). The lock does not "
+    "depend on N: each problem is seeded by the lessons alone, not by the run's other problems.",
+)
+@click.option(
+    "--cluster",
+    metavar="ADDRESS|auto",
+    default=None,
+    help="Spread over the GPUs of a Ray cluster, one actor per GPU "
+    "(pip install 'ptxbuild[cluster]'); auto: the running one, else one started on this machine.",
+)
 @click.pass_obj
 def build(
     kernelfile,
@@ -148,10 +164,12 @@ def build(
     remeasure,
     remeasure_only,
     no_resume,
+    gpus,
+    cluster,
 ):
     """Build targets (op@gpu, op, or @gpu); with none, the whole kernelfile.
 
-    Example: ptxbuild build rmsnorm@b200 rmsnorm@h100
+    Example: ptxbuild build rmsnorm@b200 rmsnorm@h100; ptxbuild build rmsnorm@h200 --gpus 8
     """
     from ..build.plan import plan as do_plan
     from ..build.run import build_and_lock
@@ -180,10 +198,19 @@ def build(
             raise ConfigError(
                 f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})"
             )
-    ctx = shell._context(kf, jobs, not no_gpu, Progress(quiet))
+    spreading = gpus is not None or cluster is not None
+    for flag, on in (("--no-gpu", no_gpu), ("--locked", locked)):
+        if spreading and on:
+            raise ConfigError(
+                f"--gpus / --cluster spread a search's GPU work; {flag} has none to spread"
+            )
+    ctx = shell._context(kf, jobs, not no_gpu and not spreading, Progress(quiet))
     ctx.force, ctx.remeasure, ctx.resume = force or remeasure, remeasure, not no_resume
     ctx.remeasure_only = tuple(remeasure_only)
-    with closing(ctx):
+    with ExitStack() as stack:
+        if spreading:
+            stack.enter_context(shell._spread(ctx, gpus, cluster))
+        stack.enter_context(closing(ctx))
         if explain:
             for t, fresh, why in do_plan(ctx, chosen):
                 # a fresh why starts "up to date"

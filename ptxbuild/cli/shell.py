@@ -129,3 +129,11 @@ def _context(kf, jobs: int | None, use_gpu: bool, progress, dry: bool = False):
         command="ptxbuild " + " ".join(sys.argv[1:]),
         say=lambda line: click.echo(line, err=True),
     )
+
+
+def _spread(ctx, gpus: int | None, cluster: str | None):
+    """The GPUs a build spreads over (--gpus, --cluster), attached to `ctx` while the command runs
+    (tests put fake ones here)."""
+    from ..cluster import attached
+
+    return attached(ctx, gpus, cluster, say=lambda line: click.echo(line, err=True))

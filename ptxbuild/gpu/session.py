@@ -16,6 +16,11 @@ from .process import Child, WorkerDied
 from .worker import encode_binary, encode_config, encode_problem
 
 
+class LaneLost(GpuError):
+    """One GPU of several is gone for good (its Ray actor or node died and did not come back): the
+    task it ran goes to another GPU; with no GPU left it stops the build like any GpuError."""
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     outcome: Outcome
@@ -71,12 +76,16 @@ class GpuSession:
         argv: list[str] | None = None,
         startup_timeout_s: float = 180.0,
         measure_copy: bool = True,
+        env: dict | None = None,
     ):
+        """`env`: variables set for the worker (and memcheck) beyond this process's, e.g.
+        CUDA_VISIBLE_DEVICES to pin it to one GPU of several (then `device` 0 is that GPU)."""
         self.device, self.timeout_s, self.startup_timeout_s = device, timeout_s, startup_timeout_s
         self.root = str(Path(root or os.getcwd()).resolve())
+        self.env = {**_worker_env(), **(env or {})}
         self.child = Child(
             argv or [sys.executable, "-m", "ptxbuild.gpu.worker", "--device", str(device)],
-            env=_worker_env(),
+            env=self.env,
         )
         self.restarts = 0
         try:
@@ -239,10 +248,15 @@ class GpuSession:
             "problem": encode_problem(problem),
             "binary": encode_binary(binary),
         }
-        r = memcheck.run([job], device=self.device, env=_worker_env())[0]
+        r = memcheck.run([job], device=self.device, env=self.env)[0]
         if r["outcome"] == "not_run":
             return None, r["detail"]
         return Outcome(r["outcome"]), r["detail"]
+
+    def abort(self) -> None:
+        """Kill the worker now, from any thread: a call in flight in another thread returns as a
+        crash (a stopping build discards it); the next call would start a fresh worker."""
+        self.child.kill()
 
     def close(self) -> None:
         self.child.close()

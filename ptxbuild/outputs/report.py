@@ -64,9 +64,11 @@ def collect(kf, cache, target) -> dict | None:
         "variants": {k: Variant.from_json(v) for k, v in manifest.get("variants", {}).items()},
         "candidates_by_outcome": dict(sorted(by_outcome.items())),
         "attempts": len(attempts),
-        "timed": timed_candidates(attempts),
+        # in problem order, ties by text: the same for a build spread over GPUs, whichever finished first
+        "timed": timed_candidates(attempts, [d.get("label") for d in manifest.get("dispatch", [])]),
         "rejected": [
-            {"outcome": o, "detail": d, "count": n} for (o, d), n in rejected.most_common(15)
+            {"outcome": o, "detail": d, "count": n}
+            for (o, d), n in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
         ],
     }
 
@@ -74,9 +76,10 @@ def collect(kf, cache, target) -> dict | None:
 TIMED_PER_PROBLEM = 6
 
 
-def timed_candidates(attempts) -> list[dict]:
+def timed_candidates(attempts, order: list | None = None) -> list[dict]:
     """Per problem, the fastest TIMED_PER_PROBLEM verified and timed configs of the run (the losers are
-    evidence too: what was tried, and by how much it lost), and how many more there were."""
+    evidence too: what was tried, and by how much it lost), and how many more there were; problems
+    in `order` (labels) first, in that order, then as they were first attempted."""
     by_problem: dict[str, dict[str, dict]] = {}
     for a in attempts:
         if a["outcome"] != "ok" or not a.get("p50_ms"):
@@ -86,9 +89,10 @@ def timed_candidates(attempts) -> list[dict]:
         by_problem.setdefault(label, {}).setdefault(
             a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]}
         )
+    at = {label: i for i, label in enumerate(order or [])}
     ranked = {
         label: sorted(rows.values(), key=lambda r: r["p50_ms"])
-        for label, rows in by_problem.items()
+        for label, rows in sorted(by_problem.items(), key=lambda kv: at.get(kv[0], len(at)))
     }
     return [
         {
