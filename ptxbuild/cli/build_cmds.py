@@ -335,12 +335,21 @@ def report(kernelfile, targets):
 
 
 @main.command()
-def doctor():
+@click.option("--cluster", metavar="ADDRESS|auto", help="Also list the GPUs of that Ray cluster.")
+def doctor(cluster):
     """Show the GPU, driver, compiler and packages ptxbuild sees, and what is missing.
 
-    Example: ptxbuild doctor
+    Example: ptxbuild doctor; ptxbuild doctor --cluster auto
     """
     from ..build.doctor import doctor as run_doctor
 
     for name, status in run_doctor():
         click.echo(f"{name:12} {status}")
+    if cluster is not None:
+        from ..cluster.ray_lanes import gpus_of, shutdown
+
+        try:
+            for node, n in gpus_of(cluster):
+                click.echo(f"{'cluster':12} node {node}: {n} GPU(s)")
+        finally:
+            shutdown()

@@ -9,66 +9,28 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from ..errors import ConfigError, ToolError
-
 
 @contextmanager
-def attached(ctx, gpus: int | None, cluster: str | None, say=print, **kw):
-    """attach() for the length of a command; a Ray connection this made is left at the end (a Ray
-    instance it started on this machine stops). Close `ctx` inside it, so its lanes go first."""
-    from .ray_lanes import connected, shutdown
+def attached(ctx, gpus: int | None, cluster: str | None, say=print, **session):
+    """`ctx` with lanes for the length of a command: `gpus` GPUs of this machine, or with `cluster`
+    (an address, or "auto") `gpus` GPUs of that Ray cluster (all by default); ToolError when they
+    cannot be had. A Ray connection made here is left at the end (a Ray instance it started on
+    this machine stops); close `ctx` inside, so that its lanes go first."""
+    from ..gpu.fingerprint import match_gpu
+    from .local import local_lanes
+    from .ray_lanes import connected, ray_lanes, shutdown
 
     mine = cluster is not None and not connected()
     try:
-        yield attach(ctx, gpus, cluster, say, **kw)
+        if cluster is not None:
+            ctx.lanes = ray_lanes(cluster, gpus, note=say, **session)
+        else:
+            ctx.lanes = local_lanes(gpus or 1, **session)
+        ctx.gpu = ctx.lanes[0]
+        ctx.gpu_match = lambda fp, g: match_gpu(fp, g.name, {**g.as_dict(), "models": [g.model]})
+        for g in ctx.lanes:
+            say(f"gpu: {g.where}: {g.fingerprint}; copy bandwidth {g.copy_tbps:.2f} TB/s")
+        yield ctx
     finally:
         if mine:
             shutdown()
-
-
-def attach(ctx, gpus: int | None, cluster: str | None, say=print, **kw) -> None:
-    """Give `ctx` its lanes: `gpus` GPUs of this machine, or with `cluster` (an address, or "auto")
-    `gpus` GPUs of that Ray cluster (all of them by default); ToolError when they cannot be had."""
-    from ..gpu.fingerprint import match_gpu
-
-    if gpus is not None and gpus < 1:
-        raise ConfigError(f"--gpus {gpus}: give 1 or more")
-    if cluster is not None:
-        from .ray_lanes import ray_lanes
-
-        lanes = ray_lanes(cluster, gpus, note=say, **kw)
-    else:
-        from .local import local_lanes
-
-        lanes = local_lanes(gpus or 1, **kw)
-    ctx.lanes, ctx.gpu = lanes, lanes[0]
-    ctx.gpu_match = lambda fp, gpu: match_gpu(
-        fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]}
-    )
-    for line in describe(lanes):
-        say(f"gpu: {line}")
-
-
-def describe(lanes: list) -> list[str]:
-    """One line per GPU fingerprint: how many GPUs have it, where they are, their copy bandwidth."""
-    groups: dict[str, list] = {}
-    for g in lanes:
-        groups.setdefault(str(g.fingerprint), []).append(g)
-    return [
-        f"{len(gs)} x {fp} at {', '.join(getattr(g, 'where', '?') for g in gs)}; copy bandwidth "
-        + " / ".join(f"{g.copy_tbps:.2f}" for g in gs)
-        + " TB/s"
-        for fp, gs in groups.items()
-    ]
-
-
-def close_all(lanes: list) -> None:
-    """Close every lane, even when one of them fails to."""
-    errors = []
-    for g in lanes:
-        try:
-            g.close()
-        except Exception as exc:  # noqa: BLE001 - the others are closed all the same
-            errors.append(exc)
-    if errors:
-        raise ToolError(f"closing {len(errors)} GPU worker(s) failed: {errors[0]}")

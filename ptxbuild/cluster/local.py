@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import ToolError
-from ..gpu.session import GpuError, GpuSession
+from ..gpu.session import GpuSession
 
 
 def visible_gpus() -> list[str]:
@@ -28,17 +28,11 @@ def local_lanes(n: int, ids: list[str] | None = None, **session) -> list[GpuSess
     """`n` GPU sessions, the i-th pinned to the i-th visible GPU, started side by side; `session`:
     GpuSession's keywords (argv: another worker, as the tests' fake one)."""
     ids = visible_gpus() if ids is None else ids
+    if not ids:
+        raise ToolError(f"--gpus {n}: no GPU here (`ptxbuild doctor` says what is missing)")
     if n > len(ids):
         raise ToolError(
-            f"--gpus {n}: this machine shows {len(ids)} GPU(s)"
-            + (
-                f" (CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']})"
-                if "CUDA_VISIBLE_DEVICES" in os.environ
-                else ""
-            )
-            + f"; ask for at most {len(ids)}, or see `ptxbuild doctor`"
-            if ids
-            else f"--gpus {n}: no GPU here (`ptxbuild doctor` says what is missing)"
+            f"--gpus {n}: this machine shows {len(ids)} GPU(s); ask for at most {len(ids)}"
         )
 
     def start(gpu_id: str):
@@ -48,12 +42,8 @@ def local_lanes(n: int, ids: list[str] | None = None, **session) -> list[GpuSess
 
     with ThreadPoolExecutor(n) as ex:
         futs = [ex.submit(start, i) for i in ids[:n]]
-    lanes, errors = [], []
-    for f in futs:
-        try:
-            lanes.append(f.result())
-        except GpuError as exc:
-            errors.append(exc)
+    lanes = [f.result() for f in futs if f.exception() is None]
+    errors = [f.exception() for f in futs if f.exception() is not None]
     if errors:
         for s in lanes:
             s.close()

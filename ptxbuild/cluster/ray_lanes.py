@@ -1,75 +1,36 @@
 """The GPUs of a Ray cluster as lanes: one actor per GPU (num_gpus=1, so Ray pins it with
 CUDA_VISIBLE_DEVICES), each holding its own isolated GpuSession worker. A candidate that crashes
 the worker is an outcome, as on one GPU (the session restarts it); an actor or node that dies is
-not the candidate's: the call runs again on a new actor, and a GPU lost twice leaves the build
-(LaneLost), its problem going to another GPU. Every node needs the project at the driver's path."""
+not the candidate's: Ray starts a new actor and makes the call again there, once; a GPU lost again
+(or whose new actor has another GPU) leaves the build (LaneLost) and its problem goes on on another.
+Every node needs the project at the driver's path (a shared file system, or one checkout path)."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from contextlib import suppress
 
 from ..errors import ToolError
 from ..gpu.session import GpuError, GpuSession, LaneLost
 
-INSTALL = "pip install 'ptxbuild[cluster]'"
-
 
 class GpuActor:
-    """Runs on a GPU of the cluster (made a Ray actor by _actor_class)."""
+    """Runs on one GPU of the cluster (a Ray actor: see ray_lanes)."""
 
     def __init__(self, session: dict):
         self.session = GpuSession(**session)
 
-    def hello(self) -> dict:
-        return {
-            "fingerprint": self.session.fingerprint,
-            "copy_tbps": self.session.copy_tbps,
-            "where": f"{socket.gethostname()} GPU {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}",
-            "pid": os.getpid(),
-        }
-
-    def call(self, name: str, args: tuple, kwargs: dict):
-        return getattr(self.session, name)(*args, **kwargs)
-
-    def close(self) -> None:
-        self.session.close()
-
-
-_ACTOR = None
-
-
-def _actor_class():
-    global _ACTOR
-    if _ACTOR is None:
-        import ray
-
-        _ACTOR = ray.remote(num_gpus=1, num_cpus=0, max_restarts=0)(GpuActor)
-    return _ACTOR
-
-
-def connect(address: str):
-    """Ray, connected: "auto" joins the running cluster (RAY_ADDRESS, or one `ray start` made
-    here) and starts one on this machine where there is none; any other value is an address."""
-    try:
-        import ray
-    except ImportError:
-        raise ToolError(f"--cluster needs Ray: {INSTALL}") from None
-    if ray.is_initialized():
-        return ray
-    try:
-        if address == "auto":
-            try:
-                ray.init(address="auto", log_to_driver=False)
-            except ConnectionError:
-                ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
-    except Exception as exc:  # noqa: BLE001 - Ray's own errors: one line, the way out
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ToolError(f"--cluster {address}: Ray could not connect: {first}") from None
-    return ray
+    def call(self, name: str, args: tuple, kwargs: dict, expect=None):
+        """(this actor's pid, the session's answer); a restarted actor on another GPU refuses."""
+        s = self.session
+        if expect is not None and s.fingerprint != expect:
+            raise LaneLost(f"the new actor has another GPU ({s.fingerprint})")
+        if name == "hello":
+            where = f"{socket.gethostname()} GPU {os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
+            return os.getpid(), (s.fingerprint, s.copy_tbps, where)
+        return os.getpid(), getattr(s, name)(*args, **kwargs)
 
 
 def connected() -> bool:
@@ -89,88 +50,76 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def ray_lanes(
-    address: str,
-    n: int | None,
-    note=lambda m: None,
-    startup_timeout_s: float = 300.0,
-    **session,
-) -> list[RayLane]:
-    """`n` GPU actors of the cluster at `address` (all of its GPUs when None); `session`: the
-    keywords of each actor's GpuSession (argv: another worker, as the tests' fake one)."""
+def connect(address: str):
+    """Ray, connected to the cluster at `address` ("auto": the running one, else a new one on this
+    machine); ToolError without Ray or when it cannot connect."""
+    try:
+        import ray
+    except ImportError:
+        raise ToolError("--cluster needs Ray: pip install 'ptxbuild[cluster]'") from None
+    try:
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except ConnectionError:
+                if address != "auto":
+                    raise
+                ray.init(include_dashboard=False, log_to_driver=False)
+        ray.cluster_resources()
+    except Exception as exc:  # noqa: BLE001 - Ray's own errors: one line
+        raise ToolError(f"--cluster {address}: Ray could not connect: {_line(exc)}") from None
+    return ray
+
+
+def gpus_of(address: str) -> list[tuple[str, int]]:
+    """(node, GPUs) of each live node of the cluster, as `ptxbuild doctor --cluster` lists them."""
+    ray = connect(address)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return [(n["NodeManagerAddress"], int(n["Resources"].get("GPU", 0))) for n in nodes]
+
+
+def ray_lanes(address: str, n: int | None, note=print, startup_s: float = 300.0, **session):
+    """`n` GPU actors of the Ray cluster at `address` (all of its GPUs when None; "auto": the
+    running cluster, else a new one on this machine); `session`: each actor's GpuSession keywords."""
     ray = connect(address)
     total = int(ray.cluster_resources().get("GPU", 0))
-    if total < 1 or (n is not None and n > total):
-        raise ToolError(
-            f"--cluster {address}: the cluster has {total} GPU(s)"
-            + (f"; ask for at most {total} with --gpus" if total else "; start its nodes with GPUs")
-        )
-    session = {"root": os.getcwd(), **session}
-    make = _actor_class()
-    actors = [make.remote(session) for _ in range(n or total)]
-    lanes = []
+    if total < 1 or (n or 0) > total:
+        raise ToolError(f"--cluster {address}: the cluster has {total} GPU(s)")
+    actor = ray.remote(num_gpus=1, num_cpus=0, max_restarts=1, max_task_retries=1)(GpuActor)
+    actors = [actor.remote({"root": os.getcwd(), **session}) for _ in range(n or total)]
     try:
-        for a in actors:  # started side by side, greeted in order
-            lanes.append(RayLane(lambda: make.remote(session), note, startup_timeout_s, a))
-    except BaseException:
+        return [RayLane(ray, a, note, startup_s) for a in actors]
+    except Exception as exc:  # noqa: BLE001 - one that did not start: none are kept
         for a in actors:
             with suppress(Exception):
                 ray.kill(a, no_restart=True)
-        raise
-    return lanes
+        raise ToolError(f"a GPU actor of the cluster did not start: {_line(exc)}") from None
 
 
 class RayLane:
-    """One GPU of the cluster through its actor; GpuSession's methods, each a remote call."""
+    """One GPU of the cluster through its actor: GpuSession's methods, each a remote call."""
 
-    def __init__(self, make, note, startup_timeout_s: float, actor=None):
-        import ray
-
-        self.ray, self.make, self.note, self.startup_timeout_s = ray, make, note, startup_timeout_s
-        self.restarts, self.aborted = 0, False
-        self.fingerprint = None
-        self._greet(actor or make())
-
-    def _greet(self, actor) -> None:
-        """Take `actor` as this lane's; ToolError (first one) or LaneLost (a new one) if it does not
-        answer, or answers from a GPU of another fingerprint than the lane's first one."""
-        ex = self.ray.exceptions
-        try:
-            info = self.ray.get(actor.hello.remote(), timeout=self.startup_timeout_s)
-        except (ex.GetTimeoutError, ex.RayActorError, ex.RayTaskError) as exc:
-            with suppress(Exception):
-                self.ray.kill(actor, no_restart=True)
-            why = _first_line(exc)
-            if self.fingerprint is None:
-                raise ToolError(f"a GPU actor of the cluster did not start: {why}") from None
-            raise LaneLost(f"{self.where}: no new GPU actor ({why})") from None
-        if self.fingerprint is not None and info["fingerprint"] != self.fingerprint:
-            self.ray.kill(actor, no_restart=True)
-            raise LaneLost(f"{self.where}: the new actor has another GPU ({info['fingerprint']})")
-        self.actor, self.fingerprint, self.copy_tbps = actor, info["fingerprint"], info["copy_tbps"]
-        self.where, self.pid = info["where"], info["pid"]
+    def __init__(self, ray, actor, note, startup_s: float):
+        self.ray, self.actor, self.note, self.restarts, self.aborted = ray, actor, note, 0, False
+        self.pid, hello = ray.get(actor.call.remote("hello", (), {}), timeout=startup_s)
+        self.fingerprint, self.copy_tbps, self.where = hello
 
     def _call(self, name: str, *args, **kwargs):
         ex = self.ray.exceptions
-        for again in (False, True):
-            if self.aborted:
-                raise GpuError(f"{self.where}: stopped")
-            try:
-                return self.ray.get(self.actor.call.remote(name, args, kwargs))
-            except ex.RayTaskError as exc:  # the session raised: GpuError, as on one GPU
-                cause = getattr(exc, "cause", None)
-                raise GpuError(f"{self.where}: {cause or _first_line(exc)}") from None
-            except ex.RayActorError as exc:
-                if self.aborted:
-                    raise GpuError(f"{self.where}: stopped") from None
-                if again:
-                    raise LaneLost(f"{self.where}: lost twice ({_first_line(exc)})") from None
-                self.restarts += 1
-                self.note(
-                    f"{self.where}: its actor died during {name} ({_first_line(exc)}); "
-                    "calling again on a new one"
-                )
-                self._greet(self.make())
+        try:
+            pid, r = self.ray.get(self.actor.call.remote(name, args, kwargs, self.fingerprint))
+        except ex.RayTaskError as exc:  # the session raised: a GpuError, as on one GPU
+            cause = getattr(exc, "cause", None)
+            raise cause if isinstance(cause, GpuError) else GpuError(_line(exc)) from None
+        except ex.RayActorError as exc:
+            lost = GpuError if self.aborted else LaneLost
+            raise lost(f"{self.where}: lost ({_line(exc)})") from None
+        if pid != self.pid:
+            self.pid, self.restarts = pid, self.restarts + 1
+            self.note(
+                f"{self.where}: its actor died during {name}; Ray made the call again on a new one"
+            )
+        return r
 
     def verify(self, *a, **k):
         return self._call("verify", *a, **k)
@@ -193,10 +142,16 @@ class RayLane:
     def close(self) -> None:
         if not self.aborted:
             with suppress(Exception):
-                self.ray.get(self.actor.close.remote(), timeout=30)
+                self.ray.get(self.actor.call.remote("close", (), {}), timeout=30)
         self.abort()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+def _line(exc: BaseException) -> str:
+    """One line for a Ray error: the GpuError in it where there is one, and the root cause (the
+    last `...Error: ` line of a remote traceback)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    head = next((x.split("GpuError: ", 1)[1] for x in lines if "GpuError: " in x), lines[0])
+    root = next(
+        (x.strip() for x in reversed(lines) if re.match(r"\s*[\w.]+(Error|Exception): ", x)), ""
+    )
+    return (head if not root or root in head else f"{head} ... {root}")[:400]
