@@ -211,3 +211,61 @@ def _no_gpu_context(kf, jobs, use_gpu, progress, dry=False):
 
     assert not use_gpu  # a spread build starts no single GPU worker of its own
     return make_ctx(kf.root, report=progress)
+
+
+DRIVER = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from ptxbuild.cluster.local import local_lanes
+from tests.spreading import FAKE_WORKER, spread_build
+lanes = local_lanes(2, ids=["0", "1"], argv=FAKE_WORKER, timeout_s=30.0)
+print("started", flush=True)
+ctx, done = spread_build(Path({proj!r}), lanes, run="r1")
+ctx.close()
+sys.exit(130 if isinstance(done.stop, KeyboardInterrupt) else 0 if done.stop is None else 1)
+"""
+
+
+def test_ctrl_c_of_the_process_group_records_no_crash_it_caused(tmp_path):
+    """A terminal's Ctrl-C reaches the GPU workers too (these fake ones die of it): the calls it
+    cut short are not recorded as the candidates' crashes, and no worker is left."""
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proj, logf = h200_project(tmp_path), tmp_path / "log.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "PTXBUILD_FAKE_LOG": str(logf),
+        "PTXBUILD_FAKE_DELAY_S": "0.2",
+    }
+    code = DRIVER.format(root=str(root), proj=str(proj))
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 60
+        while len(log(logf)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)  # the driver and its workers, as a terminal's Ctrl-C
+        assert p.wait(timeout=60) == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+    db = sqlite3.connect(proj / "cache/ptxbuild.sqlite")
+    outcomes = {o for (o,) in db.execute("select outcome from verdicts")}
+    outcomes |= {o for (o,) in db.execute("select outcome from attempts")}
+    assert outcomes <= {"ok"}, outcomes
+    time.sleep(1)
+    for pid in {c["pid"] for c in log(logf)}:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

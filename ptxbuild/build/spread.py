@@ -16,10 +16,22 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from ..gpu.session import GpuError, LaneLost
+from ..outcome import Outcome
 from ..store.cache import Cache
 from .context import Context
 
 CALLS = {"verify", "measure", "baselines", "memcheck"}
+# what a Ctrl-C of the whole process group can cause (a worker or sanitizer killed by it): such a
+# result waits a moment for the stop, which the main thread sets as it takes the signal
+SUSPECT = {
+    o.value
+    for o in (Outcome.WORKER_CRASH, Outcome.ILLEGAL_ADDRESS, Outcome.TIMEOUT, Outcome.MEMCHECK)
+}
+
+
+def _suspect(r) -> bool:
+    rs = list(r.values()) if isinstance(r, dict) else [r[0] if isinstance(r, tuple) else r]
+    return any(getattr(getattr(x, "outcome", x), "value", None) in SUSPECT for x in rs)
 
 
 def lanes_for(ctx: Context, hw: dict | None) -> list:
@@ -53,7 +65,6 @@ class Pool:
                 continue
 
     def lose(self, exc: LaneLost) -> None:
-        """(None: the lane in hand is gone.)"""
         with self.lock:
             self.lost.append(exc)
 
@@ -82,9 +93,13 @@ class Guard:
             while True:
                 self._check()
                 try:
-                    return getattr(self.lane, name)(*a, **k)
+                    r = getattr(self.lane, name)(*a, **k)
+                    if _suspect(r) and self.pool.stop.wait(0.5):
+                        raise KeyboardInterrupt
+                    return r
                 except LaneLost as exc:
-                    self.lane = self.pool.lose(exc)
+                    self.lane = None  # gone: not given back
+                    self.pool.lose(exc)
                     self.note(f"{exc}; its problem goes on on another GPU")
                     self.lane = self.pool.take()
                 finally:

@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import sys
 import traceback
 from dataclasses import asdict
@@ -130,6 +131,9 @@ def serve(device: int, make_gpu=None, stdin=None) -> int:
 
 
 if __name__ == "__main__":
+    # Ctrl-C is the build's (its process group gets it): the build stops this worker itself, after
+    # it has marked the call in flight as cut short, so that the call is never taken for a crash
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", type=int, default=0)
     sys.exit(serve(ap.parse_args().device))
