@@ -135,7 +135,7 @@ def spread(ctx: Context, lanes: list, probs: list, solve, on_stop=lambda: None):
         try:
             s = solve(replace(ctx, gpu=gpu, cache=cache, report=buf), i, problem)
         finally:
-            cache.db.conn.close()
+            cache.close()
             if gpu.lane is not None:
                 pool.free.put(gpu.lane)
         with lock:

@@ -117,6 +117,10 @@ class Cache:
                 raise  # e.g. another process creating the same new cache: theirs to finish
             raise cache_error(path, exc) from None
 
+    def close(self) -> None:
+        """Close the connection (one per thread: a build spread over GPUs opens one per problem)."""
+        self.db.conn.close()
+
     @contextmanager
     def transaction(self):
         """All writes inside commit together or not at all (the connection is otherwise autocommit)."""
