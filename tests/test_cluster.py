@@ -37,7 +37,7 @@ def lanes(address, tmp_path, n=2, notes=None, **env):
         n,
         note=(notes.append if notes is not None else lambda m: None),
         argv=FAKE_WORKER,
-        timeout_s=30.0,
+        timeout_s=120.0,
         env={"PTXBUILD_FAKE_LOG": str(tmp_path / "log.jsonl"), **env},
     )
 
@@ -118,7 +118,7 @@ from ptxbuild.cluster.ray_lanes import ray_lanes
 from tests.spreading import FAKE_WORKER, spread_build
 from pathlib import Path
 env = {{"PTXBUILD_FAKE_LOG": {log!r}, "PTXBUILD_FAKE_DELAY_S": "0.2"}}
-gpus = ray_lanes({address!r}, 2, argv=FAKE_WORKER, timeout_s=30.0, env=env)
+gpus = ray_lanes({address!r}, 2, argv=FAKE_WORKER, timeout_s=120.0, env=env)
 print("started", flush=True)
 ctx, done = spread_build(Path({proj!r}), gpus, run="r1")
 ctx.close()

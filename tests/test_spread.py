@@ -150,7 +150,7 @@ def test_local_gpus_are_worker_processes_pinned_one_per_gpu(tmp_path, monkeypatc
     """Without Ray: one fake worker per GPU, pinned with CUDA_VISIBLE_DEVICES; the log shows both
     GPUs at work, and each problem's verify, timings and baselines on one of them."""
     monkeypatch.setenv("PTXBUILD_FAKE_LOG", str(tmp_path / "log.jsonl"))
-    lanes = local_lanes(2, ids=["3", "5"], argv=FAKE_WORKER, timeout_s=30.0)
+    lanes = local_lanes(2, ids=["3", "5"], argv=FAKE_WORKER, timeout_s=120.0)
     try:
         assert [g.where for g in lanes] == ["GPU 3", "GPU 5"]
         _, done = spread_build(h200_project(tmp_path), lanes, run="r")
@@ -219,7 +219,7 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from ptxbuild.cluster.local import local_lanes
 from tests.spreading import FAKE_WORKER, spread_build
-lanes = local_lanes(2, ids=["0", "1"], argv=FAKE_WORKER, timeout_s=30.0)
+lanes = local_lanes(2, ids=["0", "1"], argv=FAKE_WORKER, timeout_s=120.0)
 print("started", flush=True)
 ctx, done = spread_build(Path({proj!r}), lanes, run="r1")
 ctx.close()
