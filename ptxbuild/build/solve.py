@@ -24,6 +24,7 @@ class Solved:
     entry: DispatchEntry
     used: list = field(default_factory=list)
     memcheck: str | None = None
+    edits: list = field(default_factory=list)  # edit lessons of proposed sources (build/factory.py)
 
 
 def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, run_seeds=True):
@@ -97,13 +98,16 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
         hist += list(zip(extra, ev(extra))) if extra else []
     if factory.proposers_of(ctx, search)[0]:  # proposed sources, after the template's best
         hist += factory.propose(ctx, ev, problem, hist, search)
+    edits = list(getattr(ev, "edits", []))
     winner = beside.playoff(ev, hist) if hw else best(hist)  # else: the first lowest finite score
     checked = None
     if hw and winner is not None:
         winner, checked = beside.memchecked(ctx, ev, op, problem, hist, winner)
     if winner is None:
         ctx.report("problem_fail", target=t, problem=problem, why=factory.rejected(ev))
-        return Solved(DispatchEntry(problem.key(), problem.label(), None), used_lessons, checked)
+        return Solved(
+            DispatchEntry(problem.key(), problem.label(), None), used_lessons, checked, edits
+        )
     cfg, ck = winner[0], tuple(sorted(winner[0].items()))  # ck: the config's key in ev's tables
     row, binary = ev.results[ck], ev.binaries[ck]
     entry = DispatchEntry(
@@ -145,7 +149,7 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
         entry=entry,
         baseline_s=time.perf_counter() - t_base if hw else None,
     )
-    return Solved(entry, used_lessons, checked)
+    return Solved(entry, used_lessons, checked, edits)
 
 
 def search_batch(jobs: int, budget: int) -> int:

@@ -40,6 +40,7 @@ def build_target(
     chosen: list[DispatchEntry] = []
     memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
     used_lessons: list[dict] = []
+    edits: list[dict] = []  # the edit lessons proposed sources taught (build/factory.py)
     probs = problems_of(spec)
     started = time.time()
     check_declaration(spec, op, gpu.sm_count)
@@ -79,6 +80,7 @@ def build_target(
             for s in done:
                 chosen.append(s.entry)
                 used_lessons += s.used
+                edits += s.edits
                 memchecks += [s.memcheck] if s.memcheck else []
             if stop is not None:
                 raise stop
@@ -86,6 +88,7 @@ def build_target(
             s = solve(ctx, t, op, spec, problem, hw, pool, i, len(probs))
             chosen.append(s.entry)
             used_lessons += s.used
+            edits += s.edits
             memchecks += [s.memcheck] if s.memcheck else []
     except KeyboardInterrupt:
         interrupted = True  # keep what finished: partial artifacts and report, marked interrupted
@@ -140,7 +143,7 @@ def build_target(
             if hw and c.params is not None
         },
         done={json.dumps(c.problem, sort_keys=True) for c in chosen},
-    )
+    ) + [{**e, "confidence": 1.0 if hw else 0.5} for e in edits]
     summary = replace(
         summary,
         report_manifest=report_manifest,
