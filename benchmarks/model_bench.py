@@ -465,10 +465,10 @@ class Llama:
                     for layer in m.layers:
                         layer.compile(dynamic=False)
                 self.compiled = True
-            (
-                s_step(),
-                p_step(),
-            )  # caches are allocated eagerly (transformers 5 allocates on first use)
+            stance = getattr(torch.compiler, "set_stance", None)
+            with stance("force_eager") if stance else contextlib.nullcontext():
+                s_step()  # caches allocated eagerly (transformers 5 does it at their first use)
+                p_step()
             t0 = time.monotonic()
             s_step()
             t1 = time.monotonic()
