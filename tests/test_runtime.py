@@ -286,6 +286,26 @@ def test_torch_custom_op_under_compile(built):
     assert torch.allclose(y, x * 2 + 1)
 
 
+def test_another_build_with_other_modes_gets_its_own_custom_op(built, monkeypatch):
+    # seen on the H200: a test's own rmsnorm@h200 (rstd modes) defined ptxbuild::rmsnorm_h200 first;
+    # the repository's build then got that op back, whose call asked for rstd=True
+    torch = _torch()
+    _no_gpu(torch)
+    from ptxbuild.runtime import torch_ops
+
+    k = load(built / "build" / "scale@h100", allow_fallback=True)
+    qual = f"{torch_ops.NAMESPACE}::{torch_ops.op_name(k)}"
+    other = ("(Tensor x, Tensor rstd) -> Tensor", (("rstd", True),))
+    monkeypatch.setitem(torch_ops._signatures, qual, other)
+    op = torch_ops.register(k)
+    assert op._qualname.startswith(qual + "_") and torch_ops._signatures[qual] == other
+    assert torch_ops.register(k) is op  # the same build again: the same op
+    x = torch.randn(64, 1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.allclose(op(x), x * 2)
+
+
 def test_manifest_records_ptx_digest_and_op_files(built):
     m = json.loads((built / "build" / "scale@h100" / "manifest.json").read_text())
     assert set(m["op_files"]) == {"op.py", "scale.cu"}

@@ -19,6 +19,7 @@ import re
 
 import torch
 
+from ..problem import digest
 from .arrays import TorchXp as _TorchXp
 from .errors import LoaderError
 
@@ -26,7 +27,8 @@ NAMESPACE = "ptxbuild"
 _registered: dict[str, object] = {}
 # the kernel each op runs: the one registered last (a target loaded again, e.g. by another test or
 # with another launcher, takes over the op already defined for its name)
-_serving: dict[str, object] = {}
+_serving: dict[str, tuple] = {}
+_signatures: dict[str, tuple] = {}  # the schema and options each name was defined with
 
 
 def op_name(kernel, options: dict | None = None) -> str:
@@ -64,10 +66,6 @@ def register(kernel, options: dict | None = None):
     if kernel.op.NAME == "kda" and hasattr(kernel, "_kda"):
         return register_kda(kernel)
     name = op_name(kernel, options)
-    qual = f"{NAMESPACE}::{name}"
-    _serving[qual] = kernel
-    if qual in _registered:
-        return _registered[qual]
     mode = kernel.modes()[_mode_index(kernel, options)]
     scratch = kernel.op.SCRATCH
     outs = [  # output names, in order (scratch buffers are the kernel's own)
@@ -78,9 +76,20 @@ def register(kernel, options: dict | None = None):
     opts = dict(mode.options)
 
     opt_kwargs = _option_kwargs(kernel, opts)
+    # Another build of the same target (another project, a test's) can build other modes: it takes
+    # over the name only when its schema and options are the same, else it gets a name of its own.
+    signature = (schema, tuple(sorted(opt_kwargs.items())))
+    qual = f"{NAMESPACE}::{name}"
+    if _signatures.setdefault(qual, signature) != signature:
+        qual = f"{qual}_{digest(*map(str, signature))[:8]}"
+        _signatures[qual] = signature
+    _serving[qual] = (kernel, opt_kwargs)
+    if qual in _registered:
+        return _registered[qual]
 
     def impl(*tensors):  # the kernel's per-call path (a dictionary lookup, one launch)
-        return _serving[qual](*tensors, **opt_kwargs)
+        k, kwargs = _serving[qual]
+        return k(*tensors, **kwargs)
 
     from torch import library as torch_library
 
