@@ -51,6 +51,7 @@ def this_repo(tmp_path):
     return tmp_path
 
 
+@pytest.mark.compile  # plan keys the toolchain in, and kda's reference needs numba (cpu-ref)
 def test_plan_and_check_import_no_op_and_no_numba_when_nothing_changed(this_repo, tmp_path):
     state = tmp_path / "state"
     code, first = _run(this_repo, state, "plan")  # the memo is empty: every op is loaded
