@@ -24,6 +24,7 @@ pytestmark = [
     ),
 ]
 torch = pytest.importorskip("torch")
+from .tiny_decoder import TinyDecoder  # noqa: E402 (needs torch, skipped above)
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 1024
@@ -192,21 +193,8 @@ def test_torch_compile_fullgraph_forward_and_backward(built, mode):
     _check("bfloat16", leaves, dy, dres, 64)
 
 
-class _Net(torch.nn.Module):
-    """Two pre-norm residual blocks and a final norm (torch.nn.RMSNorm), as a decoder stacks them."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.ModuleList(torch.nn.Linear(N, N, dtype=dtype) for _ in range(2))
-        self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(N, 1e-6, dtype=dtype) for _ in range(3))
-        for n in self.norms:
-            n.weight.data.uniform_(0.5, 1.5)
-
-    def forward(self, x):
-        for lin, norm in zip(self.lin, self.norms):
-            x = x + lin(norm(x))
-        return self.norms[2](x)
+def _Net(dtype):
+    return TinyDecoder(N, dtype)
 
 
 def _net_grads(model, x, dy):

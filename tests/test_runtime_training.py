@@ -17,6 +17,8 @@ from . import runtime_fakes as fakes
 from .conftest import make_ctx
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
+from .tiny_decoder import TinyDecoder  # noqa: E402 (needs torch, skipped above)
+
 ROOT = Path(__file__).resolve().parents[1]
 N = 64
 
@@ -62,21 +64,8 @@ def ran(monkeypatch):
     return calls
 
 
-class Net(torch.nn.Module):
-    """Two pre-norm residual blocks and a final norm, as a decoder stacks them."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.ModuleList(torch.nn.Linear(N, N, dtype=dtype) for _ in range(2))
-        self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(N, 1e-6, dtype=dtype) for _ in range(3))
-        for n in self.norms:
-            n.weight.data.uniform_(0.5, 1.5)
-
-    def forward(self, x):
-        for lin, norm in zip(self.lin, self.norms):
-            x = x + lin(norm(x))
-        return self.norms[2](x)
+def Net(dtype):
+    return TinyDecoder(N, dtype)
 
 
 def _grads(model, x, dy):
