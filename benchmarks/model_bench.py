@@ -147,6 +147,8 @@ def render_md(env: dict, rows: list[dict]) -> str:
             note += f" norm backward: {r['norm_backward']}" + (
                 f" ({calls} kernel calls per step)" if calls is not None else ""
             )
+        if r.get("measured_in"):
+            note += f" (measured in an earlier run: git {r['measured_in'].get('git_revision')})"
         sp = f"{r['speedup']:.3f}x" if r.get("speedup") else "-"
         shape = "x".join(map(str, r["shape"])) + (f" {r['scenario']}" if r.get("scenario") else "")
         lines.append(
@@ -169,6 +171,42 @@ def render_md(env: dict, rows: list[dict]) -> str:
             for r in skipped
         ]
     return "\n".join(lines) + "\n"
+
+
+def row_key(r: dict) -> tuple:
+    """What a row measures: two rows with the same key are the same measurement, taken twice."""
+    return (r["model"], r["phase"], r["mode"], tuple(r["shape"]), r.get("scenario"))
+
+
+def earlier_rows(out: Path) -> list[dict]:
+    """The measured rows of the report already in `out` (--merge), each tagged with the run that
+    measured it (`measured_in`: that report's git revision, command and GPU), or [] without one."""
+    path = out / "report.json"
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    env = old.get("environment", {})
+    run = {
+        "git_revision": env.get("git_revision"),
+        "command": env.get("command"),
+        "gpu": env.get("gpu", {}).get("name"),
+    }
+    return [
+        r | {"measured_in": r.get("measured_in", run)} for r in old.get("rows", []) if measured(r)
+    ]
+
+
+def measured(r: dict) -> bool:
+    return r.get("stock_ms") is not None and r.get("ptxbuild_ms") is not None
+
+
+def merged(kept: list[dict], rows: list[dict]) -> list[dict]:
+    """The rows of `kept` (an earlier run's, in their order), each replaced by this run's
+    measurement of it where this run measured it, then this run's rows `kept` does not hold."""
+    now = {row_key(r): r for r in rows}
+    out = [now.pop(row_key(r)) if measured(now.get(row_key(r), {})) else r for r in kept]
+    held = {row_key(r) for r in kept}
+    return out + [r for k, r in now.items() if k not in held]
 
 
 def write_report(out: Path, env: dict, rows: list[dict]) -> None:
@@ -481,9 +519,12 @@ class Llama:
                 "stock path: inductor fuses it with the residual add), the final norm outside runs "
                 "ptxbuild's kernel"
             )
-        # prefill steps are long and noisy (p20-p80 ~4% at 5 calls): more of them; a compile row
-        # is a near tie by construction (the same compiled layers), so it gets the most
-        reps = args.reps if phase == "decode" or mode == "compile" else max(10, args.reps // 2)
+        # prefill steps are long and noisy (p20-p80 ~4% at 5 calls): more of them. A compile row
+        # is a near tie by construction (the same compiled layers; only the final norm, eager,
+        # differs: ~0.2 ms of a 54 ms prefill step at 1 x 8192, where one step's p20-p80 spans
+        # ~2 ms), so it gets the most: the median of 100 calls resolves ~0.2 ms there
+        reps = args.reps if phase == "decode" else max(10, args.reps // 2)
+        reps = args.compile_reps if mode == "compile" else reps
         a, b = self.clock.pair(fa, fb, reps=reps, warmup=3)
         return row(self.name, phase, mode, shape, a, b, note=note, **extra)
 
@@ -651,6 +692,16 @@ def parse_args(argv=None):
     ap.add_argument("--train-tokens", type=int, default=4096)
     ap.add_argument("--modes", default="eager,cudagraph,kda,compile,train",
                     help="comma-separated subset of eager,cudagraph,kda,compile,train")  # fmt: skip
+    ap.add_argument("--kda-scenarios", default="T8192,8x1024,mixed6",
+                    help="comma-separated subset of the KDA scenarios (each at H96 and H64)")  # fmt: skip
+    ap.add_argument("--compile-reps", type=int, default=100,
+                    help="timed calls per compile row (a near tie: see Llama.row)")  # fmt: skip
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the report already in --out that this run does not measure "
+        "(each says which run measured it): a report made over several shorter runs",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny config (tests)")
     ap.add_argument("--fp32", action="store_true", help="float32 weights (CPU tests)")
@@ -659,6 +710,12 @@ def parse_args(argv=None):
     )
     args = ap.parse_args(argv)
     args.modes = set(args.modes.split(","))
+    args.kda_scenarios = set(args.kda_scenarios.split(","))
+    unknown = args.kda_scenarios - {name for _, name, _ in KDA_SCENARIOS}
+    if unknown:
+        ap.error(
+            f"--kda-scenarios: unknown {sorted(unknown)}; the scenarios are T8192,8x1024,mixed6"
+        )
     args.reps = args.reps or (20 if args.quick else 100)
     args.budget_s = args.budget_s or (200 if args.quick else 1800)
     args.prefill = [(1, 8192), (8, 1024)] if not args.tiny else [(1, 16), (2, 8)]
@@ -678,6 +735,7 @@ def main(argv=None) -> int:
         return 3
     clock, budget, out = Clock(args.device), Budget(args.budget_s), Path(args.out)
     env, rows = environment(args), []
+    kept = earlier_rows(out) if args.merge else []
     torch._dynamo.config.cache_size_limit = 64
     with contextlib.suppress(AttributeError):
         torch._dynamo.config.recompile_limit = 64
@@ -693,7 +751,7 @@ def main(argv=None) -> int:
             sp = f" {r['speedup']:.3f}x" if r.get("speedup") else ""
             print(f"{r['model']} {r['phase']} {r['mode']} {r['shape']}: stock {r['stock_ms']} ms, "
                   f"ptxbuild {r['ptxbuild_ms']} ms{sp} {r.get('skipped') or r.get('error') or ''}", flush=True)  # fmt: skip
-        write_report(out, env, rows)
+        write_report(out, env, merged(kept, rows))
 
     llama = None
     if args.modes & {"eager", "cudagraph", "compile", "train"}:
@@ -707,14 +765,16 @@ def main(argv=None) -> int:
     if llama and "train" in args.modes:
         llama.train(budget)
     kda = "kda" in args.modes and clock.cuda
-    first = [s for s in KDA_SCENARIOS if s[1] == "T8192"] if args.quick else KDA_SCENARIOS
+    chosen = [s for s in KDA_SCENARIOS if s[1] in args.kda_scenarios]
+    first = [s for s in chosen if s[1] == "T8192"] if args.quick else chosen
     if kda:
         kda_rows(args, clock, budget, emit, first)
     if llama and clock.cuda and "compile" in args.modes:
         llama.rows(["compile"], budget)  # last: the decoder layers are compiled in place
     if kda and args.quick:
-        kda_rows(args, clock, budget, emit, [s for s in KDA_SCENARIOS if s not in first])
+        kda_rows(args, clock, budget, emit, [s for s in chosen if s not in first])
     env["wall_s"] = round(time.monotonic() - t0, 1)
+    rows = merged(kept, rows)
     write_report(out, env, rows)
     print(f"model_bench: {len(rows)} rows in {env['wall_s']} s -> {out}/report.json, report.md")
     return 0

@@ -47,7 +47,13 @@ def main() -> None:
     args = ap.parse_args()
     root = (args.root or args.tree).resolve()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = str(args.tree.resolve())
+    # the tree first; what PYTHONPATH held already after it (packages installed to a folder)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [
+            str(args.tree.resolve()),
+            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+        ]
+    )
     base = [sys.executable, "-m", "ptxbuild.cli"]
     commands = [["plan"], ["check"]] + ([["build", "--no-gpu", *args.build]] if args.build else [])
     print(

@@ -65,6 +65,35 @@ def test_report_json_rows_and_the_md_says_why_a_row_is_slower(tmp_path):
     assert "- fla-kda prefill eager 1x8192x96: fla is not installed" in md
 
 
+def test_merge_keeps_an_earlier_runs_rows_this_run_did_not_measure(tmp_path):
+    kda = dict(scenario="8x1024")
+    earlier = [
+        mb.row("llama", "prefill", "eager", (1, 8192), _t(50.0, 49, 51), _t(48.0, 47, 49)),
+        mb.row("fla-kda", "prefill", "eager", (1, 8192, 96), _t(5.0, 4.9, 5.1), _t(4.0, 3.9, 4.1)),
+        mb.row("fla-kda", "prefill", "eager", (1, 8192, 96), skipped="time budget spent", **kda),
+    ]
+    mb.write_report(tmp_path, {"git_revision": "abc1234", "gpu": {"name": "H200"}}, earlier)
+    kept = mb.earlier_rows(tmp_path)
+    assert len(kept) == 2  # the skipped row is not kept: this run's row replaces it
+    assert kept[0]["measured_in"] == {"git_revision": "abc1234", "command": None, "gpu": "H200"}
+    now = [
+        mb.row("llama", "prefill", "eager", (1, 8192), _t(51.0, 50, 52), _t(47.0, 46, 48)),
+        mb.row("fla-kda", "prefill", "eager", (1, 8192, 96), skipped="budget spent"),
+        mb.row(
+            "fla-kda", "prefill", "eager", (1, 8192, 96), _t(3.0, 2.9, 3.1), _t(2.0, 1.9, 2), **kda
+        ),
+    ]
+    rows = mb.merged(kept, now)
+    assert [(r["stock_ms"], "measured_in" in r) for r in rows] == [
+        (51.0, False),  # measured again now: the new measurement
+        (5.0, True),  # skipped now: the earlier measurement stays, and says where it came from
+        (3.0, False),  # new
+    ]
+    mb.write_report(tmp_path, {"git_revision": "def5678"}, rows)
+    assert "(measured in an earlier run: git abc1234)" in (tmp_path / "report.md").read_text()
+    assert mb.merged([], now) == now
+
+
 def test_a_clear_loss_is_not_called_noise():
     r = mb.row("llama", "decode", "cudagraph", (8, 1), _t(1.0, 0.99, 1.01), _t(1.1, 1.09, 1.11))
     assert mb.why_slower(r) == "not known"
