@@ -1,0 +1,195 @@
+"""lab/ops/rmsnorm_long (issue 29 item 4): ops/rmsnorm plus stage="ring". Pure: the ring's
+defaults, checks, launch and verification shapes; that every other config is judged, defaulted and
+rendered as ops/rmsnorm does. Compile: the ring's PTX, and the locked rmsnorm@h200 winners compiled
+from the lab copy give ops/rmsnorm's PTX and cubin (so moving the ring into ops/rmsnorm changes no
+locked binary)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from ptxbuild.oploader import load_op
+from ptxbuild.problem import Problem
+
+ROOT = Path(__file__).resolve().parents[1]
+op = load_op("lab/ops/rmsnorm_long", ROOT)
+base = load_op("rmsnorm", ROOT)
+
+MATRIX_N = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
+MATRIX_M = {131072: 16384, 262144: 8192}
+
+
+def prob(dtype="bfloat16", shape=(4, 64), **opts):
+    return Problem.make("rmsnorm", dtype, shape, opts)
+
+
+def matrix():
+    for dt in op.DTYPES:
+        for mode in ({}, {"residual": True}):
+            for n in MATRIX_N:
+                yield prob(dt, (MATRIX_M.get(n, 32768), n), **mode)
+
+
+def test_the_lab_op_is_ops_rmsnorm_plus_one_stage_value():
+    assert op.NAME == "rmsnorm_long" and base.NAME == "rmsnorm"
+    assert {k: v for k, v in op.SPACE.items() if k != "stage"} == {
+        k: v for k, v in base.SPACE.items() if k != "stage"
+    }
+    assert op.SPACE["stage"] == [*base.SPACE["stage"], "ring"]
+
+
+def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm():
+    """The locked rmsnorm@h200 winners, every config one parameter from each (valid or not), and
+    random configs: the same check() verdict; where valid, the same defines, launch and verifier
+    shapes. Below N = 65536 the same defaults."""
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())
+    rng = random.Random(29)
+    cases = []
+    for e in lock["targets"]["rmsnorm@h200"]["dispatch"]:
+        k = e["problem"]
+        p = prob(k["dtype"], tuple(k["shape"]), **k.get("options", {}))
+        w = base._full(e["params"])
+        cases += [(p, w)] + [(p, {**w, n: v}) for n, vs in base.SPACE.items() for v in vs]
+        cases += [(p, {n: rng.choice(vs) for n, vs in base.SPACE.items()}) for _ in range(20)]
+    valid = 0
+    for p, cfg in cases:
+        why = base.check(cfg, p)
+        assert op.check(cfg, p) == why, (p.label(), cfg)
+        if why is None:
+            valid += 1
+            a, b = op.render(cfg, p, "sm_90a").source, base.render(cfg, p, "sm_90a").source
+            assert a[: a.index("// RMSNorm forward")] == b[: b.index("// RMSNorm forward")]
+            assert op.launch(cfg, p, 132) == base.launch(cfg, p, 132)
+            assert op.verify_problems(p, cfg) == base.verify_problems(p, cfg)
+    assert valid > 500, valid
+    for p in matrix():
+        if p.shape[1] < 65536:
+            assert op.default_params(p) == base.default_params(p), p.label()
+
+
+def test_default_is_the_ring_at_n_65536_and_up_where_a_ring_holds_the_part():
+    for p in matrix():
+        if p.shape[1] < 65536:
+            continue
+        d = op.default_params(p)
+        assert op.check(d, p) is None, p.label()
+        fits = not (p.dtype == "float32" and p.opts.get("residual") and p.shape[1] == 262144)
+        assert d["stage"] == ("ring" if fits else "smem"), p.label()
+        assert d["regime"] == ("block" if d["cluster"] == 1 else "cluster"), p.label()
+        if not fits:
+            assert d == base.default_params(p)
+
+
+RING = {"stage": "ring", "load_hint": "none"}
+
+
+def test_ring_default_is_the_smallest_cluster_whose_part_and_a_chunk_more_fit_the_ring():
+    """N >= 65536: 512 threads, one iteration per chunk (8 KB, 16 KB with a residual), 128 KB of row
+    part per CTA (64 KB of x and 64 KB of residual), as many slots as fit one CTA per SM (<= 2 parts)."""
+    want = {
+        ("bfloat16", 65536, False): (1, 16, 27),
+        ("bfloat16", 131072, False): (2, 16, 27),
+        ("bfloat16", 262144, False): (4, 16, 27),
+        ("float32", 262144, False): (8, 16, 27),
+        ("float32", 65536, False): (2, 16, 27),
+        ("bfloat16", 262144, True): (8, 8, 13),
+        ("float32", 131072, True): (8, 8, 13),
+    }
+    for (dt, n, res), (cluster, nch, slots) in want.items():
+        p = prob(dt, (MATRIX_M.get(n, 32768), n), **({"residual": True} if res else {}))
+        d = op.default_params(p)
+        assert (d["stage"], d["cluster"], d["threads"], d["unroll"]) == ("ring", cluster, 512, 1)
+        assert op._ring(d, p) == (nch, slots, 8192 * (1 + res))
+        assert op.launch(d, p, 132).smem_bytes == slots * 8192 * (1 + res) <= op.SMEM_LIMIT_BYTES
+    # below 65536 the defaults are what they were
+    assert op.default_params(prob("bfloat16", (32768, 32768)))["stage"] == "reg"
+
+
+def test_ring_check_refuses_what_the_kernel_cannot_do():
+    big = prob("bfloat16", (8192, 262144))
+    cfg = op._full({"regime": "cluster", "cluster": 8, "threads": 512, **RING})
+    assert op.check(cfg, big) is None
+    assert "whole chunks" in op.check({**cfg, "threads": 384}, big)  # 4096 vectors % 384 lanes
+    assert "whole chunks" in op.check({**cfg, "unroll": 8, "threads": 1024}, big)  # 4 % 8
+    assert "leave load_hint" in op.check({**cfg, "load_hint": "nc"}, big)
+    assert "leave load_hint" in op.check({**cfg, "weight_load": "early"}, big)
+    assert "exact block/cluster" in op.check({**cfg, "exact": False}, big)
+    assert "do not hold a row part" in op.check({**cfg, "cluster": 2}, big)  # 256 KB part
+    assert "do not hold a row part" in op.check(
+        {**cfg, "cluster": 4, "min_blocks": 2}, big
+    )  # 128 KB part, 109 KB of slots per CTA
+    # the weight part in registers: fp32 weight + bias at 16 vectors per lane do not fit
+    fb = prob("float32", (8192, 262144), weight="fp32", bias=True)
+    assert "registers" in op.check(cfg, fb)
+    w = prob("float16", (8192, 65536), residual=True, rstd=True)
+    assert op.check({**cfg, "cluster": 2, "unroll": 2, "min_blocks": 1}, w) is None
+
+
+def test_ring_renders_only_when_on_and_launches_persistent_workers():
+    p = prob("bfloat16", (8192, 262144), residual=True)
+    cfg = op._full({"regime": "cluster", "cluster": 8, "threads": 512, **RING})
+    src = op.render(cfg, p, "sm_90a").source
+    head = src[: src.index("// RMSNorm forward")]
+    assert "#define STAGE_RING 1\n" in head and "#define RING_SLOTS 13\n" in head
+    old = op.render({**cfg, "stage": "reg", "load_hint": "nc"}, p, "sm_90a").source
+    assert "STAGE_RING" not in old[: old.index("// RMSNorm forward")]
+    L = op.launch(cfg, p, 132)
+    assert (
+        L.persistent
+        and L.grid == (128, 1, 1)
+        and L.cluster == (8, 1, 1)
+        and L.smem_bytes == 13 * 16384
+    )
+    blk = op._full({"regime": "block", "threads": 512, **RING})
+    q = prob("bfloat16", (32768, 65536))
+    assert op.launch(blk, q, 132).grid == (132, 1, 1) and op.launch(blk, q, 0).grid == (32768, 1, 1)
+    assert op.launch(blk, prob("bfloat16", (5, 65536)), 132).grid == (5, 1, 1)
+    # the verifier's extra M: >= 4 rows per worker on up to 160 SMs, some one more
+    assert [v.shape[0] for v in op.verify_problems(p, cfg)] == [1, 199, 4 * 160 // 8 + 3]
+    assert [v.shape[0] for v in op.verify_problems(q, blk)] == [1, 199, 4 * 160 + 3]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_ring_streams_chunks_with_bulk_copies_and_holds_no_row_in_registers(arch):
+    """One cp.async.bulk per chunk and operand (prologue + refill), an mbarrier wait per chunk, no
+    global load of x (only the weight's, once), and no spills at the defaults of the long rows."""
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    p = prob("bfloat16", (8192, 262144), residual=True, rstd=True)
+    cfg = op._full({"regime": "cluster", "cluster": 8, "threads": 512, **RING})
+    b = compile_kernel(op.render(cfg, p, arch), arch)
+    assert b.spill_bytes == 0
+    # x + residual: the prologue's loop, and one refill after each of pass 2's 8 unrolled chunks
+    assert b.ptx.count("cp.async.bulk.shared::cluster.global") == 2 * (1 + 8)
+    assert b.ptx.count("mbarrier.try_wait.parity.shared::cta") == 8  # one per chunk of pass 1
+    assert b.ptx.count("ld.global.v4") == 8  # the weight part: 8 vectors per lane, loaded once
+    assert "ld.global.nc" not in b.ptx
+    for dt, n in (
+        ("bfloat16", 262144),
+        ("float16", 131072),
+        ("float32", 262144),
+        ("float32", 65536),
+    ):
+        q = prob(dt, (MATRIX_M.get(n, 32768), n))
+        d = op.default_params(q)
+        assert compile_kernel(op.render(d, q, arch), arch).spill_bytes == 0, q.label()
+
+
+@pytest.mark.compile
+def test_locked_winners_compile_to_the_same_binaries_from_the_lab_copy():
+    """Every third locked rmsnorm@h200 winner (all 66 were checked when the ring was written)."""
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())
+    entries = lock["targets"]["rmsnorm@h200"]["dispatch"][::3]
+    assert len(entries) == 22
+    for e in entries:
+        k = e["problem"]
+        p = Problem.make("rmsnorm", k["dtype"], tuple(k["shape"]), k.get("options", {}))
+        a = compile_kernel(op.render(e["params"], p, "sm_90a"), "sm_90a")
+        assert a.digest == e["binary"], e["label"]
+        b = compile_kernel(base.render(e["params"], p, "sm_90a"), "sm_90a")
+        assert a.ptx == b.ptx, e["label"]
