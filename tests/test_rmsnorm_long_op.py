@@ -116,6 +116,10 @@ def test_ring_check_refuses_what_the_kernel_cannot_do():
     assert "whole chunks" in op.check({**cfg, "threads": 384}, big)  # 4096 vectors % 384 lanes
     assert "whole chunks" in op.check({**cfg, "unroll": 8, "threads": 1024}, big)  # 4 % 8
     assert "leave load_hint" in op.check({**cfg, "load_hint": "nc"}, big)
+    # a cluster of 16 (non-portable: ptxbuild.launch sets the attribute) only for the ring
+    assert op.check({**cfg, "cluster": 16}, big) is None
+    reg16 = {**cfg, "cluster": 16, "stage": "reg", "load_hint": "nc"}
+    assert "NonPortable" in op.check(reg16, big) and op.check(reg16, big) == base.check(reg16, big)
     assert "leave load_hint" in op.check({**cfg, "weight_load": "early"}, big)
     assert "exact block/cluster" in op.check({**cfg, "exact": False}, big)
     assert "do not hold a row part" in op.check({**cfg, "cluster": 2}, big)  # 256 KB part

@@ -240,7 +240,8 @@ def check(params: dict, problem: Problem) -> str | None:
         return "cluster only applies to the cluster regime (leave 1)"
     if regime == "cluster" and p["cluster"] == 1:
         return "the cluster regime needs cluster >= 2"
-    if p["cluster"] > 8 and not NONPORTABLE_CLUSTER_OK:
+    if p["cluster"] > 8 and not (NONPORTABLE_CLUSTER_OK or p["stage"] == "ring"):   # ring: new, so
+        # allowed (ptxbuild.launch sets the function's non-portable cluster attribute above 8)
         return "cluster > 8 needs cudaFuncAttributeNonPortableClusterSizeAllowed, which Launch cannot request"
     if p["stage"] == "smem" and (not p["exact"] or regime == "warp"):
         return "stage=smem only applies to exact block/cluster variants"
