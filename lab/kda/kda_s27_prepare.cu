@@ -1,0 +1,407 @@
+// KDA forward, stage 1 ("prepare"), session 27 probe: one warp per (chunk, value head) as in
+// kda_s26_prepare.cu, but built for fewer instructions per element (lab/kda/plan-session27.md counts
+// them). Writes exactly ops/kda's workspace (kda_common.cuh's WS_* layout), so the locked
+// kda_recurrence reads it unchanged and workspace.decode checks it field by field.
+//
+// Rendered by lab/kda/probe_s27.py after ops/kda's defines (host.defines) and kda_common.cuh.
+// Needs the safe gate (factored exponentials, |G_r - G_ref| <= 8 * 5 nats), K = V = 128, C = 16.
+//
+// Two layouts, one warp:
+// - phase A, per channel: lane l owns channels 4l .. 4l+3 of all 16 rows. The gates are an
+//   in-thread running sum (one FFMA per element, no shuffle scan): rows 7 .. 0 backwards and
+//   8 .. 15 forwards give D_r = G_r - G_7 directly (G_ref = G of row 7), so the two halves never
+//   wait on each other. D goes to shared memory ([token][channel], one 16-byte store per row), and
+//   2^G_ref, 2^(G_15 - G_7) per channel beside it; GAM is stored from here (16 bytes per lane).
+// - phase B, fragment layout (as s26): lane (g, t) owns rows g, g + 8 and the 32 channels
+//   c(ks, e, h) = 16 ks + 8 e + 2 t + h. q, k words are loaded once into registers (no re-read);
+//   the L2 norms come from the diagonal of two bf16 Gram products (Q Q^T, K K^T: 32 mma) instead of
+//   128 FFMA per lane. Kp, Km, Qp are rounded to tf32 by one integer add each (the mma ignores the
+//   low 13 bits; NVRTC's cvt.rna.tf32 costs a compare and a predicated add), feed the L and A_qk
+//   products from registers, Qg is stored from registers, and Kd reaches its KD fragment order by
+//   movmatrix.trans (one instruction per word, no shared memory).
+// - W = (T_inv diag(beta) Kp) * 2^G_ref per channel: Kp's tf32 words are staged once into the dead
+//   D buffer as [channel][token] (swizzled) and read back as B fragments by ldmatrix; U^T's V^T
+//   fragments come from ldmatrix.trans of the staged v rows (k-order 2t, 2t + 1).
+// Shared memory: 16,704 B per warp (13 warps per SM at one warp per block).
+
+#if KDIM != 128 || VDIM != 128 || CH != 16
+#error "kda_s27_prepare: K = V = 128, C = 16"
+#endif
+#if GATE != 0
+#error "kda_s27_prepare: the factored exponentials need the bounded (safe) gate"
+#endif
+#ifndef S27_WPB
+#define S27_WPB 1          // warps (= chunks) per block
+#endif
+#ifndef S27_MINB
+#define S27_MINB 13        // blocks per SM the registers are bounded for
+#endif
+
+#define S27_LOG2E 1.4426950408889634f
+#define S27_DS 136         // fp32 row stride of D [token][channel]: 64-bit fragment reads conflict-free
+#define S27_VS 136         // bf16 row stride of staged v: ldmatrix.trans rows conflict-free
+#define S27_TS 20          // fp32 row stride of L^T and Tb
+
+struct __align__(8) S27U2 { u32 x, y; };
+
+struct S27Warp {
+  union {
+    float d[CH][S27_DS];           // 8704 B: D = G - G_ref (log2 units), phase A -> phase B
+    u32 kpt[KDIM * CH];            // 8192 B: Kp tf32 words [channel][token], 16-byte chunks swizzled
+  } u;
+  bf16_t v[CH][S27_VS];            // 4352 B
+  float cgcl[KDIM][2];             // 1024 B: 2^G_ref, 2^(G_last - G_ref) per channel
+  float lt[CH][S27_TS];            // 1280 B: L^T [s][r]
+  float tb[CH][S27_TS];            // 1280 B: T_inv diag(beta) [r][s]
+  float beta[CH];                  // 64 B
+};
+
+__device__ __forceinline__ void s27_cp_async16(void* smem, const void* gmem, int bytes) {
+  const u32 s = (u32)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+}
+
+// fp32 -> tf32, round to nearest (ties away): the mma reads only the top 19 bits. Finite inputs only.
+__device__ __forceinline__ u32 s27_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
+
+__device__ __forceinline__ float s27_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float s27_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float s27_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// D (16x8 fp32) += A (16x8 tf32, row) * B (8x8 tf32, col)
+__device__ __forceinline__ void s27_mma1688(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// D (16x8 fp32) += A (16x16 bf16) * B (16x8 bf16): the Gram products of the raw q, k words
+__device__ __forceinline__ void s27_mma_bf16(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 s27_movt(u32 x) {
+  u32 r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+
+__device__ __forceinline__ void s27_ldsm4(u32* r, const void* p) {
+  const u32 s = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+}
+
+__device__ __forceinline__ void s27_ldsm4t(u32* r, const void* p) {
+  const u32 s = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+}
+
+// word index of Kp^T[ch][tok] in S27Warp::u.kpt: 16-byte chunk tok / 4 XOR (ch / 2) % 4, so that
+// ldmatrix's 8 rows (8 channels, one chunk) fall in 8 distinct bank groups
+__device__ __forceinline__ int s27_kpt(int ch, int tok) {
+  return ch * CH + 4 * ((tok >> 2) ^ ((ch >> 1) & 3)) + (tok & 3);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * S27_WPB, S27_MINB)
+kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
+                const bf16_t* __restrict__ b,        // beta logits [T, HV]
+                const float* __restrict__ A_log,     // [HV]
+                const float* __restrict__ dt_bias,   // [HV, K]
+                const int* __restrict__ chunk_start, const int* __restrict__ chunk_len,
+                unsigned char* __restrict__ ws, float scale, int nc,
+                int blob_mask) {                     // all ones; a small mask only for a timing probe
+  extern __shared__ __align__(16) unsigned char s27_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c = blockIdx.x * S27_WPB + warp, hv = blockIdx.y, h = hv / (HV / H);
+  if (c >= nc) return;                                   // no block barrier anywhere: safe
+  S27Warp& sm = reinterpret_cast<S27Warp*>(s27_smem)[warp];
+  unsigned char* blob = ws + (size_t)((c * HV + hv) & blob_mask) * WS_BLOB;
+  const long long t0 = chunk_start[c];
+  const int m = chunk_len[c];
+  const int g = lane >> 2, t = lane & 3;
+  const unsigned FULL = 0xffffffffu;
+
+  // 0. v rows by cp.async (zero-filled past m), in flight until U
+#pragma unroll
+  for (int i = lane; i < CH * 16; i += 32) {
+    const int r = i >> 4, p = i & 15;
+    const size_t row = (size_t)t0 + min(r, m - 1);
+    s27_cp_async16(&sm.v[r][8 * p], v + (row * HV + hv) * VDIM + 8 * p, r < m ? 16 : 0);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+
+  // q, k words of rows g, g + 8 (word (ks, e) = channels 16 ks + 8 e + 2 t, + 1), rows past m read 0
+  u32 qw[8][2][2], kw[8][2][2];                          // [ks][e][rr]
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = g + 8 * rr;
+    const bool ok = r < m;
+    const size_t row = (size_t)t0 + (ok ? r : 0);
+    const u32* qr = reinterpret_cast<const u32*>(q + (row * H + h) * KDIM) + t;
+    const u32* kr = reinterpret_cast<const u32*>(k + (row * H + h) * KDIM) + t;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        qw[ks][e][rr] = ok ? __ldg(qr + 8 * ks + 4 * e) : 0u;
+        kw[ks][e][rr] = ok ? __ldg(kr + 8 * ks + 4 * e) : 0u;
+      }
+  }
+  if (lane < CH) {
+    sm.beta[lane] = lane < m ? s27_rcp(1.f + ex2(-S27_LOG2E * bf16_to_f32(b[((size_t)t0 + lane) * HV + hv]))) : 0.f;
+  }
+
+  // 1. phase A (lane: channels 4 lane .. 4 lane + 3, all rows): gates, running sums, D to smem
+  {
+    const float nA2 = -expf(A_log[hv]) * S27_LOG2E;      // exp(-A (a + bias)) = 2^(nA2 (a + bias))
+    const F4 bb = *reinterpret_cast<const F4*>(dt_bias + (size_t)hv * KDIM + 4 * lane);
+    const float nb[4] = {nA2 * bb.x, nA2 * bb.y, nA2 * bb.z, nA2 * bb.w};
+    const float CG = LOWER_BOUND * S27_LOG2E;          // gate in log2 units = CG * sigmoid
+    S27U2 aw[CH];
+#pragma unroll
+    for (int r = 0; r < CH; ++r) {
+      const bf16_t* src = a + (((size_t)t0 + (r < m ? r : 0)) * HV + hv) * KDIM + 4 * lane;
+      aw[r] = r < m ? *reinterpret_cast<const S27U2*>(src) : S27U2{0u, 0u};
+    }
+#define S27_SIG(r, j)                                                                                   \
+  s27_rcp(1.f + ex2(fmaf(((j) & 1) ? s27_hi((j) < 2 ? aw[r].x : aw[r].y) : s27_lo((j) < 2 ? aw[r].x : aw[r].y), \
+                         nA2, nb[j])))
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    F4* drow = reinterpret_cast<F4*>(&sm.u.d[0][4 * lane]);
+    drow[7 * (S27_DS / 4)] = F4{0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 6; r >= 0; --r) {                       // D_r = -(gates r+1 .. 7)
+      if (r + 1 < m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] = fmaf(-CG, S27_SIG(r + 1, j), acc[j]);
+      }
+      drow[r * (S27_DS / 4)] = F4{acc[0], acc[1], acc[2], acc[3]};
+    }
+    float gref[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) gref[j] = fmaf(CG, S27_SIG(0, j), -acc[j]);   // row 0 is always < m
+    float acc2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 8; r < CH; ++r) {                       // D_r = gates 8 .. r
+      if (r < m) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc2[j] = fmaf(CG, S27_SIG(r, j), acc2[j]);
+      }
+      drow[r * (S27_DS / 4)] = F4{acc2[0], acc2[1], acc2[2], acc2[3]};
+    }
+#undef S27_SIG
+    F4 gam, c01, c23;
+    gam.x = ex2(gref[0] + acc2[0]);
+    gam.y = ex2(gref[1] + acc2[1]);
+    gam.z = ex2(gref[2] + acc2[2]);
+    gam.w = ex2(gref[3] + acc2[3]);
+    c01 = F4{ex2(gref[0]), ex2(acc2[0]), ex2(gref[1]), ex2(acc2[1])};
+    c23 = F4{ex2(gref[2]), ex2(acc2[2]), ex2(gref[3]), ex2(acc2[3])};
+    reinterpret_cast<F4*>(&sm.cgcl[4 * lane][0])[0] = c01;
+    reinterpret_cast<F4*>(&sm.cgcl[4 * lane][0])[1] = c23;
+    reinterpret_cast<F4*>(blob + WS_GAM)[lane] = gam;
+  }
+
+  // 2. L2 norms: ||row||^2 is the diagonal of the bf16 Gram product (exact products, fp32 sums);
+  //    lane 4 g + g / 2 holds rows g and g + 8 of it
+  float rq[2], rk[2];
+  {
+    float gq[2][4] = {}, gk[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+      for (int jn = 0; jn < 2; ++jn) {
+        s27_mma_bf16(gq[jn], qw[ks][0][0], qw[ks][0][1], qw[ks][1][0], qw[ks][1][1], qw[ks][0][jn], qw[ks][1][jn]);
+        s27_mma_bf16(gk[jn], kw[ks][0][0], kw[ks][0][1], kw[ks][1][0], kw[ks][1][1], kw[ks][0][jn], kw[ks][1][jn]);
+      }
+    }
+    const int src = 4 * g + (g >> 1), odd = g & 1;
+    const float sq0 = __shfl_sync(FULL, odd ? gq[0][1] : gq[0][0], src);
+    const float sq1 = __shfl_sync(FULL, odd ? gq[1][3] : gq[1][2], src);
+    const float sk0 = __shfl_sync(FULL, odd ? gk[0][1] : gk[0][0], src);
+    const float sk1 = __shfl_sync(FULL, odd ? gk[1][3] : gk[1][2], src);
+#if L2NORM
+    rq[0] = rsqrtf(sq0 + 1e-6f) * scale;
+    rq[1] = rsqrtf(sq1 + 1e-6f) * scale;
+    rk[0] = rsqrtf(sk0 + 1e-6f);
+    rk[1] = rsqrtf(sk1 + 1e-6f);
+#else
+    rq[0] = rq[1] = scale;
+    rk[0] = rk[1] = 1.f;
+    (void)sq0, (void)sq1, (void)sk0, (void)sk1;
+#endif
+  }
+  __syncwarp();                                          // D, 2^G_ref, 2^(G_last - G_ref), beta visible
+
+  // 3. phase B (fragment layout): exponentials, Kp / Km / Qp, the L and A_qk k-steps, Qg and Kd out
+  float accL[2][4] = {}, accA[2][4] = {};
+  u32 ka[8][2][2][2];                                    // Kp tf32 [ks][e][rr][h], kept for W
+  U4* wq = (U4*)(blob + WS_WQ);
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    u32 qgw[2][2], kdw[2][2];                            // [e][rr]
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c0 = 16 * ks + 8 * e + 2 * t;
+      const F4 cc = *reinterpret_cast<const F4*>(&sm.cgcl[c0][0]);   // cg0, cl0, cg1, cl1
+      u32 qa[2][2], kb[2][2];                            // [rr][h]
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const F2 dd = *reinterpret_cast<const F2*>(&sm.u.d[g + 8 * rr][c0]);
+        float qg[2], kd[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float D = hh ? dd.y : dd.x;
+          const float ep = ex2(D), em = ex2(-D);
+          const float kh = (hh ? s27_hi(kw[ks][e][rr]) : s27_lo(kw[ks][e][rr])) * rk[rr];
+          const float qh = (hh ? s27_hi(qw[ks][e][rr]) : s27_lo(qw[ks][e][rr])) * rq[rr];
+          const float kp = kh * ep, km = kh * em, qp = qh * ep;
+          ka[ks][e][rr][hh] = s27_tf32(kp);
+          kb[rr][hh] = s27_tf32(km);
+          qa[rr][hh] = s27_tf32(qp);
+          qg[hh] = qp * (hh ? cc.z : cc.x);
+          kd[hh] = km * (hh ? cc.w : cc.y);
+        }
+        qgw[e][rr] = pack2(qg[0], qg[1]);
+        kdw[e][rr] = pack2(kd[0], kd[1]);
+      }
+      // k-step 2 ks + e: A = Kp / Qp (rows g, g + 8; column t <-> h 0, t + 4 <-> h 1), B of n-tile jn =
+      // Km of this lane's row jn
+#pragma unroll
+      for (int jn = 0; jn < 2; ++jn) {
+        s27_mma1688(accL[jn], ka[ks][e][0][0], ka[ks][e][1][0], ka[ks][e][0][1], ka[ks][e][1][1], kb[jn][0], kb[jn][1]);
+        s27_mma1688(accA[jn], qa[0][0], qa[1][0], qa[0][1], qa[1][1], kb[jn][0], kb[jn][1]);
+      }
+    }
+    wq[(ks * 32 + lane) * 2 + 1] = U4{qgw[0][0], qgw[1][0], qgw[0][1], qgw[1][1]};
+    // KD [pair ks][lane] = {Kd[2t, 2t+1][16 ks + g], Kd[2t+8, 2t+9][..], same for channel + 8}: the
+    // transposes of the 8x8 blocks (tokens 8 rr .., channels 16 ks + 8 e ..)
+    ((U4*)(blob + WS_KD))[ks * 32 + lane] =
+        U4{s27_movt(kdw[0][0]), s27_movt(kdw[0][1]), s27_movt(kdw[1][0]), s27_movt(kdw[1][1])};
+  }
+
+  // 4. A_qk (s <= r) straight to its fragment: accA[j][e]: row g + 8 (e >> 1), column 8 j + 2 t + (e & 1)
+  {
+    float x[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[j][e] = 8 * j + 2 * t + (e & 1) <= g + 8 * (e >> 1) ? accA[j][e] : 0.f;
+    ((U4*)(blob + WS_AQ))[lane] =
+        U4{pack2(x[0][0], x[0][1]), pack2(x[1][0], x[1][1]), pack2(x[0][2], x[0][3]), pack2(x[1][2], x[1][3])};
+  }
+  // L = diag(beta) (Kp Km^T), strictly lower, stored transposed (column s of L is row s of lt)
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + 8 * (e >> 1), s = 8 * j + 2 * t + (e & 1);
+      sm.lt[s][r] = s < r ? sm.beta[r] * accL[j][e] : 0.f;
+    }
+  __syncwarp();                                          // L^T visible; every lane is done reading D
+
+  // Kp's tf32 words to [channel][token] over D (dead): W's B operand, read back by ldmatrix
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) sm.u.kpt[s27_kpt(16 * ks + 8 * e + 2 * t + hh, g + 8 * rr)] = ka[ks][e][rr][hh];
+
+  // 5. T_inv diag(beta) by column forward substitution (lane j < 16: column j), fp32
+  if (lane < CH) {
+    float x[CH];
+#pragma unroll
+    for (int r = 0; r < CH; ++r) x[r] = r == lane ? 1.f : 0.f;
+#pragma unroll
+    for (int s = 0; s < CH - 1; ++s) {
+      float col[CH];
+#pragma unroll
+      for (int i = 0; i < CH / 4; ++i) {
+        const F4 w4 = reinterpret_cast<const F4*>(&sm.lt[s][0])[i];
+        col[4 * i] = w4.x;
+        col[4 * i + 1] = w4.y;
+        col[4 * i + 2] = w4.z;
+        col[4 * i + 3] = w4.w;
+      }
+#pragma unroll
+      for (int r = s + 1; r < CH; ++r) x[r] = fmaf(-col[r], x[s], x[r]);
+    }
+    const float bj = sm.beta[lane];
+#pragma unroll
+    for (int r = 0; r < CH; ++r) sm.tb[r][lane] = x[r] * bj;
+  }
+  __syncwarp();                                          // Tb and Kp^T visible
+
+  // 6. W = (Tb Kp) * 2^G_ref per channel (tf32), out as -W fragments beside Qg
+  u32 ta[2][4];
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    const int s0 = 8 * kk + t;
+    ta[kk][0] = s27_tf32(sm.tb[g][s0]);
+    ta[kk][1] = s27_tf32(sm.tb[g + 8][s0]);
+    ta[kk][2] = s27_tf32(sm.tb[g][s0 + 4]);
+    ta[kk][3] = s27_tf32(sm.tb[g + 8][s0 + 4]);
+  }
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    float acc[2][4] = {};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // matrix i (lanes 8 i .. 8 i + 7 give its rows): channels 16 ks + 8 j + (lane & 7), tokens 4 i .. 4 i + 3
+      const int ch = 16 * ks + 8 * j + (lane & 7), i = lane >> 3;
+      u32 bq[4];
+      s27_ldsm4(bq, &sm.u.kpt[ch * CH + 4 * (i ^ ((ch >> 1) & 3))]);
+      s27_mma1688(acc[j], ta[0][0], ta[0][1], ta[0][2], ta[0][3], bq[0], bq[1]);
+      s27_mma1688(acc[j], ta[1][0], ta[1][1], ta[1][2], ta[1][3], bq[2], bq[3]);
+    }
+    const int c0 = 16 * ks + 2 * t;
+    const F4 c0v = *reinterpret_cast<const F4*>(&sm.cgcl[c0][0]);
+    const F4 c8v = *reinterpret_cast<const F4*>(&sm.cgcl[c0 + 8][0]);
+    wq[(ks * 32 + lane) * 2] = U4{pack2(-acc[0][0] * c0v.x, -acc[0][1] * c0v.z), pack2(-acc[1][0] * c8v.x, -acc[1][1] * c8v.z),
+                                  pack2(-acc[0][2] * c0v.x, -acc[0][3] * c0v.z), pack2(-acc[1][2] * c8v.x, -acc[1][3] * c8v.z)};
+  }
+
+  // 7. U^T = V^T Tb^T (tf32): A = V^T by ldmatrix.trans, k-order token 8 kk + 2 t (col t), + 1 (col t + 4)
+  u32 tbb[2][2][2];                                      // [jn][kk][0: token 8kk + 2t, 1: + 1]
+#pragma unroll
+  for (int jn = 0; jn < 2; ++jn)
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const F2 x = *reinterpret_cast<const F2*>(&sm.tb[8 * jn + g][8 * kk + 2 * t]);
+      tbb[jn][kk][0] = s27_tf32(x.x);
+      tbb[jn][kk][1] = s27_tf32(x.y);
+    }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncwarp();                                          // every lane's v pieces have landed
+#pragma unroll 2
+  for (int vg = 0; vg < VDIM / 16; ++vg) {
+    // matrix i = (kk = i >> 1, value half vh = i & 1): rows tokens 8 kk + (lane & 7), values 16 vg + 8 vh ..
+    const int i = lane >> 3;
+    u32 vv[4];
+    s27_ldsm4t(vv, &sm.v[8 * (i >> 1) + (lane & 7)][16 * vg + 8 * (i & 1)]);
+    float acc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const u32 w0 = vv[2 * kk], w1 = vv[2 * kk + 1];    // values 16 vg + g, 16 vg + 8 + g
+      const u32 a0 = w0 << 16, a1 = w1 << 16, a2 = w0 & 0xffff0000u, a3 = w1 & 0xffff0000u;
+#pragma unroll
+      for (int jn = 0; jn < 2; ++jn) s27_mma1688(acc[jn], a0, a1, a2, a3, tbb[jn][kk][0], tbb[jn][kk][1]);
+    }
+    F4* dst = (F4*)(blob + WS_U) + (vg * 32 + lane) * 2;  // U: [vg][lane][n-tile]
+#pragma unroll
+    for (int jn = 0; jn < 2; ++jn) dst[jn] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
+  }
+}
