@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 from contextlib import closing
 
 from ..problem import SOURCE_PARAM, Problem, op_params
@@ -20,6 +19,7 @@ from ..search.proposals import (
     candidate_errors,
     source_digest,
 )
+from ..search.strategies import best, config_key
 from ..store import lessons
 from . import beside
 from .context import Context
@@ -36,20 +36,11 @@ def proposers_of(ctx: Context, search: dict) -> tuple[list[str], int]:
     )
 
 
-def _key(cfg: dict) -> tuple:
-    return tuple(sorted(cfg.items()))
-
-
-def _best(hist: list):
-    ok = [h for h in hist if math.isfinite(h[1])]
-    return min(ok, key=lambda h: h[1]) if ok else None
-
-
 def task(ctx: Context, ev, problem: Problem, hist: list, rnd: int, rounds: int, cmd: str) -> dict:
     """What a proposer is told: the op, the problem, the GPU, the reference's source, the template
     (its SPACE, default and rendered source), the incumbent with its time and % of floor, recent
     attempts with their evidence, the edit lessons, the budget."""
-    op, arch, inc, hw = ev.op, ev.gpu.arch, _best(hist), bool(ev.hw)
+    op, arch, inc, hw = ev.op, ev.gpu.arch, best(hist), bool(ev.hw)
     default = op.default_params(problem)
     floor = op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else ev.gpu.dram_tbps) * 1e9)
     try:
@@ -138,7 +129,7 @@ def propose(ctx: Context, ev, problem: Problem, hist: list, search: dict) -> lis
 
 def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
     cands = p.ask(task(ctx, ev, problem, hist, rnd, rounds, cmd))
-    inc = _best(hist)
+    inc = best(hist)
     parent = inc and (inc[0].get(SOURCE_PARAM) or "template " + json.dumps(inc[0], sort_keys=True))
     meta = {"proposer": cmd, "round": rnd, "parent": parent}
     results, cfgs = [], []
@@ -151,8 +142,8 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
         results.append({"index": i, "outcome": "rejected", "detail": why} if cfg is None else cfg)
         if cfg is not None and cfg not in cfgs:
             cfgs.append(cfg)
-    scores = dict(zip(map(_key, cfgs), ev(cfgs))) if cfgs else {}
-    added += [(cfg, scores[_key(cfg)]) for cfg in cfgs]
+    scores = dict(zip(map(config_key, cfgs), ev(cfgs))) if cfgs else {}
+    added += [(cfg, scores[config_key(cfg)]) for cfg in cfgs]
     out = []
     for i, r in enumerate(results):
         c = cands[i] if isinstance(cands[i], dict) else {}
@@ -160,14 +151,14 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
             out.append(r)
             _lesson(ctx, ev, problem, None, c, "failed", {"outcome": "rejected", **r}, None)
             continue
-        row = ev.results[_key(r)]
+        row = ev.results[config_key(r)]
         p50 = row.get("p50_ms") if row["outcome"] == "ok" else None
         ratio = p50 / inc[1] if p50 and inc and ev.hw and inc[1] > 0 else None
         good = row["outcome"] == "ok"
         verdict = (
             "failed" if not good else "built" if ratio is None else ("hurt", "helped")[ratio < 1]
         )
-        ev.proposed[_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
+        ev.proposed[config_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
         res = {k: row[k] for k in ("params", "outcome", "detail")}
         out.append(
             {**res, "index": i, "digest": r[SOURCE_PARAM], "p50_ms": p50, "verdict": verdict}
@@ -232,7 +223,7 @@ def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> d
         by = counts.setdefault(info["proposer"], {})
         by[info["outcome"]] = by.get(info["outcome"], 0) + 1
     out: dict = {"proposers": counts}
-    tmpl = _best([h for h in hist if SOURCE_PARAM not in h[0]])
+    tmpl = best([h for h in hist if SOURCE_PARAM not in h[0]])
     if tmpl:
         out["template_best"] = {"params": tmpl[0], "p50_ms": tmpl[1] if ev.hw else None}
     if winner is None or SOURCE_PARAM not in winner[0]:

@@ -18,7 +18,7 @@ from ..outputs import gates
 from ..outputs.environment import environment, utc_time
 from ..outputs.manifest import Built, assemble, write_artifacts
 from ..outputs.report import write_report
-from ..records import BuildSummary, DispatchEntry, TargetResult
+from ..records import BuildSummary, TargetResult
 from ..search.proposals import with_sources
 from ..store import learn
 from ..store.lessons_io import shipped_among
@@ -26,7 +26,7 @@ from . import beside, spread
 from .context import Context, hardware_for, remeasuring
 from .plan import inputs
 from .signals import Interrupts, compile_worker, stop_pool
-from .solve import solve
+from .solve import Solved, solve
 
 
 def build_target(
@@ -37,10 +37,7 @@ def build_target(
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
     op = with_sources(load_op(spec.template, ctx.kf.root), ctx.kf.root)
     hw = hardware_for(ctx, gpu)
-    chosen: list[DispatchEntry] = []
-    memchecks: list[str] = []  # per problem built on a GPU: what memcheck said of its winner
-    used_lessons: list[dict] = []
-    edits: list[dict] = []  # the edit lessons proposed sources taught (build/factory.py)
+    solved: list[Solved] = []  # the problems that finished, in problem order
     probs = problems_of(spec)
     started = time.time()
     check_declaration(spec, op, gpu.sm_count)
@@ -70,26 +67,17 @@ def build_target(
         )
     try:
         if lanes:  # several GPUs (or --gpus 1): each problem on one of them, none seeding another
-            done, stop = spread.spread(
+            solved, stop = spread.spread(
                 ctx,
                 lanes,
                 probs,
                 lambda c, i, p: solve(c, t, op, spec, p, hw, pool, i, len(probs), run_seeds=False),
                 on_stop=lambda: pool and stop_pool(pool, True),
             )
-            for s in done:
-                chosen.append(s.entry)
-                used_lessons += s.used
-                edits += s.edits
-                memchecks += [s.memcheck] if s.memcheck else []
             if stop is not None:
                 raise stop
         for i, problem in enumerate([] if lanes else probs):
-            s = solve(ctx, t, op, spec, problem, hw, pool, i, len(probs))
-            chosen.append(s.entry)
-            used_lessons += s.used
-            edits += s.edits
-            memchecks += [s.memcheck] if s.memcheck else []
+            solved.append(solve(ctx, t, op, spec, problem, hw, pool, i, len(probs)))
     except KeyboardInterrupt:
         interrupted = True  # keep what finished: partial artifacts and report, marked interrupted
     except (
@@ -100,6 +88,9 @@ def build_target(
         irq.saving = True
         if pool:
             stop_pool(pool, interrupted)
+    chosen = [s.entry for s in solved]
+    used_lessons = [u for s in solved for u in s.used]
+    edits = [e for s in solved for e in s.edits]  # the edit lessons proposed sources taught
     ok = all(c.params is not None for c in chosen) and not interrupted
     summary = BuildSummary(
         target=str(t),
@@ -123,7 +114,9 @@ def build_target(
         timed_since=ctx.timed_since or (started if hw and ctx.remeasure else None),
         remeasure_resumed=ctx.timed_since is not None,
         protocol=keys.PROTOCOL_VERSION if hw else None,  # the protocol of every timing here
-        memcheck=beside.memcheck_summary(memchecks) if hw else None,
+        memcheck=beside.memcheck_summary([s.memcheck for s in solved if s.memcheck])
+        if hw
+        else None,
         environment=environment(ctx.kf.root),  # where it ran: a report may be rewritten elsewhere
     )
     # a stop keeps a complete old set: build/<target>/ is the old complete set or the new one

@@ -140,9 +140,14 @@ class GpuSession:
                 }
         return r, time.perf_counter() - t0
 
-    def _folder(self, op_folder: str) -> str:
+    def _job(self, op_folder: str, problem: Problem, **args) -> dict:
+        """A request's arguments: the op's folder (resolved where it is one), the root, the problem
+        and `args`, a Binary among them encoded."""
         p = Path(op_folder)
-        return str(p.resolve()) if p.is_dir() else op_folder
+        folder = str(p.resolve()) if p.is_dir() else op_folder
+        if "binary" in args:
+            args["binary"] = encode_binary(args["binary"])
+        return {"op_folder": folder, "root": self.root, "problem": encode_problem(problem), **args}
 
     def verify(
         self,
@@ -153,15 +158,7 @@ class GpuSession:
         seeds: list | None = None,
     ) -> VerifyResult:
         r, s = self._run(
-            "verify",
-            {
-                "op_folder": self._folder(op_folder),
-                "root": self.root,
-                "params": params,
-                "problem": encode_problem(problem),
-                "binary": encode_binary(binary),
-                "seeds": seeds,
-            },
+            "verify", self._job(op_folder, problem, params=params, binary=binary, seeds=seeds)
         )
         return VerifyResult(
             outcome=Outcome(r["outcome"]),
@@ -193,17 +190,16 @@ class GpuSession:
         warmup_ms: float = 20.0,
         budget_ms: float = 100.0,
     ) -> MeasureResult:
-        args = {
-            "op_folder": self._folder(op_folder),
-            "root": self.root,
-            "params": params,
-            "problem": encode_problem(problem),
-            "binary": encode_binary(binary),
-            "copy_tbps": self.copy_tbps,
-            "warmup_ms": warmup_ms,
-            "budget_ms": budget_ms,
-            "incumbent": encode_config(incumbent),
-        }
+        args = self._job(
+            op_folder,
+            problem,
+            params=params,
+            binary=binary,
+            copy_tbps=self.copy_tbps,
+            warmup_ms=warmup_ms,
+            budget_ms=budget_ms,
+            incumbent=encode_config(incumbent),
+        )
         return self._measure_result(self._run("measure", args)[0])
 
     def baselines(
@@ -215,19 +211,15 @@ class GpuSession:
         budget_ms: float = 100.0,
     ) -> dict[str, MeasureResult]:
         """Baselines timed; with `winner`, each in one window with the winner (incumbent_p50_ms: the winner's)."""
-        r, _ = self._run(
-            "baselines",
-            {
-                "op_folder": self._folder(op_folder),
-                "root": self.root,
-                "problem": encode_problem(problem),
-                "copy_tbps": self.copy_tbps,
-                "warmup_ms": warmup_ms,
-                "budget_ms": budget_ms,
-                "winner": encode_config(winner),
-            },
-            max(self.timeout_s, BASELINES_TIMEOUT_S),
+        args = self._job(
+            op_folder,
+            problem,
+            copy_tbps=self.copy_tbps,
+            warmup_ms=warmup_ms,
+            budget_ms=budget_ms,
+            winner=encode_config(winner),
         )
+        r, _ = self._run("baselines", args, max(self.timeout_s, BASELINES_TIMEOUT_S))
         if "outcome" in r and isinstance(r["outcome"], str):  # the whole call crashed or hung
             return {"*": self._measure_result(r)}
         return {name: self._measure_result(v) for name, v in r.items()}
@@ -241,13 +233,7 @@ class GpuSession:
 
         if os.environ.get("PTXBUILD_MEMCHECK") == "0":  # ~10 s a winner: a quick run may skip it
             return None, "memcheck: not run (PTXBUILD_MEMCHECK=0)"
-        job = {
-            "op_folder": self._folder(op_folder),
-            "root": self.root,
-            "params": params,
-            "problem": encode_problem(problem),
-            "binary": encode_binary(binary),
-        }
+        job = self._job(op_folder, problem, params=params, binary=binary)
         r = memcheck.run([job], device=self.device, env=self.env)[0]
         if r["outcome"] == "not_run":
             return None, r["detail"]

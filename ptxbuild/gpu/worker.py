@@ -53,43 +53,27 @@ def decode_config(c: list | None) -> tuple | None:
     return (op_params(c[0]), decode_binary(c[1])) if c else None
 
 
+_DECODE = {
+    "params": op_params,
+    "problem": decode_problem,
+    "binary": decode_binary,
+    "incumbent": decode_config,
+    "winner": decode_config,
+}
+
+
 def handle(gpu, cmd: str, a: dict):
     if cmd == "hello":
         return {"fingerprint": asdict(gpu.fingerprint), "pid": os.getpid()}
     if cmd == "copy_bandwidth":
         return {"tbps": gpu.copy_bandwidth(**a)}
-    if cmd == "verify":
-        return gpu.verify(
-            a["op_folder"],
-            a["root"],
-            op_params(a["params"]),
-            decode_problem(a["problem"]),
-            decode_binary(a["binary"]),
-            a.get("seeds"),
-        )
-    if cmd == "measure":
-        return gpu.measure(
-            a["op_folder"],
-            a["root"],
-            op_params(a["params"]),
-            decode_problem(a["problem"]),
-            decode_binary(a["binary"]),
-            decode_config(a.get("incumbent")),
-            a.get("copy_tbps", 0.0),
-            a.get("warmup_ms", 30.0),
-            a.get("budget_ms", 200.0),
-        )
-    if cmd == "baselines":
-        return gpu.baselines(
-            a["op_folder"],
-            a["root"],
-            decode_problem(a["problem"]),
-            a.get("copy_tbps", 0.0),
-            a.get("warmup_ms", 30.0),
-            a.get("budget_ms", 200.0),
-            decode_config(a.get("winner")),
-        )
+    if cmd in ("verify", "measure", "baselines"):  # the session's keywords are the Gpu's
+        return getattr(gpu, cmd)(**{k: _DECODE.get(k, _same)(v) for k, v in a.items()})
     raise ValueError(f"unknown request {cmd!r}")
+
+
+def _same(value):
+    return value
 
 
 def serve(device: int, make_gpu=None, stdin=None) -> int:

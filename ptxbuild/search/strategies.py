@@ -21,7 +21,7 @@ def enumerate_space(space: dict[str, list]) -> list[Config]:
     return list(iter_space(space))
 
 
-def _key(cfg: Config) -> tuple:
+def config_key(cfg: Config) -> tuple:
     return tuple(sorted(cfg.items()))
 
 
@@ -78,10 +78,10 @@ def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]
         c = random_valid(space, valid, rng)
         if c is None:
             return
-        if _key(c) in seen:
+        if config_key(c) in seen:
             miss += 1
             continue
-        seen.add(_key(c))
+        seen.add(config_key(c))
         miss = 0
         yield c
 
@@ -135,8 +135,8 @@ def run_search(
             c = queue.pop(0) if queue else next(more, None)
             if c is None:
                 break
-            if _key(c) not in keys:
-                keys.add(_key(c))
+            if config_key(c) not in keys:
+                keys.add(config_key(c))
                 out.append(c)
         return out
 
@@ -152,7 +152,7 @@ def run_search(
                 break
             continue
         for cfg, score in zip(group, evaluate(group)):
-            tried[_key(cfg)] = score
+            tried[config_key(cfg)] = score
             history.append((cfg, score))
     return history
 
@@ -162,7 +162,7 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
         c for c, _ in sorted((h for h in history if math.isfinite(h[1])), key=lambda h: h[1])[:3]
     ]
     out: list[Config] = []
-    seen = set(tried) | {_key(c) for c in pending}
+    seen = set(tried) | {config_key(c) for c in pending}
     for _ in range(50 * n):
         if len(out) >= n:
             break
@@ -174,9 +174,9 @@ def _breed(history, space, valid, tried, pending, rng, n, all_valid) -> list[Con
             child = rng.choice(all_valid) if all_valid else None
         if child is None:
             break
-        if _key(child) in seen or valid(child) is not None:
+        if config_key(child) in seen or valid(child) is not None:
             continue
-        seen.add(_key(child))
+        seen.add(config_key(child))
         out.append(child)
     return out
 
@@ -193,10 +193,10 @@ def neighbours(
     tried: Iterable[Config] = (),
 ) -> list[Config]:
     """The valid, untried configs one parameter away from cfg along `names`: the search's polish step."""
-    seen = {_key(c) for c in tried} | {_key(cfg)}
+    seen = {config_key(c) for c in tried} | {config_key(cfg)}
     return [
         c
         for n in names
         for c in ({**cfg, n: v} for v in space[n])
-        if _key(c) not in seen and valid(c) is None
+        if config_key(c) not in seen and valid(c) is None
     ]
