@@ -121,6 +121,19 @@ class Op(ABC):
         """The arguments of one entry (KERNELS ops only)."""
         raise NotImplementedError(f"op {self.NAME} runs one kernel: kernel_args()")
 
+    def calls(
+        self, params: Params, problem: Problem, sm_count: int, inputs: Arrays, outputs: Arrays
+    ) -> list[tuple[str | None, Launch, list[Any]]]:
+        """(entry, geometry, arguments) of every kernel one call runs, in order: the op's one kernel
+        (entry None: launch(), kernel_args()), or each entry of launches() with its stage_args()."""
+        if not self.multi_kernel:
+            args = self.kernel_args(params, problem, inputs, outputs)
+            return [(None, self.launch(params, problem, sm_count), args)]
+        geoms = self.launches(params, problem, sm_count)
+        return [
+            (e, g, self.stage_args(e, params, problem, inputs, outputs)) for e, g in geoms.items()
+        ]
+
     # ------------------------------------------------------------------ optional hooks
     def deterministic(self, params: Params) -> bool:
         """Whether every call on the same inputs writes the same bits (the verifier checks it)."""

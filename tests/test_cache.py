@@ -343,7 +343,7 @@ def test_transaction_commits_together_or_rolls_back_on_the_autocommit_connection
     row = dict(zip(LESSON_COLUMNS, ["a", "op", "best", "{}", "{}", "[]", 1.0, "", 0, 0.0]))
     try:
         with c.transaction():
-            c.insert_lesson(row)
+            c.put_lessons([row])
             c.update_lesson("a", {"confidence": 0.5})
             assert c.db.conn.in_transaction
             raise KeyboardInterrupt
@@ -351,7 +351,7 @@ def test_transaction_commits_together_or_rolls_back_on_the_autocommit_connection
         pass
     assert not c.db.conn.in_transaction and c.lesson_count() == 0
     with c.transaction():
-        c.insert_lesson(row)
+        c.put_lessons([row])
         c.put_lessons([{**row, "id": "b"}])
         c.update_lesson("a", {"confidence": 0.5})
     again = Cache(tmp_path / "c.sqlite")

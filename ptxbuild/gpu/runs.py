@@ -117,21 +117,9 @@ class Gpu(Timing):
         """[(function, geometry, args)] of one call of the op, launched in this order on our stream:
         one kernel, or every entry of a multi-kernel op (KERNELS, launches(), stage_args(); all
         entries live in the one cubin, whose own entry is the op's main kernel)."""
-        if not op.multi_kernel:
-            return [
-                (
-                    self.kernel(binary),
-                    op.launch(params, problem, self.fingerprint.sm_count),
-                    op.kernel_args(params, problem, inputs, outputs),
-                )
-            ]
-        geoms = op.launches(
-            params, problem, self.fingerprint.sm_count
-        )  # this config's entries, in order
-        return [
-            (self.kernel(binary, e), geoms[e], op.stage_args(e, params, problem, inputs, outputs))
-            for e in geoms
-        ]
+        sms = self.fingerprint.sm_count
+        calls = op.calls(params, problem, sms, inputs, outputs)
+        return [(self.kernel(binary, e), geom, args) for e, geom, args in calls]
 
     def release(self) -> None:
         self.cp.get_default_memory_pool().free_all_blocks()

@@ -38,25 +38,16 @@ def code_digest(pkg: Path = Path(__file__).parents[1]) -> str:
     )
 
 
+def _git(root: Path, *args: str) -> str:
+    run = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=5)
+    return run.stdout.strip()
+
+
 def environment(root: Path) -> dict:
     versions = {p: v for p in PACKAGES if (v := installed_version(p)) is not None}
     try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-        )
+        rev = _git(root, "rev-parse", "--short", "HEAD")
+        dirty = bool(_git(root, "status", "--porcelain"))
     except (OSError, subprocess.SubprocessError):
         rev, dirty = "", False
     return {

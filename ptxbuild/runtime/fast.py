@@ -114,20 +114,14 @@ class Prepared:
             sources[("out", n)] = (len(self.names) + i, int(t.data_ptr()))
         ins = {n: Ptr(t, ("in", n)) for n, t in sample.items()}
         outs = {n: Ptr(t, ("out", n)) for n, t in outputs.items()}
-        if op.multi_kernel:
-            geoms = op.launches(params, problem, dev.sm_count)
-            calls = [(e, g, op.stage_args(e, params, problem, ins, outs)) for e, g in geoms.items()]
-        else:
-            entry = next(iter(functions))
-            geom = op.launch(params, problem, dev.sm_count)
-            calls = [(entry, geom, op.kernel_args(params, problem, ins, outs))]
         self.buffers, self.fires = [], []
         with _Current(dev):
-            for entry, geom, args in calls:
+            for entry, geom, args in op.calls(params, problem, dev.sm_count, ins, outs):
                 if 0 in tuple(geom.grid):
                     continue  # nothing to launch (e.g. M = 0)
                 buf = _Args(args, sources)
-                fn = functions[entry]
+                # the op's one kernel (entry None): the only function loaded
+                fn = functions[entry] if entry else next(iter(functions.values()))
                 shared.set_function_attributes(_cu(), fn, geom, _ok)
                 self.buffers.append(buf)
                 self.fires.append(self._fire(fn, geom, buf))

@@ -259,15 +259,10 @@ class BuiltKernel(Dispatch):
 
     def _calls(self, entry: DispatchEntry, problem: Problem, dev, ins: dict, outs: dict) -> list:
         """[(function, geometry, arguments)] of one call, in launch order."""
-        fns, params = self._functions_of(dev, entry, problem), entry.params
-        if not self.op.multi_kernel:
-            (fn,) = fns.values()
-            geom = self.op.launch(params, problem, dev.sm_count)
-            return [(fn, geom, self.op.kernel_args(params, problem, ins, outs))]
-        geoms = self.op.launches(params, problem, dev.sm_count)
-        return [
-            (fns[e], g, self.op.stage_args(e, params, problem, ins, outs)) for e, g in geoms.items()
-        ]
+        fns = self._functions_of(dev, entry, problem)
+        calls = self.op.calls(entry.params, problem, dev.sm_count, ins, outs)
+        # the op's one kernel (entry None) is the variant's own, the only one loaded
+        return [(fns[e] if e else next(iter(fns.values())), g, args) for e, g, args in calls]
 
     def _device_of(self, arrays: dict, mode: _Mode) -> int | None:
         primary = arrays[mode.names[0]]

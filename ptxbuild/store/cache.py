@@ -245,14 +245,14 @@ class Cache:
         }
         return self.db["attempts"].insert({**row, "created": time.time()}).last_pk
 
-    def attempts(self, target: str | None = None, run: str | None = None) -> list[dict]:
-        where = " and ".join(
-            ["1 = 1"] + (["target = ?"] if target else []) + (["run = ?"] if run else [])
-        )
+    def attempts(
+        self, target: str | None = None, run: str | None = None, **where: Any
+    ) -> list[dict]:
+        """The attempts whose columns hold these values (None: any), in the order they were made."""
+        where = {k: v for k, v in {"target": target, "run": run, **where}.items() if v is not None}
+        sql = " and ".join(["1 = 1"] + [f"{k} = ?" for k in where])
         return list(
-            self.db.query(
-                f"select * from attempts where {where} order by id", [v for v in (target, run) if v]
-            )
+            self.db.query(f"select * from attempts where {sql} order by id", list(where.values()))
         )
 
     def recorded_attempts(self, op: str | None = None, gpu: str | None = None):
@@ -282,14 +282,6 @@ class Cache:
         return list(
             self.db.query("select * from attempts where target = ? and run = ?", [target, run])
         )
-
-    def arch_attempts(self, op: str, arch: str) -> list[dict]:
-        """Every attempt of `op` on `arch`, by any run."""
-        return list(self.db.query("select * from attempts where op = ? and arch = ?", [op, arch]))
-
-    def attempt(self, attempt_id: int) -> dict | None:
-        rows = list(self.db.query("select * from attempts where id = ?", [attempt_id]))
-        return rows[0] if rows else None
 
     # -- lessons --------------------------------------------------------------------------------
     def live_lessons(
@@ -345,13 +337,6 @@ class Cache:
                 f"on conflict(id) do update set {sets}",
                 [row[c] for c in cols],
             )
-
-    def insert_lesson(self, row: dict) -> None:
-        """Add one lesson row (its id must be new)."""
-        cols, marks = ", ".join(LESSON_COLUMNS), ", ".join("?" * len(LESSON_COLUMNS))
-        self.db.execute(
-            f"insert into lessons ({cols}) values ({marks})", [row[c] for c in LESSON_COLUMNS]
-        )
 
     def update_lesson(self, lesson_id: str, changes: dict) -> None:
         """Set the columns `changes` names of the lesson `lesson_id`."""

@@ -260,7 +260,7 @@ def derive(
     mine = full(cache.run_attempts(str(target), run))
     if not mine:
         return []
-    same_arch = full(cache.arch_attempts(name, mine[0]["arch"]))
+    same_arch = full(cache.attempts(op=name, arch=mine[0]["arch"]))
     fin = [
         r
         for r in mine

@@ -170,7 +170,7 @@ def _version() -> str:
 def _evidence(cache, ev: list) -> list[dict]:
     out = []
     for e in ev[:200]:
-        a = None if isinstance(e, dict) else cache.attempt(e)
+        a = None if isinstance(e, dict) else next(iter(cache.attempts(id=e)), None)
         if a is None:
             out.append(e if isinstance(e, dict) else {"attempt": e})
             continue
@@ -331,6 +331,7 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
     now = time.time()
     counts = {"read": len(records), "added": 0, "already_present": 0, "duplicates_in_file": 0}
     seen: set[str] = set()
+    rows: list[dict] = []
     with cache.transaction():  # one transaction: a failure part-way leaves the cache as it was
         for rec in records:
             if rec.id in seen:
@@ -348,7 +349,7 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
                 },
                 sort_keys=True,
             )
-            cache.insert_lesson(
+            rows.append(
                 {
                     "id": rec.id,
                     "op": rec.op,
@@ -363,6 +364,7 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
                 }
             )
             counts["added"] += 1
+        cache.put_lessons(rows)
     return counts
 
 
