@@ -15,7 +15,6 @@ from ptxbuild.gpu.fingerprint import (
     Fingerprint,
     cc_of,
     from_props,
-    match_fingerprint,
     match_gpu,
     model_of,
 )
@@ -375,19 +374,6 @@ def test_match_gpu_levels():
         and cc_of("sm_90") == "sm_90"
         and cc_of("compute_120f") == "sm_120"
     )
-
-
-def test_match_fingerprint_levels():
-    a = fp("NVIDIA H200")
-    assert match_fingerprint(a, fp("NVIDIA H200")) == "exact"
-    assert match_fingerprint(a, fp("NVIDIA H200", clocks=(1755, 3201))) == "model"
-    assert match_fingerprint(a, fp("NVIDIA H200", driver="575.1")) == "model"
-    assert match_fingerprint(a, fp("NVIDIA GH200 480GB")) == "arch"
-    assert (
-        match_fingerprint(fp("NVIDIA B200", cc="sm_100"), fp("NVIDIA B300", cc="sm_103"))
-        == "family"
-    )
-    assert match_fingerprint(a, fp("NVIDIA B200", cc="sm_100")) is None
 
 
 # --- wire format and the worker process ----------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .fingerprint import Fingerprint, match_fingerprint, match_gpu, model_of
+from .fingerprint import Fingerprint, match_gpu, model_of
 from .session import GpuError, GpuSession, MeasureResult, VerifyResult
 from .stats import PROTOCOL_VERSION
 
@@ -25,7 +25,6 @@ __all__ = [
     "PROTOCOL_VERSION",
     "VerifyResult",
     "gpu_available",
-    "match_fingerprint",
     "match_gpu",
     "model_of",
 ]

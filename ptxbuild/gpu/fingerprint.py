@@ -53,10 +53,6 @@ def cc_of(arch: str) -> str:
     return f"sm_{m.group(1)}" if m else ""
 
 
-def _major(cc: str) -> int:
-    return int(re.search(r"(\d+)", cc).group(1)) // 10 if re.search(r"\d", cc) else -1
-
-
 def _version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}" if v else ""
 
@@ -154,14 +150,3 @@ def match_gpu(fp: Fingerprint, gpu_name: str, catalog_entry: dict) -> str | None
         )
         return "exact" if pinned and same else "model"
     return "arch" if arch else None
-
-
-def match_fingerprint(a: Fingerprint, b: Fingerprint) -> str | None:
-    """The level at which two fingerprints agree: "exact" (model, SMs, memory, clocks, driver), "model",
-    "arch" (compute capability), "family" (major version), or None. A cache lookup says which."""
-    if a.model == b.model:
-        sku = ("sm_count", "memory_bytes", "sm_clock_mhz", "mem_clock_mhz", "driver")
-        return "exact" if all(getattr(a, k) == getattr(b, k) for k in sku) else "model"
-    if a.cc == b.cc:
-        return "arch"
-    return "family" if _major(a.cc) == _major(b.cc) >= 0 else None

@@ -34,7 +34,7 @@ import torch
 from ..problem import Problem
 from .arrays import TorchXp
 from .errors import LoaderError
-from .torch_ops import NAMESPACE, _MetaXp, _mode_index, _option_kwargs, mode_with, register
+from .torch_ops import NAMESPACE, _dtype, _MetaXp, _mode_index, _option_kwargs, mode_with, register
 
 _registered: dict = {}
 
@@ -96,7 +96,7 @@ def _bwd_op(bwd, mode):
     @custom.register_fake
     def _fake(*tensors):
         x = tensors[0]
-        prob = Problem.make(bwd.op.NAME, _dt(x.dtype), tuple(x.shape), mode.options)
+        prob = Problem.make(bwd.op.NAME, _dtype(x), tuple(x.shape), mode.options)
         res = bwd.op.make_outputs(prob, TorchXp(torch, x.device))
         return tuple(res[n] for n in outs)
 
@@ -114,17 +114,13 @@ def _plan(bwds: list, dtype, shape: tuple, want: dict):
     """(kernel, mode, rstd computed here) of the first built backward whose mode has exactly the
     call's options (`want`; a rstd_in = true mode also serves a call without rstd: it is computed
     here) and a variant for its shape, or None (the closed form then)."""
-    for bwd in bwds if _dt(dtype) else ():
+    for bwd in bwds if _dtype(dtype) else ():
         for w in (want, {**want, "rstd_in": True}):
-            mode = mode_with(bwd, w) if _dt(dtype) in bwd.dtypes else None
-            problem = mode and Problem.make(bwd.op.NAME, _dt(dtype), shape, mode.options)
+            mode = mode_with(bwd, w) if _dtype(dtype) in bwd.dtypes else None
+            problem = mode and Problem.make(bwd.op.NAME, _dtype(dtype), shape, mode.options)
             if mode is not None and bwd.select(problem) is not None:
                 return bwd, mode, w is not want and want.get("rstd_in") is False
     return None
-
-
-def _dt(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def register_rmsnorm_training(fwd, bwd=None, options: dict | None = None):

@@ -117,7 +117,8 @@ def _option_kwargs(kernel, opts: dict) -> dict:
 
 
 def _dtype(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    """A tensor's (or a torch dtype's) element type as ptxbuild names it."""
+    return str(getattr(t, "dtype", t)).removeprefix("torch.")
 
 
 class _MetaXp(_TorchXp):

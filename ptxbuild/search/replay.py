@@ -28,7 +28,9 @@ def export_recording(
     attempts of one config (forced rebuilds) merge: the median p50 of the successes and the largest cost in
     seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
     merged: dict[tuple, dict] = {}
-    for a in cache.recorded_attempts(op, gpu):
+    for a in cache.attempts(op=op, gpu=gpu):
+        if a["outcome"] in ("invalid", "pruned"):
+            continue
         key = (a["op"], a["gpu"], a["problem"], a["params"])
         m = merged.setdefault(
             key,

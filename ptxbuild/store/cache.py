@@ -255,28 +255,6 @@ class Cache:
             self.db.query(f"select * from attempts where {sql} order by id", list(where.values()))
         )
 
-    def recorded_attempts(self, op: str | None = None, gpu: str | None = None):
-        """Attempts (of one op, on one GPU, if given) in the order they were made, invalid and
-        pruned configs left out: what a replay recording holds."""
-        where = (
-            ["outcome not in ('invalid', 'pruned')"]
-            + (["op = ?"] if op else [])
-            + (["gpu = ?"] if gpu else [])
-        )
-        return self.db.query(
-            f"select * from attempts where {' and '.join(where)} order by id",
-            [v for v in (op, gpu) if v],
-        )
-
-    def timed_attempts(self, op: str, run: str) -> list[dict]:
-        """The attempts of `op` in `run` that were verified and timed."""
-        return list(
-            self.db.query(
-                "select * from attempts where op = ? and run = ? and outcome = 'ok' and p50_ms is not null",
-                [op, run],
-            )
-        )
-
     def run_attempts(self, target: str, run: str) -> list[dict]:
         """The attempts of `target` in `run`, in the order of the (target, problem) index."""
         return list(
@@ -284,18 +262,15 @@ class Cache:
         )
 
     # -- lessons --------------------------------------------------------------------------------
-    def live_lessons(
-        self, op: str, kind: str | None = None, min_confidence: float | None = None
-    ) -> list[dict]:
+    def live_lessons(self, op: str, kind: str | None = None, min_confidence: float | None = None):
         """The lessons of `op` not retired (of one kind; at least this confident), in table order."""
-        where = ["op = ?"] + (["kind = ?"] if kind else []) + ["retired = 0"]
-        where += ["confidence >= ?"] if min_confidence is not None else []
-        args = (
-            [op]
-            + ([kind] if kind else [])
-            + ([min_confidence] if min_confidence is not None else [])
-        )
-        return list(self.db.query(f"select * from lessons where {' and '.join(where)}", args))
+        rows = self.db.query("select * from lessons where op = ? and retired = 0", [op])
+        return [
+            r
+            for r in rows
+            if kind in (None, r["kind"])
+            and (min_confidence is None or r["confidence"] >= min_confidence)
+        ]
 
     def recent_lessons(self, op: str, kind: str, arch: str, limit: int) -> list[dict]:
         """The scope and rule of the newest `limit` live lessons of one kind of `op` on `arch`."""

@@ -136,7 +136,9 @@ def seeds(
         )
     if run:  # the winners of this run's earlier problems count before they become lessons
         best: dict[str, dict] = {}
-        for r in cache.timed_attempts(op.NAME, run):
+        for r in cache.attempts(op=op.NAME, run=run, outcome="ok"):
+            if r["p50_ms"] is None:
+                continue
             if r["problem"] not in best or r["p50_ms"] < best[r["problem"]]["p50_ms"]:
                 best[r["problem"]] = r
         for r in best.values():
