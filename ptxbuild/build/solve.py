@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -51,6 +52,9 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
     used_lessons += [
         {k: r[k] for k in ("lesson", "kind", "scope", "rule", "confidence")} for r in ev.rules
     ]
+    searched = functools.partial(
+        run_search, op.SPACE, ev, seconds=search["seconds"], valid=valid, rng_seed=search["seed"]
+    )
     if hw is None:
         # compile-only: the first config that compiles within the limits, lessons and default first
         hist = []
@@ -59,17 +63,8 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
             if math.isfinite(hist[-1][1]):
                 break
         if not any(math.isfinite(s) for _, s in hist):
-            hist += run_search(
-                op.SPACE,
-                ev,
-                strategy="exhaustive",
-                budget=min(search["budget"], 16),
-                seconds=search["seconds"],
-                valid=valid,
-                seeds=(),
-                rng_seed=search["seed"],
-                batch=ctx.jobs,
-            )
+            budget = min(search["budget"], 16)
+            hist += searched(strategy="exhaustive", budget=budget, seeds=(), batch=ctx.jobs)
     else:
         ev(
             [
@@ -78,15 +73,10 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
                 if op.check(s, problem) is None and lessons.prune_reason(ev.rules, s)
             ]
         )
-        hist = run_search(
-            op.SPACE,
-            ev,
+        hist = searched(
             strategy=search["strategy"],
             budget=search["budget"],
-            seconds=search["seconds"],
-            valid=valid,
             seeds=seeds,
-            rng_seed=search["seed"],
             batch=search_batch(ctx.jobs, search["budget"]),
         )
         top = best(hist)

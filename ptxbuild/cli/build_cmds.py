@@ -10,7 +10,7 @@ import click
 from ..errors import EXIT_BUILD_FAILED, EXIT_INTERRUPTED, ConfigError, ToolError
 from . import shell
 from .progress import Progress
-from .shell import _kernelfile, _lock_sound, _targets, first_line, main
+from .shell import _kernelfile, _lock_sound, _targets, echo_table, first_line, main
 
 
 @main.command()
@@ -328,10 +328,7 @@ def report(kernelfile, targets):
             "measured on hardware" if data["summary"].measured else "not measured on hardware"
         )
         click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
-        rows = [HEAD] + table_rows(data)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
-        for r in rows:
-            click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        echo_table([HEAD] + table_rows(data), indent="  ")
 
 
 @main.command()

@@ -110,6 +110,13 @@ def _lock_sound(kf) -> None:
         pass  # none yet
 
 
+def echo_table(rows: list[list[str]], indent: str = "") -> None:
+    """Rows of text as columns padded to their widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
 def _targets(kf, names):
     from ..declare.graph import parse_target
 

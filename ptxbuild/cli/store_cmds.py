@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
-from .shell import _kernelfile, main
+from .shell import _kernelfile, echo_table, main
 
 
 class _ShowByDefault(click.Group):
@@ -135,10 +135,7 @@ def lessons_show(kernelfile, op, gpu, show_all):
         )
         return
     head = ["id", "op", "kind", "scope", "rule", "confidence", "evidence", "source"]
-    table = [head] + [[r[k] for k in head] for r in rows]
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    for t in table:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+    echo_table([head] + [[r[k] for k in head] for r in rows])
 
 
 @lessons.command("export")
