@@ -125,11 +125,7 @@ def baselines(ctx: Context, op, problem: Problem, hw: dict, winner: tuple[dict, 
     ).items():
         out[name] = {
             "outcome": r.outcome.value,
-            "p50_ms": r.p50_ms,
-            "p20_ms": r.p20_ms,
-            "p80_ms": r.p80_ms,
-            "samples": r.samples,
-            "detail": r.detail,
+            **{k: getattr(r, k) for k in ("p50_ms", "p20_ms", "p80_ms", "samples", "detail")},
             "winner_p50_ms": r.incumbent_p50_ms,
             "round_ratios": list(r.round_ratios),
         }

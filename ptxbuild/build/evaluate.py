@@ -15,6 +15,9 @@ from ..store import lessons
 from .context import Context, must_time
 
 REGISTERS_PER_SM = 65536
+# what the cache's verdicts and measurements keep of a VerifyResult / MeasureResult, by name
+VERDICT_FIELDS = ("detail", "max_abs_err", "max_rel_err", "cases", "seconds")
+MEASUREMENT_FIELDS = ("p50_ms", "p20_ms", "p80_ms", "samples", "floor_ms")
 
 
 class Evaluator:
@@ -160,11 +163,7 @@ class Evaluator:
                 "suite": op.VERSION,
                 "problem": json.dumps(problem.key()),
                 "outcome": v.outcome.value,
-                "detail": v.detail,
-                "max_abs_err": v.max_abs_err,
-                "max_rel_err": v.max_rel_err,
-                "cases": v.cases,
-                "seconds": v.seconds,
+                **{k: getattr(v, k) for k in VERDICT_FIELDS},
             }
             cache.put("verdicts", verdict)
         res["verify_s"] = verdict["seconds"]
@@ -184,11 +183,7 @@ class Evaluator:
                 "fingerprint": json.dumps(self.hw, sort_keys=True),
                 "problem": json.dumps(problem.key()),
                 "outcome": r.outcome.value,
-                "p50_ms": r.p50_ms,
-                "p20_ms": r.p20_ms,
-                "p80_ms": r.p80_ms,
-                "samples": r.samples,
-                "floor_ms": r.floor_ms,
+                **{k: getattr(r, k) for k in MEASUREMENT_FIELDS},
                 "copy_tbps": gpu.copy_tbps,
                 "detail": r.detail,
                 "seconds": round(measure_s, 4),

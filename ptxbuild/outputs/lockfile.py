@@ -26,6 +26,8 @@ from .manifest import read_manifest, target_dir
 LOCK_VERSION = 1
 WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
+# what a lock entry pins of each manifest variant besides its two digests
+VARIANT_KEYS = ("entry", "arch", "ptx_isa", "registers", "spill_bytes", "compiler")
 
 
 class LockError(BuildFailed):
@@ -171,16 +173,8 @@ def entry_from_manifest(kf, target, m: Manifest, folder: Path) -> dict:
             raise LockError(
                 f"{target}: {v.cubin} does not match its manifest digest; rebuild before locking"
             )
-        variants[digest] = {
-            "entry": v.entry,
-            "arch": v.arch,
-            "cubin_sha256": digest,
-            "ptx_sha256": sha256(ptx),
-            "ptx_isa": v.ptx_isa,
-            "registers": v.registers,
-            "spill_bytes": v.spill_bytes,
-            "compiler": v.compiler,
-        }
+        pinned = {k: getattr(v, k) for k in VARIANT_KEYS}
+        variants[digest] = {**pinned, "cubin_sha256": digest, "ptx_sha256": sha256(ptx)}
     entry = {
         "target": str(target),
         "op": m.op,

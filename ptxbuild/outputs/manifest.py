@@ -59,14 +59,10 @@ def assemble(
         stem = f"{b.entry}-{b.digest[:12]}"
         files[f"{stem}.ptx"], files[f"{stem}.cubin"] = b.ptx.encode(), b.cubin
         variants[b.digest] = {
-            "entry": b.entry,
+            **{k: getattr(b, k) for k in ("entry", "arch", "registers", "spill_bytes", "compiler")},
             "ptx": f"{stem}.ptx",
             "cubin": f"{stem}.cubin",
-            "arch": b.arch,
             "ptx_isa": ptx_isa(b.ptx),
-            "registers": b.registers,
-            "spill_bytes": b.spill_bytes,
-            "compiler": b.compiler,
         }
     dispatch = [c.to_json() for c in chosen]
     pin_ptx(dispatch, shas, variants)
