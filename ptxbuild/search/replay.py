@@ -56,12 +56,7 @@ def export_recording(
         m["attempts"].append(a["id"])
     rows = [
         {
-            "op": m["op"],
-            "gpu": m["gpu"],
-            "arch": m["arch"],
-            "family": m["family"],
-            "problem": m["problem"],
-            "params": m["params"],
+            **{k: m[k] for k in ("op", "gpu", "arch", "family", "problem", "params")},
             "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
             "outcome": "ok"
             if "ok" in m["outcomes"]

@@ -31,6 +31,10 @@ LESSON_COLUMNS = (
 )
 
 
+# a compile row's columns that hold a Binary's field of the same name (besides PTX and cubin)
+BINARY_COLUMNS = ("registers", "spill_bytes", "smem_static_bytes", "local_bytes", "log")
+
+
 class CacheError(ToolError):
     """The cache file cannot be used (damaged, not SQLite, newer, a folder, read-only): one line that
     names it and the way out."""
@@ -179,15 +183,7 @@ class Cache:
             ptx, cubin = unpack_binary(row["ptx"], row["cubin"])
         except (zlib.error, UnicodeDecodeError):
             return None
-        kept = (
-            "arch",
-            "entry",
-            "registers",
-            "spill_bytes",
-            "smem_static_bytes",
-            "local_bytes",
-            "log",
-        )
+        kept = ("arch", "entry", *BINARY_COLUMNS)
         return Binary(
             ptx=ptx, cubin=cubin, compiler=row["toolchain"], **{k: row[k] for k in kept}
         ), ""
@@ -214,16 +210,8 @@ class Cache:
         }
         if binary:
             ptx, cubin = pack_binary(binary.ptx, binary.cubin)
-            row.update(
-                ptx=ptx,
-                cubin=cubin,
-                digest=binary.digest,
-                registers=binary.registers,
-                spill_bytes=binary.spill_bytes,
-                smem_static_bytes=binary.smem_static_bytes,
-                local_bytes=binary.local_bytes,
-                log=binary.log,
-            )
+            row.update(ptx=ptx, cubin=cubin, digest=binary.digest)
+            row.update({k: getattr(binary, k) for k in BINARY_COLUMNS})
         self.db["compiles"].upsert(row, pk="key")
 
     # -- verify / measure steps -----------------------------------------------------------------
