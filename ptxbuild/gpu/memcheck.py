@@ -82,6 +82,10 @@ def _report_lines(lines: list[str]) -> list[str]:
     return out
 
 
+def _not_run(why: str) -> dict:
+    return {"outcome": "not_run", "detail": f"memcheck: not run ({why})"}
+
+
 def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], int | None]:
     """(results of the jobs this run settled, the index to start the next run at or None when done).
     Markers `MARK start i` / `MARK launch i` / `MARK done i` / `MARK fail i` bracket job i; the report
@@ -109,7 +113,7 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
     for i, job_lines in per_job.items():
         report = _report_lines(job_lines)
         if report and i not in launched:
-            results[i] = {"outcome": "not_run", "detail": f"memcheck: not run ({report[0][:300]})"}
+            results[i] = _not_run(report[0][:300])
         elif report:
             where = next((r for r in report[1:] if r.startswith("Address")), "")
             results[i] = {
@@ -117,13 +121,10 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
                 "detail": "; ".join(filter(None, [report[0], where]))[:500],
             }
     for i, why in failed.items():
-        results.setdefault(i, {"outcome": "not_run", "detail": f"memcheck: not run ({why[:300]})"})
+        results.setdefault(i, _not_run(why[:300]))
     last = max(started) if started else -1
     if last >= 0 and last not in results:
-        results[last] = {
-            "outcome": "not_run",
-            "detail": f"memcheck: not run (the sanitized worker exited {rc} during it)",
-        }
+        results[last] = _not_run(f"the sanitized worker exited {rc} during it")
     if rc == ERROR_EXIT and not per_job:
         # errors counted but no report line seen: the launched job that did not finish cleanly
         for i in sorted(launched):
@@ -132,10 +133,7 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
                 break
     nxt = last + 1 if last + 1 < n else None
     if last < 0:  # nothing started: the worker could not start at all
-        return {
-            i: {"outcome": "not_run", "detail": f"memcheck: not run (worker exited {rc})"}
-            for i in range(n)
-        }, None
+        return {i: _not_run(f"worker exited {rc}") for i in range(n)}, None
     return results, nxt
 
 
@@ -172,23 +170,14 @@ def run(
             out = exc.stdout or ""
             lines = (out.decode(errors="replace") if isinstance(out, bytes) else out).splitlines()
             rc = None
-            got, _ = parse(lines, len(jobs) - start, rc)
-            for i, r in got.items():
-                results[start + i] = r
-            for i in range(start, len(jobs)):
-                results.setdefault(
-                    i,
-                    {
-                        "outcome": "not_run",
-                        "detail": f"memcheck: not run (timed out after {timeout_s:g} s)",
-                    },
-                )
-            break
         finally:
             os.unlink(f.name)
         got, nxt = parse(lines, len(jobs) - start, rc)
-        for i, r in got.items():
-            results[start + i] = r
+        results.update({start + i: r for i, r in got.items()})
+        if rc is None:  # timed out: the jobs it did not settle are not run
+            for i in range(start, len(jobs)):
+                results.setdefault(i, _not_run(f"timed out after {timeout_s:g} s"))
+            break
         start = None if nxt is None else start + nxt
     return [
         results.get(i, {"outcome": "not_run", "detail": "memcheck: not run"})
