@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from ptxbuild.records import BuildSummary
 from ptxbuild.store.cache import LESSON_COLUMNS, SCHEMA_VERSION, Cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,11 @@ def test_migrates_a_v2_cache_with_builds_to_v3(tmp_path):
     old = c.last_build("a@b", "")
     assert old["key"] == "k1" and old["project"] == "" and old["status"] == "ok"
     assert c.last_build("a@b", "proj")["key"] == "k1"  # a project's first look: the pre-v3 build
-    c.add_build("a@b", "k2", "d", "ok", True, "m", {}, "proj")
+    summary = BuildSummary(
+        "a@b", "sm_90a", "never built", True, None, "d", {}, "r", {}, "", None, []
+    )
+    c.add_build(summary, "k2", "ok", "m", "proj")
+    assert c.last_build("a@b", "proj")["kernelfile"] == "d"
     assert c.last_build("a@b", "proj")["key"] == "k2" and c.last_build("a@b", "")["key"] == "k1"
     assert (
         Cache(tmp_path / "c.sqlite").version() == SCHEMA_VERSION

@@ -144,17 +144,9 @@ def build_target(
         **gates.judge(spec, chosen, bool(hw)),
     )
     status = "interrupted" if interrupted else ("failed" if not ok else "ok")
+    # the manifest's path from the kernelfile's folder: a copy of the project reads its own
     ctx.cache.add_build(
-        str(t),
-        key,
-        ctx.kf.digest,
-        status,
-        bool(hw),
-        os.path.relpath(
-            manifest, ctx.kf.root
-        ),  # from the kernelfile's folder: a copy reads its own
-        summary.to_json(),
-        ctx.kf.project,
+        summary, key, status, os.path.relpath(manifest, ctx.kf.root), ctx.kf.project
     )
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:

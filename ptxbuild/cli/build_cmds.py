@@ -186,14 +186,9 @@ def build(
     remeasure = remeasure or bool(remeasure_only)
     if no_resume and not remeasure:
         raise ConfigError("--no-resume only applies with --remeasure")
-    labels = (
-        [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])]
-        if remeasure_only
-        else []
-    )
-    for text in (
-        remeasure_only
-    ):  # a typo would time nothing again and look like success (checked before a GPU starts)
+    # a typo would time nothing again and look like success (checked before a GPU starts)
+    labels = [p.label() for t in chosen or all_targets(kf) for p in problems_of(kf.ops[t.op])]
+    for text in remeasure_only:
         if not any(text in label for label in labels):
             raise ConfigError(
                 f"--remeasure-only {text!r} matches no problem of these targets (labels look like {labels[0]!r})"

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported at a Cache's first use of it: plan and a no-op build read with sqlite3
     import sqlite_utils
 
+    from ..records import BuildSummary
+
 from ..errors import ToolError
 from ..problem import Binary
 from .schema import MIGRATIONS, SCHEMA_VERSION, pack_binary, unpack_binary
@@ -307,26 +309,19 @@ class Cache:
         self.db.execute(f"update lessons set {sets} where id = ?", [*changes.values(), lesson_id])
 
     def add_build(
-        self,
-        target: str,
-        key: str,
-        kernelfile: str,
-        status: str,
-        measured: bool,
-        manifest: str,
-        summary: dict,
-        project: str = "",
+        self, summary: BuildSummary, key: str, status: str, manifest: str, project: str = ""
     ) -> None:
+        """Record a build of `summary.target` (its build key, status and manifest path)."""
         self.db["builds"].insert(
             {
-                "target": target,
+                "target": summary.target,
                 "key": key,
-                "kernelfile": kernelfile,
+                "kernelfile": summary.kernelfile,
                 "status": status,
-                "measured": int(measured),
+                "measured": int(summary.measured),
                 "manifest": manifest,
                 "project": project,
-                "summary": json.dumps(summary, sort_keys=True),
+                "summary": json.dumps(summary.to_json(), sort_keys=True),
                 "created": time.time(),
             }
         )
