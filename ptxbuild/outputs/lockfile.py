@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from pathlib import Path
 
+from ..declare import memo
 from ..declare.graph import all_targets
 from ..errors import EXIT_CONFIG, BuildFailed
 from ..keys import installed_version
@@ -142,16 +142,11 @@ def read_lock(kf) -> dict:
             f"{path} does not exist; run `ptxbuild build` once to write it, then commit it"
         )
     # parsed once per content: plan and build ask for the lock once per target, and a lock of 24
-    # targets is ~1 MB of JSON (callers read the result, they never change it); read again only if
-    # its stat changed or it changed in the last 2 s (a timestamp's granularity: git's racy files)
-    st = path.stat()
-    stamp = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
-    if _READ.get("stamp") != stamp or time.time_ns() - st.st_mtime_ns < 2 * 10**9:
-        data = path.read_bytes()
-        key = (str(path), hashlib.blake2b(data, digest_size=16).digest())
-        if _READ.get("key") != key:
-            _READ.update(key=key, lock=lock_problem(path, data))
-        _READ["stamp"] = stamp
+    # targets is ~1 MB of JSON (callers read the result, they never change it); memo.file_digest
+    # reads it again only if its stat changed or it changed lately (git's racy files)
+    key = (str(path), memo.file_digest(path))
+    if _READ.get("key") != key:
+        _READ.update(key=key, lock=lock_problem(path, path.read_bytes()))
     lock = _READ["lock"]
     if isinstance(lock, LockError):
         raise lock
