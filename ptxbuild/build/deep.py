@@ -20,6 +20,7 @@ import numpy as np
 
 from ..compile.compiler import CompileError, compile_kernel
 from ..declare.checks import problems_of
+from ..dtypes import storage_dtype
 from ..launch import param
 from ..problem import Launch, Problem
 
@@ -224,7 +225,7 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
             tol = op.tolerance(p, k)
             if len(tol) != 2 or not all(isinstance(t, (int, float)) and t >= 0 for t in tol):
                 errs.append(f"tolerance(problem, {k!r}) = {tol!r}, not (atol, rtol) >= 0")
-        store = np.dtype(_storage(p.dtype))
+        store = np.dtype(storage_dtype(p.dtype, np))
         if not any(v.dtype == store for v in (*inputs.values(), *outputs.values())):
             errs.append(f"no input or output is stored as {p.dtype} ({store}) for {p.label()}")
         geoms = (
@@ -242,12 +243,6 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
     except Exception as exc:  # noqa: BLE001 - the op's own code
         return [f"{type(exc).__name__}: {exc} (on {p.label()})"], None
     return errs, {"inputs": inputs, "outputs": outputs}
-
-
-def _storage(dtype: str):
-    from ..dtypes import storage_dtype
-
-    return storage_dtype(dtype, np)
 
 
 def _stage_args(op, entry, cfg, p, arrays) -> list:

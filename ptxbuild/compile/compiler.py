@@ -47,12 +47,8 @@ class Toolchain:
     nvjitlink_wheel: str | None = None
 
     def key(self) -> dict[str, str | None]:
-        return {
-            "nvrtc": self.nvrtc,
-            "nvjitlink": self.nvjitlink,
-            "nvrtc_wheel": self.nvrtc_wheel,
-            "nvjitlink_wheel": self.nvjitlink_wheel,
-        }
+        """Every field but the bindings', in order."""
+        return {k: v for k, v in asdict(self).items() if k != "bindings"}
 
     def __str__(self) -> str:
         return f"NVRTC {self.nvrtc}, nvJitLink {self.nvjitlink}"
