@@ -23,6 +23,11 @@ def digest(*parts: Any) -> str:
     return h.hexdigest()
 
 
+def params_text(params: dict) -> str:
+    """A config as reports and messages print it: `name=value` pairs by name."""
+    return " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
 @dataclass(frozen=True)
 class Problem:
     """One shape of one op in one dtype, with the op's options (residual, rstd, ...)."""

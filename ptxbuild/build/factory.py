@@ -9,7 +9,7 @@ import inspect
 import json
 from contextlib import closing
 
-from ..problem import SOURCE_PARAM, Problem, op_params
+from ..problem import SOURCE_PARAM, Problem, op_params, params_text
 from ..search.proposals import (
     MAX_CANDIDATES,
     EditError,
@@ -197,7 +197,7 @@ def rejected(ev, limit: int = 4) -> list[str]:
             continue
         seen.add((r["outcome"], r["detail"][:200]))
         cfg = r["params"]
-        out.append(" ".join(f"{k}={v}" for k, v in sorted(cfg.items())) + f": {r['outcome']}")
+        out.append(f"{params_text(cfg)}: {r['outcome']}")
         src = r["outcome"] == "compile_error" and ev.op.render(cfg, ev.problem, ev.gpu.arch).source
         lines = (
             explain_log(ev.op, src, r["detail"], ev.ctx.kf.root, 4)

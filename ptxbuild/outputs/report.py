@@ -10,7 +10,7 @@ from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 
-from ..problem import Problem
+from ..problem import Problem, params_text
 from ..records import BuildSummary, DispatchEntry, Manifest, Variant, dispatch_of, plain
 from .environment import environment, utc_time
 from .gates import closest_baseline, failures, judge, misses
@@ -122,7 +122,7 @@ def table_rows(data: dict) -> list[list[str]]:
             continue
         base = closest_baseline(d)
         frac = f"{d.floor_ms / d.p50_ms * 100:.0f}%" if d.p50_ms else "-"
-        params = " ".join(f"{k}={v}" for k, v in sorted(d.params.items()))
+        params = params_text(d.params)
         rows.append(
             [
                 d.label,
@@ -312,8 +312,7 @@ def markdown(data: dict) -> str:
             top = t["best"][0]["p50_ms"]
             lines += [
                 f"| {t['label']} | {_ms(r['p50_ms'])} | {r['p50_ms'] / top:.2f}x | "
-                + " ".join(f"{k}={v}" for k, v in sorted(r["params"].items()))
-                + " |"
+                f"{params_text(r['params'])} |"
                 for r in t["best"]
             ]
             if t["more"]:
@@ -386,7 +385,7 @@ def lessons_section(s: BuildSummary, data: dict) -> list[str]:
     for u in used[:12]:
         sc = u["scope"]
         if u.get("kind") == "fails":
-            p = " ".join(f"{k}={v}" for k, v in sorted(u["rule"]["params"].items()))
+            p = params_text(u["rule"]["params"])
             lines.append(
                 f"  - failure rule `{u['lesson']}`: {p} gives {u['rule']['outcome']} on {sc.get('arch')} "
                 f"{sc.get('dtype')} (confidence {u['confidence']:.2f}): covered configs are not compiled"
@@ -424,11 +423,7 @@ def lessons_section(s: BuildSummary, data: dict) -> list[str]:
                     f"distance {u['distance']})"
                 )
             )
-            lines.append(
-                f"- {d.label}: "
-                + " ".join(f"{k}={v}" for k, v in sorted(d.params.items()))
-                + f" — {why}"
-            )
+            lines.append(f"- {d.label}: {params_text(d.params)} — {why}")
     return lines
 
 

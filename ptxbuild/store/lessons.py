@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 
 from ..declare.catalog import CATALOG
-from ..problem import Problem, digest
+from ..problem import Problem, digest, params_text
 
 FAIL_OUTCOMES = (
     "compile_error",
@@ -245,7 +245,7 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
     """Why a failure rule says `cfg` fails, or None."""
     for r in rules:
         if covers(r["rule"], cfg):
-            p = " ".join(f"{k}={v}" for k, v in sorted(r["rule"]["params"].items()))
+            p = params_text(r["rule"]["params"])
             return (
                 f"lesson {r['lesson']}: {p} gives {r['rule']['outcome']} on {r['scope']['arch']} "
                 f"(confidence {r['confidence']:.2f})"
@@ -275,7 +275,7 @@ def listing(cache, op: str | None = None, gpu=None, include_retired: bool = Fals
             for k, v in sorted((scope.get("options") or {}).items())
             if v not in (False, None, "")
         )
-        params = " ".join(f"{k}={v}" for k, v in sorted(rule.get("params", {}).items()))
+        params = params_text(rule.get("params", {}))
         what = (
             f"{params} -> {rule['p50_ms'] * 1000:.1f} us"
             if r["kind"] == "best"
