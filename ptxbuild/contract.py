@@ -244,8 +244,8 @@ def required(kernels: object) -> tuple[str, ...]:
 
 def missing(op: object) -> list[str]:
     """The names of the contract an op class, an op module (or any object) lacks, in order."""
+    need = required(getattr(op, "KERNELS", None))
     if isinstance(op, type):
-        need = required(getattr(op, "KERNELS", None))
         abstract = set(getattr(op, "__abstractmethods__", ()))
         return [
             n
@@ -254,7 +254,6 @@ def missing(op: object) -> list[str]:
             or n in abstract
             or (n in MULTI_KERNEL and getattr(op, n) is getattr(Op, n))
         ]
-    need = required(getattr(op, "KERNELS", None))
     return [
         n
         for n in need

@@ -7,6 +7,8 @@ asked is 1, ptxbuild unable to run at all (no compiler, the GPU worker gone) is 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 EXIT_BUILD_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_TOOL = 3
@@ -40,3 +42,11 @@ class ToolError(PtxbuildError):
 class GpuError(RuntimeError):
     """The tool failed on the GPU side (worker cannot start, an op's own code raised): not a
     candidate outcome. Here, not in gpu/, so a build that catches it need not import the GPU side."""
+
+
+def shown(path: str | Path, root: Path | None = None) -> str:
+    """A path as a message names it: relative to `root` (default: the working folder) when under it."""
+    try:
+        return str(Path(path).resolve().relative_to((root or Path.cwd()).resolve()))
+    except ValueError:
+        return str(path)

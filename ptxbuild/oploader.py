@@ -13,7 +13,7 @@ from types import ModuleType
 
 from .contract import Op, from_module
 from .declare import memo
-from .errors import ConfigError
+from .errors import ConfigError, shown
 
 
 class OpError(ConfigError):
@@ -77,13 +77,6 @@ def load_module(path: Path, name: str) -> ModuleType:
     return sys.modules[name]
 
 
-def _shown(path: Path, root: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(path)
-
-
 def import_failure(exc: BaseException) -> str:
     """What went wrong importing an op file, in one line."""
     if isinstance(exc, SystemExit):
@@ -114,10 +107,10 @@ def load_op(template: str, root: Path) -> Op:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - an op's import: SystemExit included
-        raise OpError(f"{_shown(path, root)}: {import_failure(exc)}") from None
+        raise OpError(f"{shown(path, root)}: {import_failure(exc)}") from None
     if op is None:
         raise OpError(
-            f"{_shown(path, root)} does not define {', '.join(lacks)} (the op contract: "
+            f"{shown(path, root)} does not define {', '.join(lacks)} (the op contract: "
             "ptxbuild/contract.py, ops/README.md)"
         )
     op.bind(folder)

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from ..errors import BuildFailed, ConfigError, PtxbuildError, ToolError
+from ..errors import BuildFailed, ConfigError, PtxbuildError, ToolError, shown
 
 
 class _Failed(click.ClickException):
@@ -48,8 +48,6 @@ class Shell(click.Group):
         except OSError as exc:
             if exc.filename is None or exc.errno not in _WRITE_ERRNOS:
                 raise
-            from ..store.cache import shown
-
             how = (
                 "read-only"
                 if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)

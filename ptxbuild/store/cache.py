@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # imported at a Cache's first use of it: plan and a no-op bui
 
     from ..records import BuildSummary
 
-from ..errors import ToolError
+from ..errors import ToolError, shown
 from ..problem import Binary
 from .schema import MIGRATIONS, SCHEMA_VERSION, pack_binary, unpack_binary
 
@@ -40,14 +40,6 @@ BINARY_COLUMNS = ("registers", "spill_bytes", "smem_static_bytes", "local_bytes"
 class CacheError(ToolError):
     """The cache file cannot be used (damaged, not SQLite, newer, a folder, read-only): one line that
     names it and the way out."""
-
-
-def shown(path: Path) -> str:
-    """A path as the user would type it: relative to the working folder when under it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def way_out(path: Path) -> str:
