@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tomllib
@@ -13,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import memo
-from .catalog import CATALOG, Gpu, did_you_mean
+from .catalog import CATALOG, Gpu, did_you_mean, toml_key
 
 
 class KernelfileError(ConfigError):
@@ -32,11 +31,6 @@ def name_problem(name: str) -> str | None:
         "reports/<op>@<gpu>/; use letters, digits, '_', '-' and '.', at most 64 characters, starting "
         "with a letter or digit"
     )
-
-
-def _key(name: str) -> str:
-    """A table name as TOML writes it: bare when it can be, else quoted."""
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
 
 
 @dataclass(frozen=True)
@@ -99,7 +93,7 @@ def parse(text: str, path: Path) -> Kernelfile:
     _fail(path, errors)
     root = path.parent.resolve()
     errors = [
-        f"{table}.{_key(n)}: {why}"
+        f"{table}.{toml_key(n)}: {why}"
         for table, names in (("gpus", model.gpus), ("ops", model.ops))
         for n in names
         if (why := name_problem(n))

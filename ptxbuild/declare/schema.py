@@ -5,9 +5,7 @@ validated: a kernelfile the memo (memo.py) holds is not validated again, and pyd
 from __future__ import annotations
 
 import difflib
-import json
 import math
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,7 +19,7 @@ from pydantic import (
 )
 
 from ..dtypes import ALIASES, DTYPES
-from .catalog import ARCHES, did_you_mean
+from .catalog import ARCHES, did_you_mean, toml_key
 
 
 class _Strict(BaseModel):
@@ -115,11 +113,6 @@ Dtype = Annotated[str, AfterValidator(_dtype)]
 Shape = Annotated[list[StrictInt], AfterValidator(_shape)]
 
 
-def _key(name: str) -> str:
-    """A table name as TOML writes it: bare when it can be, else quoted."""
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
-
-
 class OpModel(_Strict):
     template: str | None = None
     dtypes: list[Dtype] = Field(min_length=1)
@@ -140,10 +133,8 @@ class KernelfileModel(_Strict):
 
 
 def _key_path(loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{_key(part)}" if out else _key(part))
-    return out
+    parts = [f"[{p}]" if isinstance(p, int) else f".{toml_key(p)}" for p in loc]
+    return "".join(parts).removeprefix(".")
 
 
 def _allowed_keys(loc) -> list[str]:
