@@ -85,10 +85,6 @@ class Progress:
         return total if base is None else f"{total}, of which baselines {base:.1f}s"
 
     def _best(self) -> str:
-        return (
-            "-"
-            if not math.isfinite(self.best)
-            else "compiled"
-            if self.best == 0
-            else f"{self.best * 1000:.1f} us"
-        )
+        if not math.isfinite(self.best):
+            return "-"
+        return "compiled" if self.best == 0 else f"{self.best * 1000:.1f} us"

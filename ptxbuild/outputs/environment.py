@@ -28,14 +28,11 @@ PACKAGES = (
 def code_digest(pkg: Path = Path(__file__).parents[1]) -> str:
     """ptxbuild's own code, by content (each .py file's path and bytes): names the tool that built a
     report where git cannot (an installed package; a copy whose git metadata is stale)."""
-    files = sorted(pkg.rglob("*.py"))  # none where the package is read from a zip: no name then
-    return (
-        hashlib.sha256(
-            b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() for f in files)
-        ).hexdigest()[:12]
-        if files
-        else ""
-    )
+    files = sorted(pkg.rglob("*.py"))
+    if not files:  # the package is read from a zip: no name then
+        return ""
+    data = b"".join(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() for f in files)
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def _git(root: Path, *args: str) -> str:

@@ -149,14 +149,10 @@ HEAD = [
 def _timings(s: BuildSummary) -> str:
     """Which of a build's timings were taken by that build (the report's `timings` line)."""
     since = s.timed_since if s.remeasure_resumed else None
-    when = (
-        (
-            f" since {utc_time(since)} (a rerun after an "
-            "interruption keeps what the interrupted run timed)"
-        )
-        if since
-        else " in this run"
-    )
+    when = " in this run"
+    if since:
+        kept = "a rerun after an interruption keeps what the interrupted run timed"
+        when = f" since {utc_time(since)} ({kept})"
     only = s.remeasured_only or []
     if s.remeasured and only:
         return (

@@ -75,12 +75,8 @@ def level(scope: dict, gpu) -> int:
         return 0
     if scope.get("arch") == gpu.arch:
         return 1
-    return (
-        2
-        if (scope.get("family") or family_of(scope.get("gpu", ""), scope.get("arch", "")))
-        == gpu.family
-        else 3
-    )
+    family = scope.get("family") or family_of(scope.get("gpu", ""), scope.get("arch", ""))
+    return 2 if family == gpu.family else 3
 
 
 def _distance(scope: dict, gpu, problem: Problem) -> float:
