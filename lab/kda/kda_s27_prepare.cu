@@ -37,6 +37,10 @@
 #define S27_MINB 13        // blocks per SM the registers are bounded for
 #endif
 
+#ifndef S27_FASTADDR
+#define S27_FASTADDR 0     // 1: the 16 gate rows and the v rows from one base pointer (x1a)
+#endif
+
 #define S27_LOG2E 1.4426950408889634f
 #define S27_DS 136         // fp32 row stride of D [token][channel]: 64-bit fragment reads conflict-free
 #define S27_VS 136         // bf16 row stride of staged v: ldmatrix.trans rows conflict-free
@@ -132,12 +136,24 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   const unsigned FULL = 0xffffffffu;
 
   // 0. v rows by cp.async (zero-filled past m), in flight until U
+#if S27_FASTADDR
+  {
+    // rows (lane >> 4) + 2 j from one base pointer; a row past m copies nothing from row 0 (zero-fill)
+    const bf16_t* vbase = v + ((size_t)t0 * HV + hv) * VDIM + 8 * (lane & 15);
+#pragma unroll
+    for (int j = 0; j < CH / 2; ++j) {
+      const int r = (lane >> 4) + 2 * j;
+      s27_cp_async16(&sm.v[r][8 * (lane & 15)], vbase + (r < m ? r * (HV * VDIM) : 0), r < m ? 16 : 0);
+    }
+  }
+#else
 #pragma unroll
   for (int i = lane; i < CH * 16; i += 32) {
     const int r = i >> 4, p = i & 15;
     const size_t row = (size_t)t0 + min(r, m - 1);
     s27_cp_async16(&sm.v[r][8 * p], v + (row * HV + hv) * VDIM + 8 * p, r < m ? 16 : 0);
   }
+#endif
   asm volatile("cp.async.commit_group;" ::: "memory");
 
   // q, k words of rows g, g + 8 (word (ks, e) = channels 16 ks + 8 e + 2 t, + 1), rows past m read 0
@@ -168,11 +184,18 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     const float nb[4] = {nA2 * bb.x, nA2 * bb.y, nA2 * bb.z, nA2 * bb.w};
     const float CG = LOWER_BOUND * S27_LOG2E;          // gate in log2 units = CG * sigmoid
     S27U2 aw[CH];
+#if S27_FASTADDR
+    // one base pointer, rows at constant offsets (immediates in the loads); a row past m is never read
+    const S27U2* abase = reinterpret_cast<const S27U2*>(a + ((size_t)t0 * HV + hv) * KDIM) + lane;
+#pragma unroll
+    for (int r = 0; r < CH; ++r) aw[r] = r < m ? abase[r * (HV * KDIM / 4)] : S27U2{0u, 0u};
+#else
 #pragma unroll
     for (int r = 0; r < CH; ++r) {
       const bf16_t* src = a + (((size_t)t0 + (r < m ? r : 0)) * HV + hv) * KDIM + 4 * lane;
       aw[r] = r < m ? *reinterpret_cast<const S27U2*>(src) : S27U2{0u, 0u};
     }
+#endif
 #define S27_SIG(r, j)                                                                                   \
   s27_rcp(1.f + ex2(fmaf(((j) & 1) ? s27_hi((j) < 2 ? aw[r].x : aw[r].y) : s27_lo((j) < 2 ? aw[r].x : aw[r].y), \
                          nA2, nb[j])))
