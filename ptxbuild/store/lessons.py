@@ -250,14 +250,19 @@ def prune_reason(rules: list[dict], cfg: dict) -> str | None:
 
 
 # -- reading lessons ----------------------------------------------------------------------------
+def for_gpu(scope: dict, gpu) -> bool:
+    """A lesson of `gpu` (a catalog Gpu), or an architecture-wide rule of its architecture."""
+    g = scope.get("gpu")
+    return g == gpu.name or g is None and scope.get("arch") == gpu.arch
+
+
 def listing(cache, op: str | None = None, gpu=None, include_retired: bool = False) -> list[dict]:
     """Lessons as readable rows (id, op, kind, scope, rule, confidence, evidence, source), nearest first;
     `gpu` (a catalog Gpu) keeps lessons of that GPU and architecture-wide rules of its architecture."""
     out = []
     for r in cache.lesson_rows(op, include_retired, "op, kind, id"):
         scope, rule, ev = json.loads(r["scope"]), json.loads(r["rule"]), json.loads(r["evidence"])
-        g = scope.get("gpu")
-        if gpu is not None and not (g == gpu.name or g is None and scope.get("arch") == gpu.arch):
+        if gpu is not None and not for_gpu(scope, gpu):
             continue
         where_ = " ".join(
             str(x) for x in (scope.get("gpu") or scope.get("arch"), scope.get("dtype")) if x

@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..keys import installed_version
 from ..oploader import shipped
 from ..outcome import Outcome
-from .lessons import FAIL_OUTCOMES, lesson_id
+from .lessons import FAIL_OUTCOMES, for_gpu, lesson_id
 
 FORMAT = "ptxbuild-lesson/1"
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -220,14 +220,9 @@ def export_lessons(
     lines = []
     for r in cache.lesson_rows(op, include_retired, "id"):
         scope = json.loads(r["scope"])
-        if (
-            gpu
-            and scope.get("gpu", None) != gpu
-            and not (
-                scope.get("gpu") is None
-                and gpu in CATALOG
-                and scope.get("arch") == CATALOG[gpu].arch
-            )
+        # a GPU the catalog does not know has no architecture-wide rules here: its own lessons
+        if gpu and not (
+            for_gpu(scope, CATALOG[gpu]) if gpu in CATALOG else scope.get("gpu") == gpu
         ):
             continue
         rec = {
