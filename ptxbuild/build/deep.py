@@ -290,14 +290,8 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
             try:
                 k = op.render(cfg, p, arch)
             except Exception as exc:  # noqa: BLE001
-                _group(
-                    groups,
-                    ("render", str(exc)),
-                    "render",
-                    f"render failed: {type(exc).__name__}: {exc}",
-                    cfg,
-                    p,
-                )
+                what = f"render failed: {type(exc).__name__}: {exc}"
+                _group(groups, ("render", str(exc)), what, cfg, p)
                 continue
             key = (k.source, k.entry, k.flags, arch)
             if key not in compiled:
@@ -310,7 +304,7 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
             got = compiled[key]
             if isinstance(got, list):
                 what = f"compile error ({arch})"
-                _group(groups, ("compile", arch, tuple(got)), "compile", what, cfg, p, got)
+                _group(groups, ("compile", arch, tuple(got)), what, cfg, p, got)
             elif p.dtype in arrays:
                 _check_args(op, cfg, p, arch, k.entry, got, arrays[p.dtype], groups, sm)
     res.failures += list(groups.values())
@@ -323,22 +317,19 @@ def _check_args(op, cfg, p, arch, main_entry, ptx, arrays, groups, sm) -> None:
         for e in entries:
             types = entry_params(ptx, e or main_entry)
             if types is None:
-                _group(
-                    groups, ("args", e), "args", f"no .entry {e or main_entry} in the PTX", cfg, p
-                )
+                _group(groups, ("args", e), f"no .entry {e or main_entry} in the PTX", cfg, p)
                 continue
             why = args_mismatch(_stage_args(op, e, cfg, p, arrays), types)
             if why:
                 name = e or main_entry
-                _group(groups, ("args", name, why), "args", f"{name}: {why}", cfg, p)
+                _group(groups, ("args", name, why), f"{name}: {why}", cfg, p)
     except Exception as exc:  # noqa: BLE001
-        _group(
-            groups, ("args", str(exc)), "args", f"kernel_args: {type(exc).__name__}: {exc}", cfg, p
-        )
+        _group(groups, ("args", str(exc)), f"kernel_args: {type(exc).__name__}: {exc}", cfg, p)
 
 
-def _group(groups, key, kind, what, cfg, p, detail=None) -> None:
-    f = groups.setdefault(key, Failure(kind, what, detail=list(detail or [])))
+def _group(groups, key, what, cfg, p, detail=None) -> None:
+    """Add `cfg` on `p` to the failure of `key` (its kind: key[0]), made on first sight."""
+    f = groups.setdefault(key, Failure(key[0], what, detail=list(detail or [])))
     if cfg not in f.configs:
         f.configs.append(cfg)
     if p.label() not in f.problems:
