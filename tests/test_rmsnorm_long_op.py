@@ -88,23 +88,36 @@ RING = {"stage": "ring", "load_hint": "none"}
 
 
 def test_ring_default_is_the_smallest_cluster_whose_part_and_a_chunk_more_fit_the_ring():
-    """N >= 65536: 512 threads, one iteration per chunk (8 KB, 16 KB with a residual), 128 KB of row
-    part per CTA (64 KB of x and 64 KB of residual), as many slots as fit one CTA per SM (<= 2 parts)."""
+    """N >= 65536: 1024 threads where the held weight fits their registers (else 512), one
+    iteration per chunk (16 KB, 32 KB with a residual), 128 KB of row part per CTA (64 KB of x and
+    64 KB of residual), as many slots as fit one CTA per SM (<= 2 parts). The H200's best rings
+    (run 27c: fp32 256K 8 x 1024, bf16 / fp16 256K 4 x 1024, fp32 128K 4 x 1024) are the defaults."""
     want = {
-        ("bfloat16", 65536, False): (1, 16, 27),
-        ("bfloat16", 131072, False): (2, 16, 27),
-        ("bfloat16", 262144, False): (4, 16, 27),
-        ("float32", 262144, False): (8, 16, 27),
-        ("float32", 65536, False): (2, 16, 27),
-        ("bfloat16", 262144, True): (8, 8, 13),
-        ("float32", 131072, True): (8, 8, 13),
+        ("bfloat16", 65536, False): (1, 1024, 8, 13),
+        ("bfloat16", 131072, False): (2, 1024, 8, 13),
+        ("bfloat16", 262144, False): (4, 1024, 8, 13),
+        ("float16", 262144, False): (4, 1024, 8, 13),
+        ("float32", 262144, False): (8, 1024, 8, 13),
+        ("float32", 131072, False): (4, 1024, 8, 13),
+        ("float32", 65536, False): (2, 1024, 8, 13),
+        ("bfloat16", 262144, True): (8, 1024, 4, 6),
+        ("float32", 131072, True): (8, 1024, 4, 6),
     }
-    for (dt, n, res), (cluster, nch, slots) in want.items():
+    for (dt, n, res), (cluster, threads, nch, slots) in want.items():
         p = prob(dt, (MATRIX_M.get(n, 32768), n), **({"residual": True} if res else {}))
         d = op.default_params(p)
-        assert (d["stage"], d["cluster"], d["threads"], d["unroll"]) == ("ring", cluster, 512, 1)
-        assert op._ring(d, p) == (nch, slots, 8192 * (1 + res))
-        assert op.launch(d, p, 132).smem_bytes == slots * 8192 * (1 + res) <= op.SMEM_LIMIT_BYTES
+        assert (d["stage"], d["cluster"], d["threads"], d["unroll"]) == (
+            "ring",
+            cluster,
+            threads,
+            1,
+        )
+        sb = threads * 16 * (1 + res)
+        assert op._ring(d, p) == (nch, slots, sb)
+        assert op.launch(d, p, 132).smem_bytes == slots * sb <= op.SMEM_LIMIT_BYTES
+    # an fp32 weight (8 words a vector) does not fit 4 x 1024 or 4 x 512: the next cluster, 8 x 1024
+    w = prob("bfloat16", (8192, 262144), weight="fp32")
+    assert (op.default_params(w)["threads"], op.default_params(w)["cluster"]) == (1024, 8)
     # below 65536 the defaults are what they were
     assert op.default_params(prob("bfloat16", (32768, 32768)))["stage"] == "reg"
 

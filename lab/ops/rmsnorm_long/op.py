@@ -348,9 +348,9 @@ def default_params(problem: Problem) -> dict:
     * N <= 32768: block regime, exact, the fewest threads (>= 128) giving <= 4 vectors per lane
       that fits the registers; if none fits (fp32 with residual) the next cluster size.
     * N >= 65536: stage="ring" (persistent, bulk-copied chunks through a shared-memory ring, the next
-      row part in flight through this one's reduction), 512 threads, one iteration per chunk, the
-      smallest cluster in 1 (block) / 2 / 4 / 8 whose part and one chunk more fit the ring; if none
-      does (fp32 with a residual at 256K), as below.
+      row part in flight through this one's reduction), one iteration per chunk, the smallest
+      cluster in 1 (block) / 2 / 4 / 8 whose part and one chunk more fit the ring, at 1024 threads
+      if they fit the registers, else 512; if none does (fp32 with a residual at 256K), as below.
     * larger N: cluster regime, exact, the smallest cluster in 2/4/8 whose part fits registers at
       512 or 1024 threads; else cluster 8 staged in shared memory (unroll 4, 512 then 1024
       threads); else cluster 8 chunked (512 threads, unroll 2); else generic cluster, else generic block.
@@ -371,10 +371,11 @@ def default_params(problem: Problem) -> dict:
         cands.append({"regime": "warp", "threads": 256, "row_threads": rt,
                       "rows_per_group": 2 if nv <= rt else 1})
     else:
-        if n >= 65536:
+        if n >= 65536:   # 1024 threads beat 512 by 4-9% at equal parts (run 27c, NOTES.md)
             for c in (1, 2, 4, 8):
-                cands.append({"regime": "block" if c == 1 else "cluster", "threads": 512, "cluster": c,
-                              "stage": "ring", "load_hint": "none"})
+                for t in (1024, 512):
+                    cands.append({"regime": "block" if c == 1 else "cluster", "threads": t, "cluster": c,
+                                  "stage": "ring", "load_hint": "none"})
         if n <= 32768:
             for t in (128, 256, 512, 1024):
                 if nv <= 4 * t:
