@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compile.compiler import compile_kernel
+from ..declare.memo import book, code_digest, digest
 from ..errors import ConfigError, ToolError
 from ..outcome import Outcome
 from ..problem import Binary, Kernel, Problem
@@ -116,22 +117,85 @@ def open_context(
     if jobs:
         ctx.jobs = jobs
     if use_gpu and importlib.util.find_spec("cupy") is not None:  # the GPU side needs cupy
-        try:
-            from ..gpu import GpuSession, gpu_available, match_gpu
-            from ..gpu.session import GpuError
-        except ImportError:
-            return ctx
-        if gpu_available():
-            say("gpu: starting the worker and measuring copy bandwidth ...")
-            try:
-                ctx.gpu = GpuSession()
-            except GpuError as exc:
-                raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu") from exc
-            say(f"gpu: {ctx.gpu.fingerprint}; copy bandwidth {ctx.gpu.copy_tbps:.2f} TB/s")
-            ctx.gpu_match = lambda fp, gpu: match_gpu(
-                fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]}
-            )
+        _attach_gpu(ctx, say)
     return ctx
+
+
+def host_gpus(root: Path = Path("/proc/driver/nvidia")) -> str | None:
+    """What identifies this machine's GPUs without starting CUDA: the NVIDIA driver's files (its
+    version, each GPU's information), CUDA_VISIBLE_DEVICES, the cupy installed and ptxbuild's code;
+    None where the driver shows no GPU. The key of the fingerprint the last worker here read."""
+    try:
+        infos = sorted((root / "gpus").glob("*/information"))
+        parts = [(root / "version").read_text(), *(p.read_text() for p in infos)]
+    except OSError:
+        return None
+    spec = importlib.util.find_spec("cupy")
+    origin = spec.origin if spec and spec.origin else ""
+    cupy = [origin, os.stat(origin).st_mtime_ns if origin else 0]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return digest(parts, visible, cupy, code_digest()) if infos else None
+
+
+class LazyGpu:
+    """The GPU worker, started at its first use (a stale target's verify or measure): until then,
+    as for `plan` and a no-op build (~2 s less on an H200), only the fingerprint that the last
+    worker on these GPUs read. A worker that reads another one stops the command."""
+
+    def __init__(self, fingerprint, start: Callable[[], Any]) -> None:
+        self.fingerprint, self._start, self._real = fingerprint, start, None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        with self._lock:
+            if self._real is None:
+                self._real = self._start()
+                if self._real.fingerprint != self.fingerprint:
+                    raise ToolError(
+                        f"this GPU is now {self._real.fingerprint}, not the {self.fingerprint} "
+                        "the command started with: run it again"
+                    )
+        return getattr(self._real, name)
+
+    def close(self) -> None:
+        if self._real is not None:
+            self._real.close()
+
+
+def _attach_gpu(ctx: Context, say) -> None:
+    """ctx.gpu: the worker (LazyGpu where these GPUs' fingerprint is known) and ctx.gpu_match."""
+    host, memo = host_gpus(), book("gpus")
+    known = memo.get("fingerprint", host) if host else None
+
+    def start():
+        from ..gpu import GpuSession
+        from ..gpu.session import GpuError
+
+        say("gpu: starting the worker and measuring copy bandwidth ...")
+        try:
+            gpu = GpuSession()
+        except GpuError as exc:
+            raise ToolError(f"{exc}; or build without it: ptxbuild build --no-gpu") from exc
+        say(f"gpu: {gpu.fingerprint}; copy bandwidth {gpu.copy_tbps:.2f} TB/s")
+        if host:
+            memo.put("fingerprint", host, gpu.fingerprint.key())
+        return gpu
+
+    if known is not None:
+        from ..gpu.fingerprint import Fingerprint, match_gpu
+
+        ctx.gpu = LazyGpu(Fingerprint(**known), start)
+    else:
+        try:
+            from ..gpu import gpu_available, match_gpu
+        except ImportError:
+            return
+        if not gpu_available():
+            return
+        ctx.gpu = start()
+    ctx.gpu_match = lambda fp, gpu: match_gpu(
+        fp, gpu.name, {**gpu.as_dict(), "models": [gpu.model]}
+    )
 
 
 def _import_shared(kf, cache, shared):

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
+
 from .fingerprint import Fingerprint, match_gpu, model_of
-from .session import GpuError, GpuSession, MeasureResult, VerifyResult
-from .stats import PROTOCOL_VERSION
+
+# the worker's side is imported at its first use: a plan that knows the GPU's fingerprint (the
+# memo of build/context.py) reads gpu.fingerprint alone
+_LATER = {
+    "GpuError": "session",
+    "GpuSession": "session",
+    "MeasureResult": "session",
+    "VerifyResult": "session",
+    "PROTOCOL_VERSION": "stats",
+}
+
+
+def __getattr__(name: str):
+    if name in _LATER:
+        return getattr(importlib.import_module(f".{_LATER[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gpu_available() -> bool:
