@@ -165,9 +165,13 @@ def test_ring_renders_only_when_on_and_launches_persistent_workers():
     q = prob("bfloat16", (32768, 65536))
     assert op.launch(blk, q, 132).grid == (132, 1, 1) and op.launch(blk, q, 0).grid == (32768, 1, 1)
     assert op.launch(blk, prob("bfloat16", (5, 65536)), 132).grid == (5, 1, 1)
-    # the verifier's extra M: >= 4 rows per worker on up to 160 SMs, some one more
-    assert [v.shape[0] for v in op.verify_problems(p, cfg)] == [1, 199, 4 * 160 // 8 + 3]
-    assert [v.shape[0] for v in op.verify_problems(q, blk)] == [1, 199, 4 * 160 + 3]
+    # the verifier's extra M: every slot filled >= 3 times on up to 160 SMs (13 slots of 8 chunks a
+    # part: 6 rows a worker; 27 of 16: 7), some workers one row more
+    assert [v.shape[0] for v in op.verify_problems(p, cfg)] == [1, 199, 6 * 160 // 8 + 3]
+    assert [v.shape[0] for v in op.verify_problems(q, blk)] == [1, 199, 7 * 160 + 3]
+    # parts of 32 KB: the ring holds 27 slots, 6.75 row parts (no longer capped at two)
+    small = prob("bfloat16", (16384, 131072))
+    assert op._ring(op._full({**cfg, "threads": 512}), small) == (4, 27, 8192)
 
 
 @pytest.mark.compile

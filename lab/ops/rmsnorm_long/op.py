@@ -92,6 +92,7 @@ SMEM_LIMIT_BYTES = 227 * 1024
 MAX_SMS = 160              # verification shapes for persistent grids assume at most this many SMs
 REG_OVERHEAD = 20          # registers a thread needs besides the row data (pointers, indices, ...)
 RING_SM_BYTES = 222 * 1024  # stage=ring: the slots of all min_blocks CTAs of an SM, less 2 KB per CTA
+RING_MAX_SLOTS = 64         # stage=ring: mbarriers (8 B of static shared memory each) and slots at most
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
 LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3, "l2": 4}
 SRC = Path(__file__).with_name("rmsnorm.cu")
@@ -183,12 +184,14 @@ def _chunk_regs(p: dict, problem: Problem) -> int:
 
 def _ring(p: dict, problem: Problem) -> tuple[int, int, int]:
     """stage=ring: (chunks per row part, slots, bytes per slot). A chunk is `unroll` whole iterations
-    of x (+ the same of the residual); as many slots as fit (RING_SM_BYTES / min_blocks, less 2 KB),
-    at most two row parts."""
+    of x (+ the same of the residual); as many slots as fit (RING_SM_BYTES / min_blocks, less 2 KB).
+    Run 27c: the parts that had more bytes requested ahead ran faster (32 / 64 / 88 KB ahead: 74 / 82
+    / 93% of the floor at bf16 128K), so the ring is no longer capped at two row parts (that cap
+    left 32-64 KB ahead for parts of 32-64 KB; parts of 128 KB never reached it)."""
     _, vpt = _geometry(p, problem)
     nch = max(1, vpt // p["unroll"])
     sb = p["unroll"] * p["threads"] * 16 * (1 + bool(_opts(problem)["residual"]))
-    slots = min(2 * nch, (RING_SM_BYTES // p["min_blocks"] - 2048) // sb)
+    slots = min(RING_MAX_SLOTS, (RING_SM_BYTES // p["min_blocks"] - 2048) // sb)
     return nch, slots, sb
 
 
@@ -496,9 +499,11 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
         # (4 x the clusters: every resident cluster gets >= 4 rows, so slot set 1 reaches parity 1)
         out.append(problem.with_shape((4 * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
     if p is not None and p["exact"] and p["stage"] == "ring":
-        # persistent blocks / clusters: every worker loops over >= 4 rows on up to 160 SMs (each slot
-        # refilled >= twice: both parities), and some one row more than others
-        out.append(problem.with_shape((4 * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
+        # persistent blocks / clusters on up to 160 SMs: every worker loops over enough rows that each
+        # slot is filled >= 3 times (both parities; the ring may hold several row parts), some one row more
+        nch, slots, _ = _ring(p, problem)
+        rows = max(4, -(-3 * slots // nch) + 1)
+        out.append(problem.with_shape((rows * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}
