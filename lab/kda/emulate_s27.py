@@ -8,7 +8,8 @@ workspace blob that workspace.decode reads and compares it with the float64 chun
 by field (emulate_s26.check's harness: relative RMS, 2e-3 gate). It checks the index reasoning, not
 the CUDA text itself (float64 arithmetic, no tf32 / f16 rounding but the stores).
 
-    python3 lab/kda/emulate_s27.py        # a few cases, < 1 min
+    python3 lab/kda/emulate_s27.py              # a few cases, < 1 min
+    python3 lab/kda/emulate_s27.py --stageqk    # the same with x1c's q, k words (cp.async + ldmatrix)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import emulate_s26 as E  # noqa: E402
 
 wsl, LANE, G_, T_, LOG2E, mma1688 = E.wsl, E.LANE, E.G_, E.T_, E.LOG2E, E.mma1688
 DS, VS, TS = 136, 136, 20
+STAGEQK = "--stageqk" in sys.argv
 
 
 def mma16816(a, b, c):
@@ -117,6 +119,18 @@ def chunk(q, k, a, v, beta_logit, m, bias, A2, scale, l2norm=True):
         ]
 
     qw, kw = words(q), words(k)
+    if STAGEQK:  # x1c: rows staged [32][136] (q 0..15, k 16..31, zero past m), words by ldmatrix x4
+        sqk = np.zeros(32 * VS)
+        for r in range(16):
+            if r < m:
+                sqk[r * VS : r * VS + 128], sqk[(16 + r) * VS : (16 + r) * VS + 128] = q[r], k[r]
+        i, rI = LANE >> 3, LANE & 7
+        for ks in range(8):
+            for base, w in ((0, qw), (16, kw)):
+                addr = (base + 8 * (i & 1) + rI) * VS + 16 * ks + 8 * (i >> 1)
+                regs = [(sqk[addr[8 * j + G_] + 2 * T_], sqk[addr[8 * j + G_] + 2 * T_ + 1]) for j in range(4)]
+                for j in range(4):
+                    w[ks][j >> 1][j & 1] = regs[j]
     gq = [[np.zeros(32)] * 4 for _ in range(2)]
     gk = [[np.zeros(32)] * 4 for _ in range(2)]
     for ks in range(8):

@@ -37,6 +37,9 @@
 #define S27_MINB 13        // blocks per SM the registers are bounded for
 #endif
 
+#ifndef S27_STAGEQK
+#define S27_STAGEQK 0      // 1: q, k rows by cp.async into the D buffer, fragment words by ldmatrix (x1c)
+#endif
 #ifndef S27_FASTADDR
 #define S27_FASTADDR 0     // 1: the 16 gate rows and the v rows from one base pointer (x1a)
 #endif
@@ -135,6 +138,23 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   const int g = lane >> 2, t = lane & 3;
   const unsigned FULL = 0xffffffffu;
 
+#if S27_STAGEQK
+  // 0a. q, k rows by cp.async into the D buffer (q rows 0..15, k rows 16..31: exactly its 8704 B), one
+  //     16-byte piece per lane and row, so every line is requested once; phase A reads the fragment
+  //     words out by ldmatrix before it writes D there
+  bf16_t (*sqk)[S27_VS] = reinterpret_cast<bf16_t (*)[S27_VS]>(&sm.u.d[0][0]);
+  {
+    const bf16_t* qb = q + ((size_t)t0 * H + h) * KDIM + 8 * (lane & 15);
+    const bf16_t* kb = k + ((size_t)t0 * H + h) * KDIM + 8 * (lane & 15);
+#pragma unroll
+    for (int j = 0; j < CH / 2; ++j) {
+      const int r = (lane >> 4) + 2 * j, off = r < m ? r * (H * KDIM) : 0;
+      s27_cp_async16(&sqk[r][8 * (lane & 15)], qb + off, r < m ? 16 : 0);
+      s27_cp_async16(&sqk[CH + r][8 * (lane & 15)], kb + off, r < m ? 16 : 0);
+    }
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
   // 0. v rows by cp.async (zero-filled past m), in flight until U
 #if S27_FASTADDR
   {
@@ -158,6 +178,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
 
   // q, k words of rows g, g + 8 (word (ks, e) = channels 16 ks + 8 e + 2 t, + 1), rows past m read 0
   u32 qw[8][2][2], kw[8][2][2];                          // [ks][e][rr]
+#if !S27_STAGEQK
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = g + 8 * rr;
@@ -173,6 +194,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
         kw[ks][e][rr] = ok ? __ldg(kr + 8 * ks + 4 * e) : 0u;
       }
   }
+#endif
   if (lane < CH) {
     sm.beta[lane] = lane < m ? s27_rcp(1.f + ex2(-S27_LOG2E * bf16_to_f32(b[((size_t)t0 + lane) * HV + hv]))) : 0.f;
   }
@@ -195,6 +217,27 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
       const bf16_t* src = a + (((size_t)t0 + (r < m ? r : 0)) * HV + hv) * KDIM + 4 * lane;
       aw[r] = r < m ? *reinterpret_cast<const S27U2*>(src) : S27U2{0u, 0u};
     }
+#endif
+#if S27_STAGEQK
+    asm volatile("cp.async.wait_group 1;" ::: "memory");   // q, k landed (v may still be in flight)
+    __syncwarp();
+    {
+      // matrix i = (rr = i & 1, e = i >> 1): rows 8 rr + (lane & 7), channels 16 ks + 8 e ..: lane (g, t)
+      // gets row g's channels 2t, 2t + 1, i.e. word (ks, e, rr)
+      const int i = lane >> 3, rI = lane & 7;
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        u32 x[4], y[4];
+        s27_ldsm4(x, &sqk[8 * (i & 1) + rI][16 * ks + 8 * (i >> 1)]);
+        s27_ldsm4(y, &sqk[CH + 8 * (i & 1) + rI][16 * ks + 8 * (i >> 1)]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          qw[ks][j >> 1][j & 1] = x[j];
+          kw[ks][j >> 1][j & 1] = y[j];
+        }
+      }
+    }
+    __syncwarp();                                      // every lane's words are out: D may overwrite them
 #endif
 #define S27_SIG(r, j)                                                                                   \
   s27_rcp(1.f + ex2(fmaf(((j) & 1) ? s27_hi((j) < 2 ? aw[r].x : aw[r].y) : s27_lo((j) < 2 ? aw[r].x : aw[r].y), \

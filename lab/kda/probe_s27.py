@@ -16,7 +16,9 @@ Variants (prepare kernels): x1 / x4 / x1s = s27 at 1 warp per block (12 per SM, 
 blob written into 512 slots (L2-resident: no workspace traffic to HBM; its output is garbage, so it is
 timed only, as the cost of the prepare's compute plus its input reads, i.e. what a fused producer
 would pay); x1a = x1 with the gate and v rows addressed from one base pointer (~7 % fewer
-instructions: does the instruction count set the time?); w4 / w4r = session 26's warp prepare (w4r: q, k, a in registers, never timed before).
+instructions: does the instruction count set the time?); x1c / x1cn = x1a (/ x1n) with q, k staged by
+16-byte cp.async into the D buffer and their fragment words read by ldmatrix (every input line
+requested once: run 27b's suspect); w4 / w4r = session 26's warp prepare (w4r: q, k, a in registers, never timed before).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ NOSTORE_MASK = 511
 S27 = {
     "x1": (1, 12, None, ""),
     "x1a": (1, 12, None, "#define S27_FASTADDR 1\n"),
+    "x1c": (1, 12, None, "#define S27_FASTADDR 1\n#define S27_STAGEQK 1\n"),
+    "x1cn": (1, 12, NOSTORE_MASK, "#define S27_FASTADDR 1\n#define S27_STAGEQK 1\n"),
     "x4": (4, 3, None, ""),
     "x1s": (1, 13, None, ""),
     "x1n": (1, 12, NOSTORE_MASK, ""),
@@ -106,7 +110,7 @@ def compile_only() -> int:
     for problem in probs:
         params = kda.default_params(problem)
         for op_dtype in ("f16", "bf16"):
-            for name in ("x1", "x1a", "x4", "x1s"):
+            for name in ("x1", "x1a", "x1c", "x4", "x1s"):
                 t0 = time.perf_counter()
                 b = s26._compile(kernel_of({**params, "op_dtype": op_dtype}, problem, name))
                 wpb, minb, _, _ = S27[name]
@@ -143,11 +147,17 @@ def plan(main_v: str, others: list, big: bool):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--main", default="x1", help="verified on every case, profiled by --ncu")
     ap.add_argument("--verify-also", default="x1a,w4r,x4,x1s", help="verified on the small cases")
     ap.add_argument("--time", default="x1,x1a,x4,x1s,x1n,w4,w4r", help="prepare variants timed")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-big", action="store_true", help="skip the T = 8192 end-to-end cases")
     ap.add_argument("--ncu", action="store_true", help="then one ncu launch of x1 (H96 1 x 8192)")
+    ap.add_argument(
+        "--ncu-only",
+        action="store_true",
+        help="only ncu: base prepare, x1, x1c, w4r, one launch each (H96 1 x 8192), ~60 s",
+    )
     ap.add_argument("--ncu-child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=140.0, help="seconds: ncu is skipped past it")
     ap.add_argument("--workers", type=int, default=0)
@@ -166,7 +176,14 @@ def main(argv=None) -> int:
     timed = [v.strip() for v in a.time.split(",") if v.strip()]
     if a.ncu_child:
         return ncu_child(bench, a.ncu_child)
-    steps = plan("x1", others, not a.no_big)
+    if a.ncu_only:
+        out = {"ncu_only": NCU_ONLY}
+        run_ncu(a, out, t_start, NCU_ONLY, "kda_prepare|kda_s27_prepare|kda_s26_prepare", 0)
+        Path(a.json).with_name(Path(a.json).stem + "-ncu.json").write_text(
+            json.dumps(out, indent=1)
+        )
+        return 0 if isinstance(out["ncu"], dict) and out["ncu"].get("rc") == 0 else 1
+    steps = plan(a.main, others, not a.no_big)
     problems = {j: bench.problem_of(*c) for j, c, _, _ in steps}
     kernels = []
     for j, _, v, _ in steps:
@@ -259,8 +276,7 @@ def main(argv=None) -> int:
         save()
     cases.clear()
     memo.clear()
-    if "x1" in failed:
-        failed.add("x1n")  # the same binary
+    failed |= {v + "n" for v in failed if v + "n" in S27}  # x1n is x1's binary, x1cn x1c's
     out["failed"] = sorted(failed)
     names = [v for v in timed if v not in failed]
     log(f"== timing {names} (ms: median of {a.reps}, L2 flushed before each call; same inputs) ==")
@@ -288,8 +304,8 @@ def main(argv=None) -> int:
             s = built(problem, v)
             row[f"{v}_info"] = s.info
             t(f"{v}_prep", lambda s=s: s.run("kda_prepare", inputs, outputs))
-            if v == "x1":
-                t("x1_fwd", lambda s=s: s.forward(inputs, outputs))
+            if v == a.main:
+                t(f"{v}_fwd", lambda s=s: s.forward(inputs, outputs))
         for k in [k for k in row if k.endswith("_prep")]:
             row[k.replace("_prep", "_usSM")] = row[k] * 1e3 * 132 / row["chunk_heads"]
         log(
@@ -301,7 +317,7 @@ def main(argv=None) -> int:
     nan = float("nan")
     cols = ["base"] + [v for v in names]
     log(
-        f"\n{'scenario':<12} {'base':>6} {'rec':>6} {'x1fwd':>6} {'target':>6} | prepare ms: "
+        f"\n{'scenario':<12} {'base':>6} {'rec':>6} {a.main + 'fwd':>6} {'target':>6} | prepare ms: "
         + " ".join(f"{v:>6}" for v in cols)
         + " | us-SM per chunk-head: "
         + " ".join(f"{v:>5}" for v in cols)
@@ -312,21 +328,21 @@ def main(argv=None) -> int:
     for r in out["timing"]:
         log(
             f"{r['scenario']:<12} {r.get('base_fwd', nan):6.3f} {r.get('base_rec', nan):6.3f} "
-            f"{r.get('x1_fwd', nan):6.3f} {targets[r['scenario']]:6.3f} | prepare ms: "
+            f"{r.get(a.main + '_fwd', nan):6.3f} {targets[r['scenario']]:6.3f} | prepare ms: "
             + " ".join(f"{r.get(f'{v}_prep', nan):6.3f}" for v in cols)
             + " | us-SM per chunk-head: "
             + " ".join(f"{r.get(f'{v}_usSM', nan):5.2f}" for v in cols)
         )
     log(
-        "(base: kda@h200's default config, its forward, recurrence and prepare; x1fwd: x1's prepare + the "
+        "(base: kda@h200's default config, its forward, recurrence and prepare; <main>fwd: that prepare + the "
         "same recurrence; target: FlashKDA (kda.md, 2026-12-01) / 1.6; us-SM: prepare ms x 132 SMs / "
-        "chunk-heads; x1n: x1 without workspace traffic to HBM, timing only)"
+        "chunk-heads; x1n / x1cn: x1 / x1c without workspace traffic to HBM, timing only)"
     )
     nfail = sum(not r.get("ok") for r in out["verify"])
     out["failures"] = nfail
     save()
     if a.ncu and not stop:
-        run_ncu(a, out, t_start)
+        run_ncu(a, out, t_start, a.main)
         save()
     log(
         f"\n{'ALL PASS' if nfail == 0 and not stop else f'{nfail} FAILURE(S)'} in "
@@ -376,19 +392,28 @@ def make_built(bench, cp, device):
     return PrepBuilt
 
 
-def ncu_child(bench, variant: str) -> int:
-    """Under ncu: one launch of `variant`'s prepare on H96 1 x 8192 (after one warm-up launch of the
-    same kernel, which --launch-skip 1 skips)."""
+NCU_ONLY = "base,x1,x1c,w4r"  # profiled in this order (x1 and x1a share the entry name)
+
+
+def ncu_child(bench, variants: str) -> int:
+    """Under ncu, H96 1 x 8192: `variants` (a comma list; "base" = kda@h200's prepare) each launched
+    once, in order; a single variant is launched twice (run_ncu's --launch-skip 1 skips the first)."""
     import cupy as cp
 
     from ptxbuild.gpu import device
 
     problem = s26.problem_of((8192,), 96)
-    b = make_built(bench, cp, device)(kda.default_params(problem), problem, variant)
+    names = variants.split(",")
+    params = kda.default_params(problem)
+    PrepBuilt = make_built(bench, cp, device)
+    built = [
+        bench.Built(cp, params, problem) if v == "base" else PrepBuilt(params, problem, v)
+        for v in names
+    ]
     inputs, outputs = bench.gpu_inputs(cp, problem, 200), bench.make_outputs(cp, problem)
-    for _ in range(2):
+    for b in built * (2 if len(built) == 1 else 1):
         b.run("kda_prepare", inputs, outputs)
-    cp.cuda.runtime.deviceSynchronize()
+        cp.cuda.runtime.deviceSynchronize()
     return 0
 
 
@@ -399,7 +424,7 @@ NCU_METRICS = (
 )
 
 
-def run_ncu(a, out: dict, t_start: float) -> None:
+def run_ncu(a, out: dict, t_start: float, child="x1", kernels="kda_s27_prepare", skip=1) -> None:
     left = a.budget - (time.perf_counter() - t_start)
     ncu = shutil.which("ncu") or next(
         (p for p in ("/usr/local/cuda/bin/ncu",) if os.path.exists(p)), None
@@ -410,13 +435,13 @@ def run_ncu(a, out: dict, t_start: float) -> None:
         return
     logf = Path(a.json).with_name(Path(a.json).stem + "-ncu.log")
     cmd = [
-        ncu, "--clock-control", "none", "-k", "regex:kda_s27_prepare", "--launch-skip", "1",
-        "--launch-count", "1", "--section", "SpeedOfLight", "--section", "Occupancy",
+        ncu, "--clock-control", "none", "-k", f"regex:^({kernels})$", "--launch-skip", str(skip),
+        "--launch-count", str(len(child.split(","))), "--section", "SpeedOfLight", "--section", "Occupancy",
         "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "InstructionStats",
         "--section", "MemoryWorkloadAnalysis", "--metrics", NCU_METRICS,
-        sys.executable, str(Path(__file__).resolve()), "--ncu-child", "x1",
+        sys.executable, str(Path(__file__).resolve()), "--ncu-child", child,
     ]  # fmt: skip
-    log(f"== ncu (x1, H96 1 x 8192, one launch; {left:.0f} s left) -> {logf}")
+    log(f"== ncu ({child}, H96 1 x 8192, one launch each; {left:.0f} s left) -> {logf}")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(20.0, left - 5))
         text = r.stdout + r.stderr
@@ -434,11 +459,12 @@ def run_ncu(a, out: dict, t_start: float) -> None:
                 "inst_executed", "Executed Ipc", "Issue Slots", "Warp Cycles Per Issued", "Stall",
                 "Hit Rate", "Achieved Occupancy", "Registers", "Duration", "DRAM Throughput",
                 "dram__bytes", "Theoretical Occupancy", "Eligible", "No Eligible", "ERROR",
+                "Context", "gpu__time_duration", "lts__", "l1tex__",
             )
         )
     ]  # fmt: skip
-    out["ncu"]["summary"] = keep[:60]
-    for ln in keep[:60]:
+    out["ncu"]["summary"] = keep[:160]
+    for ln in keep[:160]:
         log("  " + ln.strip())
 
 
