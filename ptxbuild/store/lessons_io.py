@@ -47,6 +47,8 @@ Int = Annotated[StrictInt, Field(ge=-(2**40), le=2**40)]
 Float = Annotated[StrictFloat, Field(ge=-MAX_NUMBER, le=MAX_NUMBER, allow_inf_nan=False)]
 Scalar = Union[StrictBool, Int, Float, Word]
 Params = Annotated[dict[Ident, Scalar], Field(max_length=64)]
+Ms = Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)]  # a time in ms, or a ratio
+AttemptId = Annotated[StrictInt, Field(ge=0, le=2**53)]
 # a problem option: a scalar, unset, or a list of integers (KDA's segment lengths), bounded
 OptionValue = Union[Scalar, None, Annotated[list[Int], Field(max_length=4096)]]
 Shape = Annotated[
@@ -69,35 +71,30 @@ class Scope(_Strict):
 
 
 class Rule(_Strict):
-    params: Annotated[dict[Ident, Scalar], Field(min_length=0, max_length=64)]
-    p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+    params: Params
+    p50_ms: Ms | None = None
     outcome: Literal[FAIL_OUTCOMES] | None = None  # type: ignore[valid-type]
     order: Annotated[list[Ident], Field(max_length=64)] | None = None
-    near: (
-        Annotated[list[Annotated[dict[Ident, Scalar], Field(max_length=64)]], Field(max_length=8)]
-        | None
-    ) = None
+    near: Annotated[list[Params], Field(max_length=8)] | None = None
     # an `edit` lesson (a proposed source: build/factory.py): the edit, what it did, the evidence
     edit: Text | None = None
     verdict: Literal["helped", "hurt", "failed", "built"] | None = None
     result: Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")] | None = None
     why: Text | None = None
     source: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
-    ratio: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+    ratio: Ms | None = None
 
 
 class Evidence(_Strict):
-    attempt: Annotated[StrictInt, Field(ge=0, le=2**53)] | None = None
-    against: (
-        Annotated[list[Annotated[StrictInt, Field(ge=0, le=2**53)]], Field(max_length=20)] | None
-    ) = None
+    attempt: AttemptId | None = None
+    against: Annotated[list[AttemptId], Field(max_length=20)] | None = None
     gpu: Name | None = None
     arch: Literal[ARCHES] | None = None  # type: ignore[valid-type]
     dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
     shape: Shape | None = None
     params: Params | None = None
     outcome: Literal[tuple(o.value for o in Outcome)] | None = None  # type: ignore[valid-type]
-    p50_ms: Annotated[StrictFloat, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+    p50_ms: Ms | None = None
 
 
 class Provenance(_Strict):
