@@ -161,6 +161,11 @@ def source_files(op: Op | OpFiles) -> list[Path]:
     return [op.FOLDER / "op.py", *(op.FOLDER / s for s in op.SOURCES)]
 
 
+def changed_files(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The names whose digests differ between two file_digests() (a file either side lacks too)."""
+    return sorted(n for n in then.keys() | now.keys() if then.get(n) != now.get(n))
+
+
 def file_digests(op: Op | OpFiles) -> dict[str, str]:
     """sha256 of each of source_files, by file name: what build keys, manifests and locks record."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source_files(op)}

@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 
 from ..declare.graph import build_order
-from ..oploader import file_digests, load_op
+from ..oploader import changed_files, file_digests, load_op
 from ..outputs.lockfile import (
     KERNEL_SOURCE_SUFFIXES,
     RELOCK_GPU,
@@ -140,11 +140,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
         op = with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root)
         check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op, op_files=False)
         files = file_digests(op)
-        changed = sorted(
-            n
-            for n in set(files) | set(entry["op_files"])
-            if files.get(n) != entry["op_files"].get(n)
-        )
+        changed = changed_files(entry["op_files"], files)
         if host := [n for n in changed if not n.endswith(KERNEL_SOURCE_SUFFIXES)]:
             raise LockError(
                 f"{t}: {', '.join(host)} changed since the lock: host code decides kernel arguments, "

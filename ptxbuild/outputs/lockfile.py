@@ -18,7 +18,7 @@ from ..declare import memo
 from ..declare.graph import all_targets
 from ..errors import EXIT_CONFIG, BuildFailed
 from ..keys import installed_version
-from ..oploader import file_digests, op_files
+from ..oploader import changed_files, file_digests, op_files
 from ..problem import canonical_json
 from ..records import Manifest
 from .manifest import read_manifest, target_dir
@@ -317,17 +317,16 @@ def check_entry(kf, toolchain: dict, t, entry: dict | None, op, op_files: bool =
                 f"run: pip install '{name}=={want}'"
             )
     files = file_digests(op)
-    for name in sorted(set(files) | set(entry["op_files"])) if op_files else ():
-        if files.get(name) != entry["op_files"].get(name):
-            how = (
-                RELOCK
-                if name.endswith(KERNEL_SOURCE_SUFFIXES)
-                else "the op's host code changed: " + RELOCK_GPU
-            )
-            raise LockError(
-                f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
-                f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {how.format(t=t)}"
-            )
+    for name in changed_files(entry["op_files"], files) if op_files else ():
+        how = (
+            RELOCK
+            if name.endswith(KERNEL_SOURCE_SUFFIXES)
+            else "the op's host code changed: " + RELOCK_GPU
+        )
+        raise LockError(
+            f"{t}: op drift: {op.FOLDER.name}/{name} locked sha256 "
+            f"{str(entry['op_files'].get(name))[:16]}, now {str(files.get(name))[:16]}; {how.format(t=t)}"
+        )
     if entry["op_version"] != op.VERSION:
         raise LockError(
             f"{t}: op drift: VERSION locked {entry['op_version']}, now {op.VERSION}; {RELOCK.format(t=t)}"

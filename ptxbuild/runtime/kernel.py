@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..oploader import OpError, load_op, source_files
+from ..oploader import OpError, changed_files, load_op, source_files
 from ..problem import Problem
 from ..records import DispatchEntry, Manifest
 from .arrays import NP_TO_DTYPE, TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
@@ -95,7 +95,7 @@ class BuiltKernel(Dispatch):
         if not built:
             return
         now = {p.name: _sha256(p) for p in source_files(self.op) if p.is_file()}
-        changed = sorted(n for n in set(built) | set(now) if built.get(n) != now.get(n))
+        changed = changed_files(built, now)
         if changed:
             raise LoaderError(
                 f"{self.op.FOLDER}/{changed[0]} changed since {self.target} was built: its kernels "
