@@ -74,8 +74,17 @@ def backward_kernels(kernel, kernelfile=None) -> list:
 
     kw = {"allow_fallback": bool(getattr(kernel, "allow_fallback", False))}  # as the forward
     kw.update({"kernelfile": kernelfile} if kernelfile else {})
+    name, gpu = f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1]
+    built = built_targets(name, gpu, kernelfile)
+    unbuilt = [t for t in built_targets(name, gpu, kernelfile, built=False) if t not in built]
+    if unbuilt:  # declared for this GPU and never built: say so, do not fall back in silence
+        warnings.warn(
+            f"{', '.join(unbuilt)}: declared but not built, so the backward calls they would take "
+            f"run torch's closed form; build them: ptxbuild build {' '.join(unbuilt)}",
+            stacklevel=3,
+        )
     out = []
-    for t in built_targets(f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1], kernelfile):
+    for t in built:
         try:
             out.append(load(t, **kw))
         except LoaderError as exc:

@@ -117,6 +117,28 @@ def test_without_a_built_backward_the_closed_form_gives_the_same_gradients(kf):
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_a_declared_backward_never_built_is_named_not_skipped_in_silence(tmp_path):
+    import shutil
+
+    import ptxbuild
+
+    kfp = _project(tmp_path / "p", dtypes=("float32",))
+    shutil.rmtree(kfp.parent / "build" / "rmsnorm_bwd@h200")  # declared, not (or no longer) built
+    fwd = _load(kfp, "rmsnorm@h200")
+    patched = Net(torch.float32)
+    with pytest.warns(UserWarning, match="rmsnorm_bwd@h200: declared but not built") as seen:
+        ptxbuild.patch_rmsnorm(patched, kernel=fwd, kernelfile=kfp, cuda_only=False)
+    assert "ptxbuild build rmsnorm_bwd@h200" in str(seen[0].message)
+    assert "backward=torch closed form" in repr(patched.norms[0])
+    with warnings.catch_warnings():  # built again: no warning, the built backward is found
+        warnings.simplefilter("error")
+        build(make_ctx(kfp.parent))
+        assert (kfp.parent / "build" / "rmsnorm_bwd@h200" / "manifest.json").is_file()
+        again = Net(torch.float32)
+        ptxbuild.patch_rmsnorm(again, kernel=fwd, kernelfile=kfp, cuda_only=False)
+    assert "backward=rmsnorm_bwd@h200" in repr(again.norms[0])
+
+
 def test_a_shape_no_backward_covers_takes_the_closed_form(tmp_path, ran):
     """The backward is built for N = 32 only: calls of N = 64 get torch's closed form."""
     import ptxbuild

@@ -94,10 +94,13 @@ def _kernel_class(manifest: Manifest):
     return BuiltKernel
 
 
-def built_targets(template: str, gpu: str, kernelfile: str | Path | None = None) -> list[str]:
+def built_targets(
+    template: str, gpu: str, kernelfile: str | Path | None = None, built: bool = True
+) -> list[str]:
     """The targets "<op>@<gpu>" of `kernelfile` (default: ./kernelfile.toml or the nearest one
     above) whose op is `template` (e.g. every rmsnorm_bwd target, one per dtype) and that have been
-    built (a manifest.json in the build directory), in declaration order; [] without a kernelfile."""
+    built (a manifest.json in the build directory; `built=False`: declared, built or not), in
+    declaration order; [] without a kernelfile."""
     kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
     if kfp is None or not kfp.is_file():
         return []
@@ -107,5 +110,5 @@ def built_targets(template: str, gpu: str, kernelfile: str | Path | None = None)
         for name, spec in kf.ops.items()
         if gpu in spec.gpus
         and op_dir(spec.template, kf.root).name == template
-        and (kf.build_dir / f"{name}@{gpu}" / "manifest.json").is_file()
+        and (not built or (kf.build_dir / f"{name}@{gpu}" / "manifest.json").is_file())
     ]
