@@ -130,11 +130,12 @@ def host_gpus(root: Path = Path("/proc/driver/nvidia")) -> str | None:
         parts = [(root / "version").read_text(), *(p.read_text() for p in infos)]
     except OSError:
         return None
+    if not infos:
+        return None
     spec = importlib.util.find_spec("cupy")
     origin = spec.origin if spec and spec.origin else ""
     cupy = [origin, os.stat(origin).st_mtime_ns if origin else 0]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return digest(parts, visible, cupy, code_digest()) if infos else None
+    return digest(parts, os.environ.get("CUDA_VISIBLE_DEVICES"), cupy, code_digest())
 
 
 class LazyGpu:
@@ -149,12 +150,14 @@ class LazyGpu:
     def __getattr__(self, name: str) -> Any:
         with self._lock:
             if self._real is None:
-                self._real = self._start()
-                if self._real.fingerprint != self.fingerprint:
+                real = self._start()
+                if real.fingerprint != self.fingerprint:  # never used: keys hold the other one
+                    real.close()
                     raise ToolError(
-                        f"this GPU is now {self._real.fingerprint}, not the {self.fingerprint} "
+                        f"this GPU is now {real.fingerprint}, not the {self.fingerprint} "
                         "the command started with: run it again"
                     )
+                self._real = real
         return getattr(self._real, name)
 
     def close(self) -> None:
