@@ -70,13 +70,12 @@ def backward_kernels(kernel, kernelfile=None) -> list:
     loaded as it was (allow_fallback); one that cannot be loaded is skipped with a warning (its
     calls take the closed form)."""
     from .runtime import load
-    from .runtime.locate import built_targets
+    from .runtime.locate import declared_targets
 
     kw = {"allow_fallback": bool(getattr(kernel, "allow_fallback", False))}  # as the forward
     kw.update({"kernelfile": kernelfile} if kernelfile else {})
-    name, gpu = f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1]
-    built = built_targets(name, gpu, kernelfile)
-    unbuilt = [t for t in built_targets(name, gpu, kernelfile, built=False) if t not in built]
+    declared = declared_targets(f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1], kernelfile)
+    unbuilt = [t for t, built in declared.items() if not built]
     if unbuilt:  # declared for this GPU and never built: say so, do not fall back in silence
         warnings.warn(
             f"{', '.join(unbuilt)}: declared but not built, so the backward calls they would take "
@@ -84,7 +83,7 @@ def backward_kernels(kernel, kernelfile=None) -> list:
             stacklevel=3,
         )
     out = []
-    for t in built:
+    for t in (t for t, built in declared.items() if built):
         try:
             out.append(load(t, **kw))
         except LoaderError as exc:

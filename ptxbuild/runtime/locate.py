@@ -94,21 +94,17 @@ def _kernel_class(manifest: Manifest):
     return BuiltKernel
 
 
-def built_targets(
-    template: str, gpu: str, kernelfile: str | Path | None = None, built: bool = True
-) -> list[str]:
+def declared_targets(template: str, gpu: str, kernelfile: str | Path | None = None) -> dict:
     """The targets "<op>@<gpu>" of `kernelfile` (default: ./kernelfile.toml or the nearest one
-    above) whose op is `template` (e.g. every rmsnorm_bwd target, one per dtype) and that have been
-    built (a manifest.json in the build directory; `built=False`: declared, built or not), in
-    declaration order; [] without a kernelfile."""
+    above) whose op is `template` (e.g. every rmsnorm_bwd target, one per dtype), in declaration
+    order, each -> whether it has been built (a manifest.json in the build directory); {} without
+    a kernelfile."""
     kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
     if kfp is None or not kfp.is_file():
-        return []
+        return {}
     kf = _load_kernelfile(kfp, f"find the {template} targets")
-    return [
-        f"{name}@{gpu}"
+    return {
+        f"{name}@{gpu}": (kf.build_dir / f"{name}@{gpu}" / "manifest.json").is_file()
         for name, spec in kf.ops.items()
-        if gpu in spec.gpus
-        and op_dir(spec.template, kf.root).name == template
-        and (not built or (kf.build_dir / f"{name}@{gpu}" / "manifest.json").is_file())
-    ]
+        if gpu in spec.gpus and op_dir(spec.template, kf.root).name == template
+    }
