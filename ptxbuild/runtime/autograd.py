@@ -30,6 +30,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch import library as torch_library
 
 from ..problem import Problem
 from .arrays import TorchXp
@@ -91,7 +92,7 @@ def _bwd_op(bwd, mode):
             return _closed_form(kernel, opts, dict(zip(mode.names, tensors)), outs, exc)
         return got if isinstance(got, tuple) else (got,)
 
-    custom = torch.library.custom_op(qual, impl, mutates_args=(), schema=schema)
+    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
     @custom.register_fake
     def _fake(*tensors):
@@ -179,6 +180,6 @@ def register_rmsnorm_training(fwd, bwd=None, options: dict | None = None):
         per = {"x": dx, "residual": dx, "weight": dw if has_w else None, "bias": db}
         return tuple(per.get(k) for k in names)
 
-    torch.library.register_autograd(fop, backward, setup_context=setup_context)
+    torch_library.register_autograd(fop, backward, setup_context=setup_context)
     _registered[("autograd", id(fop))] = True
     return fop

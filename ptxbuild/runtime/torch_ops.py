@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import library as torch_library
 
 from ..problem import digest
 from .arrays import TorchXp as _TorchXp
@@ -91,8 +92,6 @@ def register(kernel, options: dict | None = None):
         k, kwargs = _serving[qual]
         return k(*tensors, **kwargs)
 
-    from torch import library as torch_library
-
     custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
     @custom.register_fake
@@ -152,8 +151,6 @@ def register_kda(kernel):
             lower_bound=lb, state_v_first=True, lengths=lengths,
         )  # fmt: skip
         return o, hT if hT is not None else q.new_empty((0,), dtype=torch.float32)
-
-    from torch import library as torch_library
 
     custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
