@@ -81,12 +81,12 @@ def summary(times_ms: list[float]) -> dict:
     return {"p50": statistics.median(s), "p20": q(0.2), "p80": q(0.8), "n": len(s)}
 
 
+def measured(r: dict) -> bool:
+    return r.get("stock_ms") is not None and r.get("ptxbuild_ms") is not None
+
+
 def slower(r: dict) -> bool:
-    return (
-        r.get("stock_ms") is not None
-        and r.get("ptxbuild_ms") is not None
-        and r["ptxbuild_ms"] > r["stock_ms"]
-    )
+    return measured(r) and r["ptxbuild_ms"] > r["stock_ms"]
 
 
 def why_slower(r: dict) -> str:
@@ -194,10 +194,6 @@ def earlier_rows(out: Path) -> list[dict]:
     return [
         r | {"measured_in": r.get("measured_in", run)} for r in old.get("rows", []) if measured(r)
     ]
-
-
-def measured(r: dict) -> bool:
-    return r.get("stock_ms") is not None and r.get("ptxbuild_ms") is not None
 
 
 def merged(kept: list[dict], rows: list[dict]) -> list[dict]:

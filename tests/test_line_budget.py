@@ -16,9 +16,9 @@ PKG = Path(__file__).resolve().parents[1] / "ptxbuild"
 # imports (+250) and issue 32's multi-GPU build (+345) took it to 10,595, and simplification alone
 # (no layout: dead code, duplicated logic folded, fields copied by name) brought it back to 10,334.
 # The 334 left are the lead's to pay or to keep; this budget holds the package where it is.
-# + 54 for build/context.py's LazyGpu and fingerprint memo (plan on a GPU machine: no worker start).
-# + 11 for patch_rmsnorm naming a declared backward target that was never built (issue 28).
-TOTAL_CODE_LINES = 10_334 + 54 + 11
+# + 63 for build/context.py's LazyGpu and fingerprint memo (plan on a GPU machine: no worker start)
+# and for patch_rmsnorm naming a declared backward target that was never built (issue 28).
+TOTAL_CODE_LINES = 10_334 + 63
 MODULE_CODE_LINES = 450
 # modules still to be split by job (issue 26); each leaves this set when it is split
 SPLIT_PENDING: set[str] = set()
