@@ -51,6 +51,12 @@ class MeasureResult:
     fingerprint: Fingerprint | None = None
 
 
+def _result(cls, reply: dict, **given):
+    """A `cls` result from the worker's reply: its outcome, the fields the reply has, `given`."""
+    fields = {k: reply[k] for k in cls.__dataclass_fields__ if k in reply}
+    return cls(**{**fields, "outcome": Outcome(reply["outcome"]), **given})
+
+
 def _worker_env() -> dict:
     env = dict(os.environ)
     here = str(Path(__file__).resolve().parents[2])
@@ -160,27 +166,16 @@ class GpuSession:
         r, s = self._run(
             "verify", self._job(op_folder, problem, params=params, binary=binary, seeds=seeds)
         )
-        fields = VerifyResult.__dataclass_fields__.keys() - {
-            "outcome",
-            "seconds",
-            "seeds",
-            "shapes",
-        }
-        return VerifyResult(
-            outcome=Outcome(r["outcome"]),
+        return _result(
+            VerifyResult,
+            r,
             seconds=s,
             seeds=tuple(r.get("seeds", ())),
             shapes=tuple(tuple(x) for x in r.get("shapes", ())),
-            **{k: r[k] for k in fields if k in r},
         )
 
     def _measure_result(self, r: dict) -> MeasureResult:
-        keys = MeasureResult.__dataclass_fields__.keys() - {"outcome", "fingerprint"}
-        return MeasureResult(
-            outcome=Outcome(r["outcome"]),
-            fingerprint=self.fingerprint,
-            **{k: r[k] for k in keys if k in r},
-        )
+        return _result(MeasureResult, r, fingerprint=self.fingerprint)
 
     def measure(
         self,

@@ -16,18 +16,12 @@ from . import errors
 
 
 def encode_problem(p: Problem) -> dict:
-    return {
-        "op": p.op,
-        "dtype": p.dtype,
-        "shape": list(p.shape),
-        "options": [list(kv) for kv in p.options],
-    }
+    return p.key()
 
 
 def decode_problem(d: dict) -> Problem:
-    return Problem.make(
-        d["op"], d["dtype"], d["shape"], dict(tuple(kv) for kv in d["options"])
-    )  # frozen options
+    """The problem again, its options frozen (JSON's lists as tuples) so that it hashes."""
+    return Problem.make(d["op"], d["dtype"], d["shape"], d["options"])
 
 
 def encode_binary(b: Binary) -> dict:
@@ -68,12 +62,8 @@ def handle(gpu, cmd: str, a: dict):
     if cmd == "copy_bandwidth":
         return {"tbps": gpu.copy_bandwidth(**a)}
     if cmd in ("verify", "measure", "baselines"):  # the session's keywords are the Gpu's
-        return getattr(gpu, cmd)(**{k: _DECODE.get(k, _same)(v) for k, v in a.items()})
+        return getattr(gpu, cmd)(**{k: _DECODE[k](v) if k in _DECODE else v for k, v in a.items()})
     raise ValueError(f"unknown request {cmd!r}")
-
-
-def _same(value):
-    return value
 
 
 def serve(device: int, make_gpu=None, stdin=None) -> int:
