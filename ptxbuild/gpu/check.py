@@ -218,63 +218,58 @@ def judge(
     instead of the elementwise band when it returns a verdict. An output judged by the band is also
     judged by the scale criterion (scale_verdict: L1 and L2, whole and per row) with the bound
     `scale(name, stored_type) -> (factor, floor) | None` (None: ROUNDING_FACTOR, FLOOR of the type). Returns (outcome, detail, max_abs_err, max_rel_err)."""
+    max_abs = max_rel = 0.0
+
+    def result(outcome: Outcome, detail: str) -> tuple[Outcome, str, float, float]:
+        """The verdict with the largest errors of the outputs judged so far."""
+        return outcome, detail, max_abs, max_rel
+
     for name, before in inputs_before.items():
         n, at = differs(inputs[name], before, xp)
         if n:
-            return (
+            return result(
                 Outcome.INPUT_MODIFIED,
                 f"input {name}: {n} of {before.size} elements changed (first at {at})",
-                0.0,
-                0.0,
             )
     for name, out in outputs.items():
         n, at = unwritten(out, xp)
         if n:
-            return (
+            return result(
                 Outcome.UNWRITTEN,
                 f"output {name}: {n} of {out.size} elements never written (first at {at})",
-                0.0,
-                0.0,
             )
-    max_abs = max_rel = 0.0
     for name, want in reference.items():
         verdict = custom(name, outputs[name], want) if custom is not None else None
         if verdict is not None:
             ok, detail = verdict
             if not ok:
-                return Outcome.WRONG_RESULT, f"output {name}: {detail}", max_abs, max_rel
+                return result(Outcome.WRONG_RESULT, f"output {name}: {detail}")
             continue
         atol, rtol = tolerance(name)
         c = compare(outputs[name], want, dtype, atol, rtol, xp)
         max_abs, max_rel = max(max_abs, c["max_abs"]), max(max_rel, c["max_rel"])
         if c.get("shape"):
-            return (
+            return result(
                 Outcome.WRONG_RESULT,
                 f"output {name}: shape {c['shape'][0]}, reference {c['shape'][1]}",
-                max_abs,
-                max_rel,
             )
         if c["bad"]:
-            return (
+            return result(
                 Outcome.WRONG_RESULT,
                 f"output {name}: {c['bad']} of {want.size} elements outside atol={atol:g} "
                 f"rtol={rtol:g}; worst at {c['worst']}: got {c['got']:.6g}, want {c['want']:.6g}",
-                max_abs,
-                max_rel,
             )
         kind = stored_type(outputs[name], dtype)
         bound = (scale(name, kind) if scale else None) or (ROUNDING_FACTOR, FLOOR.get(kind, 1e-4))
         why = scale_verdict(outputs[name], want, dtype, tuple(map(float, bound)), xp)
         if why:
-            return Outcome.WRONG_RESULT, f"output {name}: {why} (within the band)", max_abs, max_rel
+            return result(Outcome.WRONG_RESULT, f"output {name}: {why} (within the band)")
     for name, out in (outputs_again or {}).items():
         n, at = differs(out, outputs[name], xp)
         if n:
-            return (
+            return result(
                 Outcome.NONDETERMINISTIC,
                 f"output {name}: {n} of {out.size} elements differ between two runs "
                 f"on the same inputs (first at {at})",
-                max_abs,
-                max_rel,
             )
-    return Outcome.OK, "", max_abs, max_rel
+    return result(Outcome.OK, "")

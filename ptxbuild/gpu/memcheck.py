@@ -71,15 +71,8 @@ def command(sanitizer: str, jobfile: str, device: int = 0) -> list[str]:
 
 def _report_lines(lines: list[str]) -> list[str]:
     """The sanitizer's report lines ("========= ..."), less its banner, summary and blank ones."""
-    out = []
-    for line in lines:
-        if not line.startswith("========="):
-            continue
-        text = line[len("=========") :].strip()
-        if not text or text.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY")):
-            continue
-        out.append(text)
-    return out
+    texts = (line[len("=========") :].strip() for line in lines if line.startswith("========="))
+    return [t for t in texts if t and not t.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY"))]
 
 
 def _not_run(why: str) -> dict:
@@ -186,14 +179,12 @@ def run(
 
 
 def _one(job: dict, device: int, cp, index: int = 0) -> None:
-    """One call of the job's candidate on fresh poisoned outputs, synchronized."""
-    from types import SimpleNamespace
-
+    """One call of the job's candidate on fresh poisoned outputs, synchronized (every entry it
+    launches loaded once from the binary's cubin, as runs.Gpu.kernel loads it)."""
     from ..oploader import load_op
     from ..problem import op_params
     from . import check
     from . import device as device_mod
-    from .runs import Gpu
     from .worker import decode_binary, decode_problem
 
     op = load_op(job["op_folder"], Path(job["root"]))
@@ -202,16 +193,15 @@ def _one(job: dict, device: int, cp, index: int = 0) -> None:
     outputs = op.make_outputs(problem, cp)
     for out in outputs.values():
         check.poison(out, cp)
-    g = object.__new__(Gpu)  # only its launch plumbing: no flush buffer, pool or gate
-    g.kernels = {}
     sms = cp.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
-    g.fingerprint = SimpleNamespace(sm_count=sms)
     stream = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device(device).synchronize()
     print(f"{MARK} launch {index}", flush=True)
-    params = op_params(job["params"])
-    for kern, geom, args in g.launches(op, params, problem, binary, inputs, outputs):
-        device_mod.launch(kern, geom, args, stream)
+    calls = op.calls(op_params(job["params"]), problem, sms, inputs, outputs)
+    entries = dict.fromkeys(e or binary["entry"] for e, _, _ in calls)
+    kernels = {e: device_mod.load(e, binary["cubin"], binary.get("ptx", "")) for e in entries}
+    for entry, geom, args in calls:
+        device_mod.launch(kernels[entry or binary["entry"]], geom, args, stream)
     stream.synchronize()
     cp.cuda.Device(device).synchronize()
 

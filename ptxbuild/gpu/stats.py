@@ -58,9 +58,6 @@ def run(
     incumbent: bool = False,
     warmup_ms: float = 30.0,
     budget_ms: float = 200.0,
-    rounds: int = ROUNDS,
-    lo: int = 10,
-    hi: int = 1000,
     guard: bool = True,
 ) -> dict:
     """Time "candidate" (and "incumbent" in the same window, alternating which goes first each round).
@@ -69,8 +66,8 @@ def run(
     would favour the winner). Returns {"candidate": samples, "incumbent": samples|None, "remeasured"}."""
     names = ["candidate", "incumbent"] if incumbent else ["candidate"]
     est = {n: warm_up(timer, n, warmup_ms) for n in names}
-    count = {n: sample_count(est[n], budget_ms / len(names), lo, hi) for n in names}
-    k = rounds if incumbent else 1
+    count = {n: sample_count(est[n], budget_ms / len(names)) for n in names}
+    k = ROUNDS if incumbent else 1
     samples: dict = {n: [] for n in names}
     for r in range(k):
         for n in names if r % 2 == 0 else names[::-1]:

@@ -161,14 +161,13 @@ class Timing:
             when = "a timed call" if "first" in kept else "its first call on the timing pool"
             if kept.get("first") is not None:
                 for k, v in got.items():
-                    if (
-                        n := check.unwritten(v, self.cp)[0]
-                        or check.differs(v, kept["first"][k], self.cp)[0]
-                    ):
-                        how = "unwritten" if check.unwritten(v, self.cp)[0] else "differs"
+                    at = f"after {when} (set {i}): output {k}"
+                    if n := check.unwritten(v, self.cp)[0]:
+                        raise TimedWrong(f"unwritten {at}: {n} of {v.size} elements never written")
+                    if n := check.differs(v, kept["first"][k], self.cp)[0]:
                         raise TimedWrong(
-                            f"{how} after {when} (set {i}): output {k}: {n} of {v.size} elements "
-                            f"{'never written' if how == 'unwritten' else 'differ from its first call on the same inputs'}"
+                            f"differs {at}: {n} of {v.size} elements differ from its first call "
+                            "on the same inputs"
                         )
                 return
             ref = self.pool_reference(op, pool, problem, i)
