@@ -109,11 +109,8 @@ def smi_line(device: int = 0) -> str | None:
             text=True,
             timeout=20,
         )
-        return (
-            out.stdout.strip().splitlines()[0]
-            if out.returncode == 0 and out.stdout.strip()
-            else None
-        )
+        lines = out.stdout.strip().splitlines()
+        return lines[0] if out.returncode == 0 and lines else None
     except Exception:
         return None
 

@@ -10,6 +10,7 @@ like any candidate, never code that ptxbuild runs."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -237,11 +238,9 @@ class Proposer:
         self._send({"protocol": PROTOCOL, "type": "results", **results})
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(ProposalError, OSError):
             self._send({"protocol": PROTOCOL, "type": "done"})
             self.proc.stdin.close()
-        except (ProposalError, OSError):
-            pass
         if self._stderr() == "closed its output":  # did not end within 5 s of "done"
             self.proc.kill()
             self.proc.wait()

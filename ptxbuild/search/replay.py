@@ -27,13 +27,16 @@ def export_recording(
     """Write the attempts of `cache` (one op / one GPU) as a recording; returns the number of rows. Repeated
     attempts of one config (forced rebuilds) merge: the median p50 of the successes and the largest cost in
     seconds (later attempts hit the cache). Invalid and pruned configs are left out."""
-    merged: dict[tuple, dict] = {}
+    groups: dict[tuple, list] = {}
     for a in cache.attempts(op=op, gpu=gpu):
-        if a["outcome"] in ("invalid", "pruned"):
-            continue
-        key = (a["op"], a["gpu"], a["problem"], a["params"])
-        m = merged.setdefault(
-            key,
+        if a["outcome"] not in ("invalid", "pruned"):
+            groups.setdefault((a["op"], a["gpu"], a["problem"], a["params"]), []).append(a)
+    rows = []
+    for group in groups.values():
+        a, outcomes = group[0], [x["outcome"] for x in group]
+        p50s = [x["p50_ms"] for x in group if x["outcome"] == "ok" and x["p50_ms"] is not None]
+        cost = max(sum(x[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")) for x in group)
+        rows.append(
             {
                 "op": a["op"],
                 "gpu": a["gpu"],
@@ -41,31 +44,12 @@ def export_recording(
                 "family": lessons.family_of(a["gpu"], a["arch"]),
                 "problem": json.loads(a["problem"]),
                 "params": json.loads(a["params"]),
-                "outcomes": [],
-                "p50s": [],
-                "seconds": 0.0,
-                "attempts": [],
-            },
+                "p50_ms": statistics.median(p50s) if p50s else None,
+                "outcome": "ok" if "ok" in outcomes else max(set(outcomes), key=outcomes.count),
+                "seconds": round(max(0.0, cost), 6),
+                "attempts": [x["id"] for x in group][:20],
+            }
         )
-        m["outcomes"].append(a["outcome"])
-        if a["outcome"] == "ok" and a["p50_ms"] is not None:
-            m["p50s"].append(a["p50_ms"])
-        m["seconds"] = max(
-            m["seconds"], sum(a[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s"))
-        )
-        m["attempts"].append(a["id"])
-    rows = [
-        {
-            **{k: m[k] for k in ("op", "gpu", "arch", "family", "problem", "params")},
-            "p50_ms": statistics.median(m["p50s"]) if m["p50s"] else None,
-            "outcome": "ok"
-            if "ok" in m["outcomes"]
-            else max(set(m["outcomes"]), key=m["outcomes"].count),
-            "seconds": round(m["seconds"], 6),
-            "attempts": m["attempts"][:20],
-        }
-        for m in merged.values()
-    ]
     header = {
         "format": FORMAT,
         "spaces": spaces or {},
