@@ -159,13 +159,23 @@ def compile_kernel(kernel: Kernel, arch: str) -> Binary:
     )
 
 
-def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) -> str:
-    """The linker's log had no resource report: registers and stack frame from the cubin. A cubin has no spill bytes,
-    so any stack frame counts as spilled (conservative: our kernels keep no local arrays) and the spill filter holds."""
+def with_resources(binary: Binary) -> Binary:
+    """`binary` with its resources taken from the cubin when its log has no resource report (a fresh
+    link that returned none, or a row cached before this fallback existed, stored with 0s): registers
+    and stack frame. A cubin has no spill bytes, so any stack frame counts as spilled (conservative:
+    our kernels keep no local arrays) and the spill filter holds."""
+    log, entry = binary.log or "", binary.entry
+    if (
+        not binary.cubin
+        or not binary.cubin.startswith(b"\x7fELF")
+        or _RES["registers"].search(log)
+        or "resources read from the cubin" in log
+    ):
+        return binary
     from . import cubin as elf
 
     try:
-        found = elf.resources(cubin, entry)
+        found = elf.resources(binary.cubin, entry)
     except elf.CubinError as exc:
         raise CompileError(
             f"no resource report for {entry!r} in the linker's log, and {exc}"
@@ -174,36 +184,14 @@ def _resources_from_cubin(cubin: bytes, entry: str, res: dict, link_log: str) ->
         raise CompileError(
             f"no resource report for {entry!r}: not in the linker's log, not in the cubin"
         )
-    res.update(
-        registers=found["registers"],
-        stack=found.get("stack", 0),
-        spill_store=found.get("stack", 0),
-        spill_load=0,
-    )
-    return (
-        link_log + f"\n(resources read from the cubin: the linker's log had none: {found})"
-    ).strip()
-
-
-def with_resources(binary: Binary) -> Binary:
-    """`binary` with its resources taken from the cubin when its log has no resource report (a fresh
-    link that returned none, or a row cached before this fallback existed, stored with 0s)."""
-    log = binary.log or ""
-    if (
-        not binary.cubin
-        or not binary.cubin.startswith(b"\x7fELF")
-        or _RES["registers"].search(log)
-        or "resources read from the cubin" in log
-    ):
-        return binary
-    res = parse_resources(log, binary.entry)
-    log = _resources_from_cubin(binary.cubin, binary.entry, res, log)
+    stack = found.get("stack", 0)
+    note = f"\n(resources read from the cubin: the linker's log had none: {found})"
     return replace(
         binary,
-        registers=res["registers"],
-        spill_bytes=res["spill_store"] + res["spill_load"],
-        local_bytes=res["stack"],
-        log=log,
+        registers=found["registers"],
+        spill_bytes=stack,
+        local_bytes=stack,
+        log=(log + note).strip(),
     )
 
 
