@@ -205,18 +205,11 @@ def patch_rmsnorm(
         else kernel
         for eps in {_eps_of(m) for _, m in found}
     }
+    cls = _module_class()
+    only = built if cuda_only is None else cuda_only  # the stock path for CPU tensors
     for name, m in found:
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+        parent, _, attr = name.rpartition(".")
         eps = _eps_of(m)
-        new = _module_class()(
-            fns[eps],
-            m.weight,
-            eps,
-            target,
-            built if cuda_only is None else cuda_only,
-            stock=m,
-            compiled=compiled,
-        )
-        setattr(parent, attr, new)
+        new = cls(fns[eps], m.weight, eps, target, only, stock=m, compiled=compiled)
+        setattr(model.get_submodule(parent), attr, new)  # "": the model itself
     return len(found)

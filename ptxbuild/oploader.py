@@ -125,8 +125,7 @@ def _attach_baselines(op: Op, mod: ModuleType, folder: Path) -> None:
     if not path.is_file():
         return
     bmod = load_module(path, f"{mod.__name__}_baselines")
-    defaults = dict(op.OPTIONS)
-    op.baselines = functools.partial(bmod.baselines, defaults=defaults)  # type: ignore[method-assign]
+    op.baselines = functools.partial(bmod.baselines, defaults=dict(op.OPTIONS))  # type: ignore[method-assign]
     op.BASELINES_VERSION = getattr(bmod, "BASELINES_VERSION", "")
 
 

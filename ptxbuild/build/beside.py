@@ -9,7 +9,7 @@ from .. import keys
 from ..gpu import memcheck
 from ..outcome import Outcome
 from ..problem import Binary, Problem, digest
-from ..search.strategies import best
+from ..search.strategies import best, config_key
 from .context import Context, must_time
 
 # baseline outcomes that say the run failed, not the baseline: not cached
@@ -35,19 +35,9 @@ def playoff(ev, hist: list, size: int = 4, within: float = 0.02):
         [],
     )
 
-    def binary(c):
-        return ev.binaries[tuple(sorted(c.items()))]
-
-    def geoms(c):
-        return (ev.op.launches if ev.op.multi_kernel else ev.op.launch)(
-            c, ev.problem, ev.gpu.sm_count
-        )
-
-    def kernel(c):
-        return (
-            binary(c).digest,
-            repr(geoms(c)),
-        )  # what a bout runs: every launch of the op
+    def kernel(c):  # what a bout runs: the binary and every launch of the op
+        launch = ev.op.launches if ev.op.multi_kernel else ev.op.launch
+        return ev.binaries[config_key(c)].digest, repr(launch(c, ev.problem, ev.gpu.sm_count))
 
     if not ranked:
         return None
@@ -73,7 +63,7 @@ def bout(ev, cfg: dict, lead: dict, tag: str = "playoff") -> dict:
     leader_p50_ms): a playoff bout, or (build/factory.py) a proposed winner beside the best
     template config. Cached by both binaries, GPU, problem, configs and protocol; a run the harness
     failed is not cached (timed again next build)."""
-    b, lb = ev.binaries[tuple(sorted(cfg.items()))], ev.binaries[tuple(sorted(lead.items()))]
+    b, lb = ev.binaries[config_key(cfg)], ev.binaries[config_key(lead)]
     key = digest(
         tag, b.digest, lb.digest, ev.hw, ev.problem.key(), cfg, lead, keys.PROTOCOL_VERSION
     )
@@ -156,8 +146,7 @@ def memchecked(ctx: Context, ev, op, problem: Problem, hist: list, winner: tuple
     run, failed = getattr(ctx.gpu, "memcheck", None), set()
     for _ in range(MEMCHECK_TRIES):
         cfg = winner[0]
-        ck = tuple(sorted(cfg.items()))
-        binary = ev.binaries[ck]
+        binary = ev.binaries[config_key(cfg)]
         small = memcheck.small_problem(op, problem, cfg, binary.arch)
         key = digest("memcheck", binary.digest, small.key(), cfg, memcheck.VERSION)
         row = ctx.cache.get("verdicts", key)
@@ -180,8 +169,8 @@ def memchecked(ctx: Context, ev, op, problem: Problem, hist: list, winner: tuple
         if row["outcome"] == Outcome.OK.value:
             return winner, f"memcheck: clean ({small.label()})"
         ev._record(cfg, Outcome(row["outcome"]), row["detail"], binary=binary.digest)
-        failed.add(ck)
-        winner = best([h for h in hist if tuple(sorted(h[0].items())) not in failed])
+        failed.add(config_key(cfg))
+        winner = best([h for h in hist if config_key(h[0]) not in failed])
         if winner is None:
             break
     return None, f"memcheck: {len(failed)} config(s) rejected, no other candidate"

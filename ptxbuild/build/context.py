@@ -17,7 +17,15 @@ from ..outcome import Outcome
 from ..problem import Binary, Kernel, Problem
 from ..records import TargetResult
 
-__all__ = ["Context", "TargetResult", "hardware_for", "must_time", "open_context", "remeasuring"]
+__all__ = [
+    "Context",
+    "TargetResult",
+    "hardware_for",
+    "must_time",
+    "open_context",
+    "remeasuring",
+    "target_op",
+]
 
 
 @dataclass
@@ -87,6 +95,14 @@ def must_time(ctx: Context, key: str, row: dict | None, problem: Problem) -> boo
         and (row.get("created") or 0) >= ctx.timed_since
         and row.get("outcome", "ok") == "ok"
     )
+
+
+def target_op(ctx: Context, t) -> Any:
+    """The op a build of target `t` runs: its template's, serving proposed sources too."""
+    from ..oploader import load_op
+    from ..search.proposals import with_sources
+
+    return with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root)
 
 
 class NoCache:

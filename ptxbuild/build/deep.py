@@ -245,12 +245,6 @@ def python_side(op, p: Problem, sm_count: int) -> tuple[list[str], dict | None]:
     return errs, {"inputs": inputs, "outputs": outputs}
 
 
-def _stage_args(op, entry, cfg, p, arrays) -> list:
-    if entry is None or not op.multi_kernel:
-        return op.kernel_args(cfg, p, arrays["inputs"], arrays["outputs"])
-    return op.stage_args(entry, cfg, p, arrays["inputs"], arrays["outputs"])
-
-
 # ------------------------------------------------------------------ the whole op
 def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -> OpResult:
     """Check one declared op: the Python side once, every valid config compiled."""
@@ -259,7 +253,7 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
     gpus = [kf.gpus[g] for g in spec.gpus]
     sm = min(g.sm_count for g in gpus)
     arrays: dict = {}  # dtype -> the arrays of its small problem (the Python side ran clean)
-    for dtype in dict.fromkeys(p.dtype for p in problems) if not res.failures else ():
+    for dtype in dict.fromkeys(p.dtype for p in problems):
         small = small_problem(op, [p for p in problems if p.dtype == dtype])
         errs, got = python_side(op, small, sm)
         if errs:
@@ -295,11 +289,10 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
                 continue
             key = (k.source, k.entry, k.flags, arch)
             if key not in compiled:
+                res.compiles += 1
                 try:
                     compiled[key] = compile_fn(k, arch).ptx
-                    res.compiles += 1
                 except CompileError as exc:
-                    res.compiles += 1
                     compiled[key] = explain_log(op, k.source, str(exc), kf.root)
             got = compiled[key]
             if isinstance(got, list):
@@ -313,15 +306,15 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
 
 def _check_args(op, cfg, p, arch, main_entry, ptx, arrays, groups, sm) -> None:
     try:  # the small problem's arrays stand in for p's: the count and types of arguments, not sizes
-        entries = list(op.launches(cfg, p, sm)) if op.multi_kernel else [None]
-        for e in entries:
-            types = entry_params(ptx, e or main_entry)
+        io = arrays["inputs"], arrays["outputs"]
+        for e in op.launches(cfg, p, sm) if op.multi_kernel else [None]:
+            name = e or main_entry
+            types = entry_params(ptx, name)
             if types is None:
-                _group(groups, ("args", e), f"no .entry {e or main_entry} in the PTX", cfg, p)
+                _group(groups, ("args", e), f"no .entry {name} in the PTX", cfg, p)
                 continue
-            why = args_mismatch(_stage_args(op, e, cfg, p, arrays), types)
-            if why:
-                name = e or main_entry
+            args = op.kernel_args(cfg, p, *io) if e is None else op.stage_args(e, cfg, p, *io)
+            if why := args_mismatch(args, types):
                 _group(groups, ("args", name, why), f"{name}: {why}", cfg, p)
     except Exception as exc:  # noqa: BLE001
         _group(groups, ("args", str(exc)), f"kernel_args: {type(exc).__name__}: {exc}", cfg, p)
@@ -338,8 +331,6 @@ def _group(groups, key, what, cfg, p, detail=None) -> None:
 
 def shared_params(configs: list[dict]) -> dict:
     """The parameters every one of these configs has at the same value (what a failure hangs on)."""
-    if not configs:
-        return {}
     return {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs)}
 
 

@@ -98,7 +98,6 @@ def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | N
             text = apply_edits(op.render(base_cfg, problem, ev.gpu.arch).source, c["edits"])
         except EditError as exc:
             return None, str(exc)
-    parent = meta.get("parent")
     lineage = {
         **meta,
         "problem": problem.label(),
@@ -107,7 +106,7 @@ def materialize(ev, problem: Problem, c, meta: dict, inc=None) -> tuple[dict | N
         "params": params,
         "rationale": c.get("rationale", "")[:2000],
         "edit": c.get("edit", "")[:200],
-        "parent": c.get("parent") or parent,
+        "parent": c.get("parent") or meta.get("parent"),
     }
     return {**params, SOURCE_PARAM: op.store.put(text, lineage)}, ""
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 
 from ..declare.graph import build_order
-from ..oploader import changed_files, file_digests, load_op
+from ..oploader import changed_files, file_digests
 from ..outputs.lockfile import (
     KERNEL_SOURCE_SUFFIXES,
     RELOCK_GPU,
@@ -29,8 +29,7 @@ from ..outputs.manifest import Built, pin_ptx, write_artifacts
 from ..outputs.report import rejudge
 from ..problem import Binary, Launch, Problem, canonical_json
 from ..records import DispatchEntry, TargetResult, dispatch_of
-from ..search.proposals import with_sources
-from .context import hardware_for
+from .context import hardware_for, target_op
 
 
 def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[DispatchEntry]:
@@ -81,12 +80,7 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     """Rebuild exactly the locked artifacts (compile, compare, verify; no search); any drift leaves build/ as it was."""
     lock = read_lock(ctx.kf)
     order = [
-        (
-            t,
-            lock["targets"].get(str(t)),
-            with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root),
-        )
-        for t in build_order(ctx.kf, targets)
+        (t, lock["targets"].get(str(t)), target_op(ctx, t)) for t in build_order(ctx.kf, targets)
     ]
     for (
         t,
@@ -137,7 +131,7 @@ def relock(ctx, targets=None) -> list[tuple[str, str]]:
     done = []
     for t in build_order(ctx.kf, targets):
         entry = entries.get(str(t))
-        op = with_sources(load_op(ctx.kf.ops[t.op].template, ctx.kf.root), ctx.kf.root)
+        op = target_op(ctx, t)
         check_entry(ctx.kf, ctx.toolchain.key(), t, entry, op, op_files=False)
         files = file_digests(op)
         changed = changed_files(entry["op_files"], files)

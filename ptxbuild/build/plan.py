@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import keys
 from ..declare.graph import Target, build_order, dependencies
-from ..oploader import OpFiles, file_digests, op_files
+from ..oploader import OpFiles, changed_files, file_digests, op_files
 from ..outputs import gates
 from ..outputs.lockfile import LockError, check_entry, pinned_binaries, read_lock
 from ..outputs.manifest import built, target_dir
@@ -66,8 +66,7 @@ def _by_cache(ctx: Context, t: Target, key: str) -> tuple[bool, str]:
     ):  # gates_failed: recorded before gates stopped being build inputs
         return False, f"last build {last['status']}"
     if last["key"] != key:
-        old, new = json.loads(last["summary"]).get("inputs", {}), inputs(ctx, t)
-        changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        changed = changed_files(json.loads(last["summary"]).get("inputs", {}), inputs(ctx, t))
         return False, "changed: " + (", ".join(changed) if changed else "build inputs")
     return True, "up to date"
 
@@ -96,16 +95,13 @@ def inputs(ctx: Context, t: Target) -> dict[str, str]:
     def d(v):
         return hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
-    out = {f"op file {name}": h[:12] for name, h in file_digests(op).items()}
-    out.update(
-        {
-            "ops." + t.op: d(spec.config()),
-            "gpus." + t.gpu: d(gpu.as_dict()),
-            "toolchain": d(ctx.toolchain.key()),
-            "hardware": d(hardware_for(ctx, gpu)),
-        }
-    )
-    return out
+    return {
+        **{f"op file {name}": h[:12] for name, h in file_digests(op).items()},
+        "ops." + t.op: d(spec.config()),
+        "gpus." + t.gpu: d(gpu.as_dict()),
+        "toolchain": d(ctx.toolchain.key()),
+        "hardware": d(hardware_for(ctx, gpu)),
+    }
 
 
 @dataclass(frozen=True)

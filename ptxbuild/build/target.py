@@ -13,17 +13,15 @@ from ..compile.compiler import compile_kernel
 from ..declare.checks import check_declaration, problems_of
 from ..declare.graph import Target
 from ..gpu.session import GpuError
-from ..oploader import load_op
 from ..outputs import gates
 from ..outputs.environment import environment, utc_time
 from ..outputs.manifest import Built, assemble, write_artifacts
 from ..outputs.report import write_report
 from ..records import BuildSummary, TargetResult
-from ..search.proposals import with_sources
 from ..store import learn
 from ..store.lessons_io import shipped_among
 from . import beside, spread
-from .context import Context, hardware_for, remeasuring
+from .context import Context, hardware_for, remeasuring, target_op
 from .plan import inputs
 from .signals import Interrupts, compile_worker, stop_pool
 from .solve import Solved, solve
@@ -35,7 +33,7 @@ def build_target(
     """Build `t` (signals held by `irq`): its result, and the stop that came while it built, if any
     (a target stopped before it finished has no result; its partial build is recorded, interrupted)."""
     spec, gpu = ctx.kf.ops[t.op], ctx.kf.gpus[t.gpu]
-    op = with_sources(load_op(spec.template, ctx.kf.root), ctx.kf.root)
+    op = target_op(ctx, t)
     hw = hardware_for(ctx, gpu)
     solved: list[Solved] = []  # the problems that finished, in problem order
     probs = problems_of(spec)

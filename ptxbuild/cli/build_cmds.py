@@ -77,6 +77,10 @@ def plan(kernelfile, targets, no_gpu):
         click.echo(f"{'up-to-date' if fresh else 'build':10} {t}  ({why})")
 
 
+def _hardware(measured: bool) -> str:
+    return "measured on hardware" if measured else "not measured on hardware"
+
+
 def _say_missed(r) -> None:
     """Built and locked all the same: the gates judge the kernels, they do not build them."""
     if r.missed:
@@ -228,16 +232,9 @@ def build(
         )
         sys.exit(EXIT_INTERRUPTED)
     for r in results:
-        extra = (
-            f" ({r.reason})"
-            if locked
-            else ""
-            if r.status == "up_to_date"
-            else " (measured on hardware)"
-            if r.measured
-            else " (not measured on hardware)"
-        )
-        line = f"{r.target}: {r.status.replace('_', ' ')}{extra}"
+        line = f"{r.target}: {r.status.replace('_', ' ')}"
+        if locked or r.status != "up_to_date":
+            line += f" ({r.reason if locked else _hardware(r.measured)})"
         if r.status == "failed":
             line += f": {r.reason}"
         elif r.manifest:
@@ -319,9 +316,7 @@ def report(kernelfile, targets):
                 f"cache's last one; bring that machine's cache here to re-render it"
             )
             continue
-        measured = (
-            "measured on hardware" if data["summary"].measured else "not measured on hardware"
-        )
+        measured = _hardware(data["summary"].measured)
         click.echo(f"{t} ({data['status']}, {measured}) -> {path.relative_to(kf.root)}")
         echo_table([HEAD] + table_rows(data), indent="  ")
 

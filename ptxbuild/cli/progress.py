@@ -41,19 +41,11 @@ class Progress:
             if ev["score"] is not None and math.isfinite(ev["score"]):
                 self.best = min(self.best, ev["score"])
             if sys.stderr.isatty():
-                click.echo(
-                    f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}   ",
-                    err=True,
-                    nl=False,
-                )
+                click.echo(f"\r{self._so_far()}   ", err=True, nl=False)
         elif kind == "baselines_start":
             note = "timing the baselines (a first call may compile or autotune them)"
             if sys.stderr.isatty():
-                click.echo(
-                    f"\r{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}; {note}   ",
-                    err=True,
-                    nl=False,
-                )
+                click.echo(f"\r{self._so_far()}; {note}   ", err=True, nl=False)
             else:
                 click.echo(
                     f"{self.label}: tried {self.tried}, best {self._best()}; {note} ...", err=True
@@ -83,6 +75,9 @@ class Progress:
         total = f"{time.monotonic() - self.t0:.1f}s"
         base = ev.get("baseline_s")
         return total if base is None else f"{total}, of which baselines {base:.1f}s"
+
+    def _so_far(self) -> str:
+        return f"{self.label}: tried {self.tried}, failed {self.failed}, best {self._best()}"
 
     def _best(self) -> str:
         if not math.isfinite(self.best):

@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,24 +193,10 @@ def _resolve_gpus(model: Any, file: str) -> dict[str, Gpu]:
                 f"{file}: gpus.{name}: unknown GPU{did_you_mean(name, CATALOG)}; "
                 f'use a catalog name ({", ".join(CATALOG)}) or give arch = "sm_90a"'
             )
-        if base is None:
-            base = Gpu(
-                name,
-                g.model or name,
-                g.arch,
-                "custom",
-                g.sm_count or 1,
-                g.dram_tbps or 1.0,
-                48 * 1024,
-                1,
-            )
-        out[name] = Gpu(
-            **{
-                **base.as_dict(),
-                **{k: v for k, v in g.model_dump().items() if v is not None},
-                "name": name,
-            }
-        )
+        # a custom GPU: what the kernelfile gives (below) over these
+        base = base or Gpu(name, name, g.arch, "custom", 1, 1.0, 48 * 1024, 1)
+        given = {k: v for k, v in g.model_dump().items() if v is not None}
+        out[name] = replace(base, **given, name=name)
     return out
 
 
@@ -261,9 +247,7 @@ def _to_json(kf: Kernelfile) -> dict:
         "digest": kf.digest,
         "project": kf.project,
         "gpus": {n: g.as_dict() for n, g in kf.gpus.items()},
-        "ops": {
-            n: {k: getattr(o, k) for k in OpSpec.__dataclass_fields__} for n, o in kf.ops.items()
-        },
+        "ops": {n: asdict(o) for n, o in kf.ops.items()},
     }
 
 
