@@ -17,21 +17,7 @@ if TYPE_CHECKING:  # imported at a Cache's first use of it: plan and a no-op bui
 
 from ..errors import ToolError, shown
 from ..problem import Binary
-from .schema import MIGRATIONS, SCHEMA_VERSION, pack_binary, unpack_binary
-
-LESSON_COLUMNS = (
-    "id",
-    "op",
-    "kind",
-    "scope",
-    "rule",
-    "evidence",
-    "confidence",
-    "source",
-    "retired",
-    "created",
-)
-
+from .schema import LESSON_COLUMNS, MIGRATIONS, SCHEMA_VERSION, pack_binary, unpack_binary
 
 # a compile row's columns that hold a Binary's field of the same name (besides PTX and cubin)
 BINARY_COLUMNS = ("registers", "spill_bytes", "smem_static_bytes", "local_bytes", "log")

@@ -11,6 +11,19 @@ if TYPE_CHECKING:  # the migrations get a Cache's sqlite-utils Database (importe
 
 SCHEMA_VERSION = 4
 _ELF = b"\x7fELF"
+# the lessons table as v1 makes it: the columns put_lessons writes
+LESSON_COLUMNS = {
+    "id": str,
+    "op": str,
+    "kind": str,
+    "scope": str,
+    "rule": str,
+    "evidence": str,
+    "confidence": float,
+    "source": str,
+    "retired": int,
+    "created": float,
+}
 
 
 def pack_binary(ptx: str | None, cubin: bytes | None) -> tuple[bytes | None, bytes | None]:
@@ -132,22 +145,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         pk="id",
         if_not_exists=True,
     )
-    db["lessons"].create(
-        {
-            "id": str,
-            "op": str,
-            "kind": str,
-            "scope": str,
-            "rule": str,
-            "evidence": str,
-            "confidence": float,
-            "source": str,
-            "retired": int,
-            "created": float,
-        },
-        pk="id",
-        if_not_exists=True,
-    )
+    db["lessons"].create(LESSON_COLUMNS, pk="id", if_not_exists=True)
 
 
 def _v2(db: sqlite_utils.Database) -> None:
