@@ -224,9 +224,7 @@ def export_lessons(
             continue
         rec = {
             "format": FORMAT,
-            "id": r["id"],
-            "op": r["op"],
-            "kind": r["kind"],
+            **{k: r[k] for k in ("id", "op", "kind")},
             "scope": scope,
             "rule": json.loads(r["rule"]),
             "evidence": _evidence(cache, json.loads(r["evidence"])),
@@ -258,12 +256,16 @@ def _bounded_float(text: str) -> float:
     return v
 
 
+def _check_size(name: str, size: int) -> None:
+    if size > MAX_FILE_BYTES:
+        raise LessonsFileError(
+            f"{name}: file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit"
+        )
+
+
 def parse_lessons(data: bytes, name: str = "<lessons>") -> list[Record]:
     """Validate a whole JSONL file; raises LessonsFileError at the first bad line."""
-    if len(data) > MAX_FILE_BYTES:
-        raise LessonsFileError(
-            f"{name}: file is {len(data)} bytes, over the {MAX_FILE_BYTES}-byte limit"
-        )
+    _check_size(name, len(data))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -311,53 +313,41 @@ def import_lessons(cache, path: str | Path, origin: str | None = None) -> dict:
     records it was imported from (default: the file's name)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise LessonsFileError(
-                f"{path.name}: file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit"
-            )
+        _check_size(path.name, path.stat().st_size)  # before reading it
         data = path.read_bytes()
     except OSError as exc:
         raise LessonsFileError(f"{path}: cannot read: {exc.strerror}") from None
     records = parse_lessons(data, path.name)
     now = time.time()
-    counts = {"read": len(records), "added": 0, "already_present": 0, "duplicates_in_file": 0}
-    seen: set[str] = set()
-    rows: list[dict] = []
+    unique: dict[str, Record] = {}  # the first record of each id
+    for rec in records:
+        unique.setdefault(rec.id, rec)
     with cache.transaction():  # one transaction: a failure part-way leaves the cache as it was
-        for rec in records:
-            if rec.id in seen:
-                counts["duplicates_in_file"] += 1
-                continue
-            seen.add(rec.id)
-            if cache.has_lesson(rec.id):
-                counts["already_present"] += 1
-                continue
-            source = json.dumps(
-                {
-                    "provenance": rec.provenance.model_dump(),
-                    "imported_from": origin or path.name,
-                    "imported_at": now,
-                },
-                sort_keys=True,
-            )
-            rows.append(
-                {
-                    "id": rec.id,
-                    "op": rec.op,
-                    "kind": rec.kind,
-                    "scope": json.dumps(rec.scope_dict(), sort_keys=True),
-                    "rule": json.dumps(rec.rule_dict(), sort_keys=True),
-                    "evidence": json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
-                    "confidence": rec.confidence,
-                    "source": source,
-                    "retired": int(rec.retired),
-                    "created": rec.created,
-                }
-            )
-            counts["added"] += 1
-        cache.put_lessons(rows)
-    return counts
+        new = [rec for rec in unique.values() if not cache.has_lesson(rec.id)]
+        cache.put_lessons(
+            {
+                **{k: getattr(rec, k) for k in ("id", "op", "kind", "confidence", "created")},
+                "scope": json.dumps(rec.scope_dict(), sort_keys=True),
+                "rule": json.dumps(rec.rule_dict(), sort_keys=True),
+                "evidence": json.dumps([e.model_dump(exclude_none=True) for e in rec.evidence]),
+                "source": json.dumps(
+                    {
+                        "provenance": rec.provenance.model_dump(),
+                        "imported_from": origin or path.name,
+                        "imported_at": now,
+                    },
+                    sort_keys=True,
+                ),
+                "retired": int(rec.retired),
+            }
+            for rec in new
+        )
+    return {
+        "read": len(records),
+        "added": len(new),
+        "already_present": len(unique) - len(new),
+        "duplicates_in_file": len(records) - len(unique),
+    }
 
 
 SHIPPED = "shipped with ptxbuild"  # how the source of a lesson from shipped_lessons() ends
