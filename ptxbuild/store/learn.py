@@ -72,7 +72,6 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
                 (ok_with if a["outcome"] == "ok" else fail_with)[(k, json.dumps(v))].add(key)
         rules: dict[str, tuple] = {}  # rule -> (params, shape or None)
         for f in fails:
-            rule, scope_shape = None, None
             items = sorted((k, json.dumps(v)) for k, v in f["_params"].items())
             for size in (
                 1,
@@ -85,9 +84,9 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
                 )
                 good = [(n, sub) for n, sub in supports if n >= 2]
                 if good:
-                    rule = {k: json.loads(v) for k, v in max(good)[1]}
+                    rule, scope_shape = {k: json.loads(v) for k, v in max(good)[1]}, None
                     break
-            if rule is None:
+            else:  # no sub-combination: the whole config, on its shape
                 rule, scope_shape = f["_params"], f["_shape"]
             rules.setdefault(json.dumps([rule, scope_shape], sort_keys=True), (rule, scope_shape))
         for rule, scope_shape in rules.values():
@@ -122,8 +121,7 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
         r
         for r in rules
         if not any(
-            o is not r
-            and o["scope"] == r["scope"]
+            o["scope"] == r["scope"]
             and covers(json.loads(o["rule"]), json.loads(r["rule"])["params"])
             and len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
             for o in rules
