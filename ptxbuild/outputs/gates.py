@@ -7,17 +7,12 @@ from collections.abc import Sequence
 
 from ..records import DispatchEntry
 
+# over the problems' p50 times (the kernelfile's schema admits no other name)
 METRICS = {
     "geomean_time": lambda ts: math.exp(sum(math.log(t) for t in ts) / len(ts)),
     "max_time": max,
     "sum_time": sum,
 }
-
-
-def metric_ms(name: str, times_ms: list[float]) -> float | None:
-    """geomean_time / max_time / sum_time over the problems' p50 times; None when nothing was timed
-    (the kernelfile's schema admits no other name)."""
-    return METRICS[name](times_ms) if times_ms else None
 
 
 def speedups(entry: DispatchEntry) -> list[tuple[float, str, float, float]]:
@@ -48,7 +43,7 @@ def judge(spec, chosen: Sequence[DispatchEntry], measured: bool) -> dict:
     return {
         "metric": {
             "name": spec.metric,
-            "value_ms": metric_ms(spec.metric, timed),
+            "value_ms": METRICS[spec.metric](timed) if timed else None,  # None: nothing timed
             "problems": len(timed),
         },
         "gates": {

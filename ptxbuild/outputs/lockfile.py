@@ -9,6 +9,7 @@ target entry carries the sha256 of its own canonical form, so a hand edit is rep
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -28,6 +29,8 @@ WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 # what a lock entry pins of each manifest variant besides its two digests
 VARIANT_KEYS = ("entry", "arch", "ptx_isa", "registers", "spill_bytes", "compiler")
+# what it copies from the manifest as it is
+MANIFEST_KEYS = ("op", "op_version", "kernelfile_digest", "arch", "gpu", "toolchain", "hardware")
 
 
 class LockError(BuildFailed):
@@ -144,16 +147,15 @@ def read_lock(kf) -> dict:
     # parsed once per content: plan and build ask for the lock once per target, and a lock of 24
     # targets is ~1 MB of JSON (callers read the result, they never change it); memo.file_digest
     # reads it again only if its stat changed or it changed lately (git's racy files)
-    key = (str(path), memo.file_digest(path))
-    if _READ.get("key") != key:
-        _READ.update(key=key, lock=lock_problem(path, path.read_bytes()))
-    lock = _READ["lock"]
+    lock = _parsed(path, memo.file_digest(path))
     if isinstance(lock, LockError):
         raise lock
     return lock
 
 
-_READ: dict = {}
+@functools.lru_cache(maxsize=1)
+def _parsed(path: Path, digest: str) -> dict | LockUnreadable:
+    return lock_problem(path, path.read_bytes())
 
 
 def entry_from_manifest(kf, target, m: Manifest, folder: Path) -> dict:
@@ -171,19 +173,13 @@ def entry_from_manifest(kf, target, m: Manifest, folder: Path) -> dict:
         pinned = {k: getattr(v, k) for k in VARIANT_KEYS}
         variants[digest] = {**pinned, "cubin_sha256": digest, "ptx_sha256": sha256(ptx)}
     entry = {
+        **{k: getattr(m, k) for k in MANIFEST_KEYS},
         "target": str(target),
-        "op": m.op,
-        "op_version": m.op_version,
         "template": spec.template,
-        "kernelfile_digest": m.kernelfile_digest,
         "declaration_sha256": declaration_digest(spec),
-        "arch": m.arch,
-        "gpu": m.gpu,
-        "toolchain": m.toolchain,
         "wheels": wheel_versions(),
         "op_files": file_digests(op),
         "measured_on_hardware": m.measured_on_hardware,
-        "hardware": m.hardware,
         "variants": variants,
         "dispatch": [d.to_json() for d in m.dispatch],
     }
@@ -302,12 +298,11 @@ def check_entry(kf, toolchain: dict, t, entry: dict | None, op, op_files: bool =
             f"{t}: GPU spec drift: locked {entry['gpu']}, now {kf.gpus[t.gpu].as_dict()}"
         )
     # the compilers decide the bytes; the cuda-bindings wrapper version is recorded but does not count
-    now_tc = toolchain
     for name in ("nvrtc", "nvjitlink"):
-        if entry["toolchain"].get(name) != now_tc.get(name):
+        if entry["toolchain"].get(name) != toolchain.get(name):
             raise LockError(
                 f"{t}: toolchain drift: {name} locked {entry['toolchain'].get(name)}, "
-                f"installed {now_tc.get(name)}"
+                f"installed {toolchain.get(name)}"
             )
     now = wheel_versions()
     for name, want in sorted(entry.get("wheels", {}).items()):
