@@ -85,24 +85,17 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
     lines after its launch (and before the next job's start) are its kernel's errors; lines before the
     launch (making its inputs) are the harness's: not run. A job that started and neither finished nor
     was reported on is not run (the harness failed: it says how); the jobs after a failure run again."""
-    results: dict[int, dict] = {}
-    current, per_job, started, failed, launched = None, {}, set(), {}, set()
+    marks: dict[str, dict[int, str]] = {"start": {}, "launch": {}, "done": {}, "fail": {}}
+    current, per_job = None, {}
     for line in lines:
         if line.startswith(MARK):
-            parts = line[len(MARK) :].split(maxsplit=2)
-            kind, i = parts[0], int(parts[1])
-            if kind == "start":
-                current = i
-                started.add(i)
-            elif kind == "launch":
-                launched.add(i)
-            elif kind == "done":
-                results[i] = {"outcome": "ok", "detail": ""}
-            elif kind == "fail":
-                failed[i] = parts[2] if len(parts) > 2 else ""
-            continue
-        if current is not None and line.startswith("========="):
+            kind, i, *why = line[len(MARK) :].split(maxsplit=2)
+            marks.setdefault(kind, {})[int(i)] = why[0] if why else ""
+            current = int(i) if kind == "start" else current
+        elif current is not None and line.startswith("========="):
             per_job.setdefault(current, []).append(line)
+    results = {i: {"outcome": "ok", "detail": ""} for i in marks["done"]}
+    launched = marks["launch"]
     for i, job_lines in per_job.items():
         report = _report_lines(job_lines)
         if report and i not in launched:
@@ -113,9 +106,9 @@ def parse(lines: list[str], n: int, rc: int | None) -> tuple[dict[int, dict], in
                 "outcome": "memcheck",
                 "detail": "; ".join(filter(None, [report[0], where]))[:500],
             }
-    for i, why in failed.items():
+    for i, why in marks["fail"].items():
         results.setdefault(i, _not_run(why[:300]))
-    last = max(started) if started else -1
+    last = max(marks["start"], default=-1)
     if last >= 0 and last not in results:
         results[last] = _not_run(f"the sanitized worker exited {rc} during it")
     if rc == ERROR_EXIT and not per_job:

@@ -136,14 +136,10 @@ class GpuSession:
             r = self._call(cmd, args, timeout_s or self.timeout_s)
             r = r.get("cuda_error", r)
         except WorkerDied as exc:
-            if exc.kind == "timeout":
-                r = {"outcome": Outcome.TIMEOUT.value, "detail": exc.detail}
-            else:
-                illegal = "illegal memory access" in exc.detail or "ILLEGAL_ADDRESS" in exc.detail
-                r = {
-                    "outcome": (Outcome.ILLEGAL_ADDRESS if illegal else Outcome.WORKER_CRASH).value,
-                    "detail": exc.detail,
-                }
+            illegal = "illegal memory access" in exc.detail or "ILLEGAL_ADDRESS" in exc.detail
+            crash = Outcome.ILLEGAL_ADDRESS if illegal else Outcome.WORKER_CRASH
+            outcome = Outcome.TIMEOUT if exc.kind == "timeout" else crash
+            r = {"outcome": outcome.value, "detail": exc.detail}
         return r, time.perf_counter() - t0
 
     def _job(self, op_folder: str, problem: Problem, **args) -> dict:

@@ -26,14 +26,10 @@ def custom_compare(op, problem, xp):
     return lambda name, got, want: op.compare(problem, name, got, want, xp)
 
 
-def scale_limit(op, problem):
-    """The op's optional error_bound(problem, output) -> (factor, floor) | None (None: the default of
-    the output's stored type: check.ROUNDING_FACTOR, check.FLOOR), bound to a problem, as check.judge's `scale`."""
-    return lambda name, kind: op.error_bound(problem, name)
-
-
 def judge_run(op, prob, inputs, before, first, ref, xp, again=None):
-    """check.judge with the op's tolerance, compare and relative-L2 hooks for `prob`."""
+    """check.judge with the op's tolerance, compare and relative-L2 hooks for `prob`: its scale
+    bound is the op's optional error_bound(problem, output) -> (factor, floor) | None (None: the
+    default of the output's stored type: check.ROUNDING_FACTOR, check.FLOOR)."""
     return check.judge(
         prob.dtype,
         inputs,
@@ -44,5 +40,5 @@ def judge_run(op, prob, inputs, before, first, ref, xp, again=None):
         xp,
         again,
         custom_compare(op, prob, xp),
-        scale_limit(op, prob),
+        lambda name, kind: op.error_bound(prob, name),
     )
