@@ -11,6 +11,7 @@ import os
 import re
 import socket
 from contextlib import suppress
+from functools import partialmethod
 
 from ..errors import ToolError
 from ..gpu.session import GpuError, GpuSession, LaneLost
@@ -121,17 +122,10 @@ class RayLane:
             )
         return r
 
-    def verify(self, *a, **k):
-        return self._call("verify", *a, **k)
-
-    def measure(self, *a, **k):
-        return self._call("measure", *a, **k)
-
-    def baselines(self, *a, **k):
-        return self._call("baselines", *a, **k)
-
-    def memcheck(self, *a, **k):
-        return self._call("memcheck", *a, **k)
+    verify = partialmethod(_call, "verify")
+    measure = partialmethod(_call, "measure")
+    baselines = partialmethod(_call, "baselines")
+    memcheck = partialmethod(_call, "memcheck")
 
     def abort(self) -> None:
         """Stop now, from any thread: the actor is killed and a call in flight raises GpuError."""

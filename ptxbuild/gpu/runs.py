@@ -190,6 +190,12 @@ class Gpu(Timing):
         det = op.deterministic(params)
         seeds = list(seeds or [secrets.randbelow(2**31) for _ in range(3)])
         cases, max_abs, max_rel, tols = 0, 0.0, 0.0, {}
+
+        def result(outcome: Outcome, detail: str, **more) -> dict:
+            """The verdict with the cases run so far and their largest errors."""
+            errors = {"max_abs_err": max_abs, "max_rel_err": max_rel, "cases": cases}
+            return {"outcome": outcome.value, "detail": detail, **errors, "seeds": seeds, **more}
+
         self.drop_pool(above_bytes=ONE_SEED_ABOVE_BYTES)
         arch = binary.get("arch") or "sm_90a"
         main, fewer, *others = plan_problems(op, problem, params, arch)
@@ -241,27 +247,13 @@ class Gpu(Timing):
                     self.last_outputs = None
                     self.release()
                     if outcome is not Outcome.OK:
-                        return {
-                            "outcome": outcome.value,
-                            "detail": f"{detail} [{prob.label()}{_hidden_options(prob)}, seed {seed}]",
-                            "max_abs_err": max_abs,
-                            "max_rel_err": max_rel,
-                            "cases": cases,
-                            "seeds": seeds,
-                        }
+                        where = f"{prob.label()}{_hidden_options(prob)}, seed {seed}"
+                        return result(outcome, f"{detail} [{where}]")
                     if big:
                         big_seen.add(prob)
                 kept = None
-        return {
-            "outcome": Outcome.OK.value,
-            "detail": "",
-            "max_abs_err": max_abs,
-            "max_rel_err": max_rel,
-            "cases": cases,
-            "seeds": seeds,
-            "tolerances": tols,
-            "shapes": [list(s) for s in verified_shapes(plan)],
-        }
+        shapes = [list(s) for s in verified_shapes(plan)]
+        return result(Outcome.OK, "", tolerances=tols, shapes=shapes)
 
     def measure(
         self,
