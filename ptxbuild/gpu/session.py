@@ -81,7 +81,6 @@ class GpuSession:
         root: str | Path | None = None,
         argv: list[str] | None = None,
         startup_timeout_s: float = 180.0,
-        measure_copy: bool = True,
         env: dict | None = None,
     ):
         """`env`: variables set for the worker (and memcheck) beyond this process's, e.g.
@@ -96,11 +95,7 @@ class GpuSession:
         self.restarts = 0
         try:
             hello = self._call("hello", {}, startup_timeout_s)
-            copy = (
-                self._call("copy_bandwidth", {}, startup_timeout_s)
-                if measure_copy
-                else {"tbps": 0.0}
-            )
+            copy = self._call("copy_bandwidth", {}, startup_timeout_s)
             for r in (hello, copy):
                 if "cuda_error" in r:
                     raise GpuError(r["cuda_error"]["detail"])

@@ -42,17 +42,18 @@ class Timing:
             self._pool, self._pool_key, self._pool_ref = [], None, (None, None)
             self.release()
             cp = self.cp
-            first = (op.make_inputs(problem, 1_000_003, cp), op.make_outputs(problem, cp))
+
+            def make(i: int) -> tuple:
+                return op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp)
+
+            first = make(0)
             size = max(1, nbytes(first[0]) + nbytes(first[1]))
             free, _ = cp.cuda.runtime.memGetInfo()
             n = max(
                 1,
                 min(POOL_MAX_SETS, math.ceil(2 * self.l2_bytes / size) + 1, int(free // 2 // size)),
             )
-            self._pool = [first] + [
-                (op.make_inputs(problem, 1_000_003 + i, cp), op.make_outputs(problem, cp))
-                for i in range(1, n)
-            ]
+            self._pool = [first] + [make(i) for i in range(1, n)]
             # the sets are made on cupy's current stream, which is not ours (a non-blocking stream
             # does not wait for the legacy one): wait for every set before a kernel reads one
             self.sync()
