@@ -34,12 +34,16 @@ def matrix():
                 yield prob(dt, (MATRIX_M.get(n, 32768), n), **mode)
 
 
+RING_ONLY = {"ring_group": [1, 2, 4, 8], "ring_skew": [False, True]}  # the ring's own parameters
+
+
 def test_the_lab_op_is_ops_rmsnorm_plus_one_stage_value():
     assert op.NAME == "rmsnorm_long" and base.NAME == "rmsnorm"
-    assert {k: v for k, v in op.SPACE.items() if k != "stage"} == {
+    assert {k: v for k, v in op.SPACE.items() if k != "stage" and k not in RING_ONLY} == {
         k: v for k, v in base.SPACE.items() if k != "stage"
     }
     assert op.SPACE["stage"] == [*base.SPACE["stage"], "ring"]
+    assert {k: op.SPACE[k] for k in RING_ONLY} == RING_ONLY  # first values: off, as before
 
 
 def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm():
@@ -68,7 +72,8 @@ def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm(
     assert valid > 500, valid
     for p in matrix():
         if p.shape[1] < 65536:
-            assert op.default_params(p) == base.default_params(p), p.label()
+            want = {**base.default_params(p), **{k: v[0] for k, v in RING_ONLY.items()}}
+            assert op.default_params(p) == want, p.label()
 
 
 def test_default_is_the_ring_at_n_65536_and_up_where_a_ring_holds_the_part():
@@ -81,7 +86,7 @@ def test_default_is_the_ring_at_n_65536_and_up_where_a_ring_holds_the_part():
         assert d["stage"] == ("ring" if fits else "smem"), p.label()
         assert d["regime"] == ("block" if d["cluster"] == 1 else "cluster"), p.label()
         if not fits:
-            assert d == base.default_params(p)
+            assert {k: v for k, v in d.items() if k not in RING_ONLY} == base.default_params(p)
 
 
 RING = {"stage": "ring", "load_hint": "none"}
@@ -132,7 +137,10 @@ def test_ring_check_refuses_what_the_kernel_cannot_do():
     # a cluster of 16 (non-portable: ptxbuild.launch sets the attribute) only for the ring
     assert op.check({**cfg, "cluster": 16}, big) is None
     reg16 = {**cfg, "cluster": 16, "stage": "reg", "load_hint": "nc"}
-    assert "NonPortable" in op.check(reg16, big) and op.check(reg16, big) == base.check(reg16, big)
+    reg16_base = {k: v for k, v in reg16.items() if k not in RING_ONLY}
+    assert "NonPortable" in op.check(reg16, big) and op.check(reg16, big) == base.check(
+        reg16_base, big
+    )
     assert "leave load_hint" in op.check({**cfg, "weight_load": "early"}, big)
     assert "exact block/cluster" in op.check({**cfg, "exact": False}, big)
     assert "do not hold a row part" in op.check({**cfg, "cluster": 2}, big)  # 256 KB part
@@ -172,6 +180,92 @@ def test_ring_renders_only_when_on_and_launches_persistent_workers():
     # parts of 32 KB: the ring holds 27 slots, 6.75 row parts (no longer capped at two)
     small = prob("bfloat16", (16384, 131072))
     assert op._ring(op._full({**cfg, "threads": 512}), small) == (4, 27, 8192)
+
+
+GROUP = {"regime": "block", "threads": 1024, **RING}
+
+
+def test_ring_group_and_skew_check_render_and_launch():
+    """ring_group: a row over 2/4/8 CTAs of the block regime, summed through the L2; the grid whole
+    groups (33 x 4 = 132 SMs, 16 x 8 = 128). ring_skew: two row parts and one chunk more in the ring.
+    Both render only when on; every other ring renders as before."""
+    big = prob("bfloat16", (8192, 262144))
+    g4 = op._full({**GROUP, "ring_group": 4})
+    assert op.check(g4, big) is None
+    src = op.render(g4, big, "sm_90a").source
+    head = src[: src.index("// RMSNorm forward")]
+    assert "#define RING_GROUP 4\n" in head and "RING_SKEW" not in head
+    assert op._ring(g4, big) == (8, 13, 16384)  # 128 KB parts: 8 chunks of 16 KB, 13 slots
+    L = op.launch(g4, big, 132)
+    assert L.grid == (132, 1, 1) and L.cluster == (1, 1, 1) and L.smem_bytes == 13 * 16384
+    g8 = {**g4, "ring_group": 8, "ring_skew": True}
+    assert op.check(g8, big) is None and op.launch(g8, big, 132).grid == (128, 1, 1)
+    head = op.render(g8, big, "sm_90a").source
+    assert "#define RING_GROUP 8\n#define RING_SKEW 1\n" in head[: head.index("// RMSNorm forward")]
+    assert op.launch(g4, prob("bfloat16", (1, 262144)), 132).grid == (4, 1, 1)
+    assert op.launch(g4, big, 0).grid == (8192 * 4, 1, 1)
+    # the verifier's persistent M counts groups: 6 rows a group (8 chunks, 13 slots) on 160 SMs
+    assert [v.shape[0] for v in op.verify_problems(big, g4)] == [1, 199, 6 * 160 // 4 + 3]
+    assert [v.shape[0] for v in op.verify_problems(big, g8)] == [1, 199, 11 * 160 // 8 + 3]
+    # refusals: groups are the block regime's, both are the ring's, skew needs 2 parts + 1 chunk
+    c8 = op._full({"regime": "cluster", "cluster": 8, "threads": 1024, **RING})
+    assert "block regime" in op.check({**c8, "ring_group": 2}, big)
+    reg = op._full({"regime": "block", "threads": 1024, "load_hint": "nc"})
+    q = prob("bfloat16", (32768, 32768))
+    assert "only apply to stage=ring" in op.check({**reg, "ring_skew": True}, q)
+    assert "only apply to stage=ring" in op.check({**reg, "ring_group": 2}, q)
+    assert "two row parts" in op.check({**g4, "ring_skew": True}, big)  # 16 chunks > 13 slots
+    assert op.check({**c8, "ring_skew": True}, big) is None  # 64 KB parts: 8 of 13 slots
+    assert "a row part" in op.check({**g4, "ring_group": 2}, big)  # 256 KB parts
+    assert "ring_group" in op.check({**g4, "ring_group": 3}, big)
+    assert "N % 64" in op.check({**g4, "ring_group": 8}, prob("bfloat16", (4, 65528)))
+    # off: the same defines as before the parameters existed
+    for cfg in (c8, op._full({"regime": "block", "threads": 512, **RING})):
+        a = op.render(cfg, big, "sm_90a").source
+        assert "RING_GROUP" not in a[: a.index("// RMSNorm forward")]
+        assert "RING_SKEW" not in a[: a.index("// RMSNorm forward")]
+
+
+@pytest.mark.compile
+def test_ring_group_and_skew_compile_without_spills():
+    """The probe's group / skew candidates (lab/rmsnorm_probe_long3.toml) and the GPU selftest's,
+    on sm_90a: no spills; the mailbox's 64-bit strong stores and polls only in groups."""
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    cases = [
+        ("float32", (16384, 131072), {}, {**GROUP, "ring_group": 4}),
+        ("float32", (16384, 131072), {}, {**GROUP, "ring_group": 8, "ring_skew": True}),
+        ("float32", (8192, 262144), {}, {**GROUP, "ring_group": 8}),
+        ("float32", (8192, 262144), {}, {**GROUP, "threads": 512, "ring_group": 8}),
+        ("bfloat16", (16384, 131072), {}, {**GROUP, "ring_group": 4, "ring_skew": True}),
+        ("bfloat16", (8192, 262144), {}, {**GROUP, "ring_group": 4}),
+        ("float16", (8192, 262144), {}, {**GROUP, "ring_group": 8, "ring_skew": True}),
+        (
+            "bfloat16",
+            (8192, 262144),
+            {},
+            {"regime": "cluster", "cluster": 8, "threads": 1024, **RING, "ring_skew": True},
+        ),
+        (
+            "bfloat16",
+            (8192, 262144),
+            {"residual": True, "rstd": True},
+            {**GROUP, "ring_group": 8},
+        ),
+        (
+            "float32",
+            (203, 131072),
+            {"weight": "fp32", "bias": True},
+            {**GROUP, "ring_group": 8, "ring_skew": True},
+        ),
+    ]
+    for dt, shape, opts, cfg in cases:
+        p = prob(dt, shape, **opts)
+        assert op.check(cfg, p) is None, (p.label(), cfg)
+        b = compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+        assert b.spill_bytes == 0, (p.label(), cfg)
+        g = cfg.get("ring_group", 1)
+        for mailbox in ("st.relaxed.gpu.global.b64", "ld.relaxed.gpu.global.b64"):
+            assert (mailbox in b.ptx) == (g > 1), (p.label(), cfg)
 
 
 @pytest.mark.compile

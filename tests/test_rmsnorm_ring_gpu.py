@@ -109,6 +109,43 @@ CASES = [
     ),
     ("bfloat16", (531, 32768), {}, {**B, "threads": 256, **RING, "min_blocks": 2, "unroll": 2}),
     ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, **RING}),
+    # ring_group (a row over 2/4/8 CTAs of the block regime, summed through mailbox words in y) and
+    # ring_skew (pass 1 of the next row before this row's sum completes; clusters: 4 slot sets):
+    # many rows per group, odd M, M = 1, M*N > 2^31, residual / rstd / bias / fp32 weight
+    ("bfloat16", (997, 262144), {}, {**B, "threads": 1024, **RING, "ring_group": 4}),
+    ("float16", (1, 262144), {"rstd": True}, {**B, "threads": 1024, **RING, "ring_group": 4}),
+    ("float32", (517, 262144), {}, {**B, "threads": 1024, **RING, "ring_group": 8}),
+    (
+        "float32",
+        (517, 131072),
+        {"rstd": True},
+        {**B, "threads": 1024, **RING, "ring_group": 8, "ring_skew": True},
+    ),
+    (
+        "bfloat16",
+        (331, 131072),
+        {"residual": True, "rstd": True},
+        {**B, "threads": 512, **RING, "ring_group": 8, "ring_skew": True},
+    ),
+    (
+        "float32",
+        (203, 131072),
+        {"weight": "fp32", "bias": True},
+        {**B, "threads": 1024, **RING, "ring_group": 8, "ring_skew": True},
+    ),
+    (
+        "bfloat16",
+        (1031, 131072),
+        {},
+        {**C, "threads": 1024, "cluster": 8, **RING, "ring_skew": True},
+    ),
+    ("bfloat16", (531, 32768), {}, {**B, "threads": 512, **RING, "ring_skew": True}),
+    (
+        "bfloat16",
+        (16385, 131072),
+        {},
+        {**B, "threads": 1024, **RING, "ring_group": 4, "ring_skew": True},
+    ),
 ]
 
 

@@ -37,6 +37,9 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
           mbarrier per slot), each slot refilled with the next row's chunk as soon as this row's
           pass 2 has read it: the next row part is in flight through this row's reduction and
           stores. Weight / bias held in registers across rows. Rows of N >= 65536 (default there).
+          ring_group (block regime): a row over 2/4/8 CTAs without a hardware cluster, summed
+          through mailbox words in y (the grid takes whole groups of any SMs: 33 x 4 = 132);
+          ring_skew: pass 1 of the next row before this row's sum completes (two parts in the ring).
   exact=False: any N at run time (also N % 8 != 0, via element accesses); two passes over global
           memory (the second re-reads x (+ residual), usually from L2). Rendered without N.
 """
@@ -83,6 +86,9 @@ SPACE = {
     "fast_front": [False, True],          # warp, exact, reg: whole blocks of rows take a path without
                                           # row predicates and with 32-bit offsets (FAST_FRONT)
     "w_el": [False, True],                # exact, reg: weight / bias loads ld.global.L1::evict_last (W_EL)
+    "ring_group": [1, 2, 4, 8],           # ring, block regime: CTAs per row, summed through the L2 (no
+                                          # hardware cluster: 33 x 4 tile 132 SMs; clusters of 4/8 get 120)
+    "ring_skew": [False, True],           # ring: pass 1 of the next row before this row's sum completes
 }
 
 # Cluster dims > 8 need cudaFuncAttributeNonPortableClusterSizeAllowed on the function, which a
@@ -131,7 +137,7 @@ def _group(p: dict) -> int:
 def _geometry(p: dict, problem: Problem) -> tuple[int, int]:
     """(vectors in the row worker's range, vectors per lane) of an exact variant."""
     n = problem.shape[1]
-    nv = n // p["cluster"] // _vec(problem.dtype)
+    nv = n // (p["cluster"] * p["ring_group"]) // _vec(problem.dtype)
     return nv, -(-nv // _group(p))
 
 
@@ -230,7 +236,7 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{k}={v!r} is not one of {SPACE[k]}"
     if type(p["threads"]) is not int:
         return f"threads={p['threads']!r} must be an integer"
-    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks"):
+    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks", "ring_group"):
         if type(p[k]) is not int or p[k] not in SPACE[k]:
             return f"{k}={p[k]!r} is not one of {SPACE[k]}"
     n = problem.shape[1]
@@ -256,6 +262,11 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=ring only applies to exact block/cluster variants"
     if p["stage"] == "ring" and (p["load_hint"], p["weight_load"]) != (canon["load_hint"], canon["weight_load"]):
         return "stage=ring bulk-copies x and holds the weight (leave load_hint, weight_load)"
+    if (p["ring_group"], p["ring_skew"]) != (canon["ring_group"], canon["ring_skew"]) and not (
+            p["exact"] and p["stage"] == "ring"):
+        return "ring_group / ring_skew only apply to stage=ring (leave 1 / False)"
+    if p["ring_group"] > 1 and regime != "block":
+        return "ring_group (a software group of CTAs per row) is for the block regime; clusters use cluster"
     if p["stage"] != "bulk" and p["bulk_reg"] != canon["bulk_reg"]:
         return "bulk_reg only applies to stage=bulk (leave 0)"
     if p["load_hint"] == "l2" and p["stage"] != "chunk":
@@ -287,8 +298,8 @@ def check(params: dict, problem: Problem) -> str | None:
     if regime == "cluster" and n < 8192:
         return f"cluster regime is for long rows (N={n} < 8192)"
     if p["exact"]:
-        if n % (vec * p["cluster"]):
-            return f"exact variant needs N % {vec * p['cluster']} == 0 (VEC={vec} x cluster), N={n}"
+        if n % (vec * p["cluster"] * p["ring_group"]):
+            return f"exact variant needs N % {vec * p['cluster'] * p['ring_group']} == 0 (VEC={vec} x cluster x ring_group), N={n}"
         nv, vpt = _geometry(p, problem)
         if nv < _group(p):
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
@@ -305,6 +316,8 @@ def check(params: dict, problem: Problem) -> str | None:
                 return f"{vpt} vectors per lane is too many to unroll"
             if slots <= nch:
                 return f"stage=ring: {slots} slots of {sb} bytes do not hold a row part ({nch} chunks) and one chunk more"
+            if p["ring_skew"] and slots <= 2 * nch:
+                return f"ring_skew: {slots} slots of {sb} bytes do not hold two row parts ({2 * nch} chunks) and one chunk more"
             need = _data_regs(p, problem) + REG_OVERHEAD
             if need > _reg_cap(p):
                 return f"ring needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
@@ -435,6 +448,10 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
     defs.update({k: 1 for k, on in (("FAST_FRONT", p["fast_front"]), ("W_EL", p["w_el"])) if on})
     if exact and p["stage"] == "ring":
         defs.update(STAGE_RING=1, RING_SLOTS=_ring(p, problem)[1])
+        if p["ring_group"] > 1:         # set only when on: every other ring renders as before
+            defs["RING_GROUP"] = p["ring_group"]
+        if p["ring_skew"]:
+            defs["RING_SKEW"] = 1
     head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
     return Kernel(source=head + SRC.read_text(), entry="rmsnorm_fwd")
 
@@ -452,7 +469,10 @@ def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
         return Launch(grid=(groups, 1, 1), block=(t, 1, 1), smem_bytes=smem)
     if p["regime"] == "block":
         if p["exact"] and p["stage"] in ("pipe", "ring") and sm_count:   # persistent: min_blocks per SM
-            return Launch(grid=(min(m, sm_count * p["min_blocks"]), 1, 1), block=(t, 1, 1), smem_bytes=smem)
+            g = p["ring_group"]           # ring_group: whole groups, all resident at once (the L2 sum waits)
+            return Launch(grid=(g * max(1, min(m, sm_count * p["min_blocks"] // g)), 1, 1), block=(t, 1, 1), smem_bytes=smem)
+        if p["ring_group"] > 1:
+            return Launch(grid=(m * p["ring_group"], 1, 1), block=(t, 1, 1), smem_bytes=smem)
         return Launch(grid=(m, 1, 1), block=(t, 1, 1), smem_bytes=smem)
     c = p["cluster"]
     if p["exact"] and p["stage"] in ("pipe", "ring"):   # persistent clusters: the launcher clamps to those resident
@@ -503,7 +523,7 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
         # slot is filled >= 3 times (both parities; the ring may hold several row parts), some one row more
         nch, slots, _ = _ring(p, problem)
         rows = max(4, -(-3 * slots // nch) + 1)
-        out.append(problem.with_shape((rows * MAX_SMS * p["min_blocks"] // p["cluster"] + 3, n)))
+        out.append(problem.with_shape((rows * MAX_SMS * p["min_blocks"] // (p["cluster"] * p["ring_group"]) + 3, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

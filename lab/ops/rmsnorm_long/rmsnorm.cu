@@ -38,6 +38,13 @@
 //               is refilled with a chunk RING_SLOTS ahead (the next row's) as soon as pass 2 has read it,
 //               so the next row part is in flight through this row's reduction and stores; weight / bias
 //               held in registers across rows
+//   RING_GROUP  (op.py: ring_group; defined only when > 1) STAGE_RING, block regime: a row is split over
+//               RING_GROUP consecutive CTAs (a software group, no hardware cluster, so the persistent grid
+//               can take every SM: 33 groups of 4 tile the H200's 132, where clusters of 4 or 8 get 120);
+//               their partial sums meet through the L2, in mailbox words inside y (see gr_push)
+//   RING_SKEW   (op.py: ring_skew; defined only when on) STAGE_RING: pass 1 of row i + 1 runs, and its
+//               partial is pushed, before the wait for row i's total: the block / cluster / group sum of
+//               a row is in flight while the CTA sums the next (the ring holds two row parts and more)
 //   FAST_FRONT  (op.py: fast_front; default 0, not defined) warp regime, exact, registers: a
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
@@ -74,6 +81,12 @@ typedef long long i64;
 #endif
 #ifndef STAGE_RING
 #define STAGE_RING 0
+#endif
+#ifndef RING_GROUP
+#define RING_GROUP 1
+#endif
+#ifndef RING_SKEW
+#define RING_SKEW 0
 #endif
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
@@ -368,7 +381,7 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 // parity (it / 2) % 2. A CTA pushes row it + 2 into set it % 2 only after its own wait for row it + 1,
 // which needs every CTA's push of row it + 1, which each CTA makes after its block_sum barrier of row
 // it + 1, i.e. after all of its threads read set it % 2 for row it and its mbarrier finished that phase.
-#define CL_SETS ((STAGE_PIPE || STAGE_RING) ? 2 : 1)   // persistent: two sets, alternating by row
+#define CL_SETS ((STAGE_PIPE || STAGE_RING) ? (RING_SKEW ? 4 : 2) : 1)   // persistent: sets by row (skew: 4)
 __shared__ __align__(8) unsigned long long cl_bar[CL_SETS];
 __shared__ float cl_part[CL_SETS][CLUSTER];
 
@@ -412,6 +425,40 @@ __device__ __forceinline__ float cluster_sum(float s, int it) {
   for (int r = 0; r < CLUSTER; ++r) v += cl_part[k][r];
   return v;
 }
+
+#if RING_SKEW
+// cluster_sum in two halves, for the ring's skewed order (RING_SKEW): the push of row iteration it + 1
+// comes before the wait for row it, so the slot sets are four (CL_SETS): a CTA pushes row j into set
+// j % 4 after its wait for row j - 2, which needs every CTA's push of row j - 2, which each CTA makes
+// after its wait for, and read of, row j - 4 in that set. `s` is this CTA's block total.
+__device__ __forceinline__ void cluster_push(float s, int it) {
+  if (it == 0) cluster_wait_acquire();          // every CTA's mbarriers are initialized
+  const u32 rank = cluster_rank();
+  const int k = it % CL_SETS;
+  if (threadIdx.x == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_u32(&cl_bar[k])), "r"((u32)(CLUSTER * 4)) : "memory");
+  if (threadIdx.x < CLUSTER) {
+    u32 slot, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(smem_u32(&cl_part[k][rank])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_u32(&cl_bar[k])), "r"(threadIdx.x));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(slot), "r"(__float_as_uint(s)), "r"(bar) : "memory");
+  }
+}
+
+__device__ __forceinline__ float cluster_wait(int it) {
+  const int k = it % CL_SETS;
+  asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
+               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}"
+               ::"r"(smem_u32(&cl_bar[k])), "r"((u32)(it / CL_SETS) & 1u) : "memory");
+  float v = 0.f;
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) v += cl_part[k][r];
+  return v;
+}
+#endif
 #endif
 
 // Sum over the row worker: a group of G lanes (warp regime), a block, or a cluster (`it`: the
@@ -986,12 +1033,13 @@ __device__ __forceinline__ void run_bulk(const Args& a, i64 row, int t, i64 lo, 
 // The weight (and bias) part is loaded once into registers. The block barriers of pass 2 also order
 // block_sum's and cluster_sum's shared words of row it before row it + 1 writes them (cluster_sum's
 // comment: the alternating slot sets need exactly that).
-constexpr int RG_NV = NC / CLUSTER / VEC;                          // vectors in this CTA's part
+constexpr int RG_NV = NC / CLUSTER / RING_GROUP / VEC;             // vectors in this CTA's part
 static_assert(RG_NV % THREADS == 0, "stage=ring needs whole iterations");
 constexpr int RG_VPT = RG_NV / THREADS, RG_IPC = UNROLL;           // iterations, iterations per chunk
 static_assert(RG_VPT % RG_IPC == 0, "stage=ring needs whole chunks");
 constexpr int RG_NCH = RG_VPT / RG_IPC, RG_R = RING_SLOTS;         // chunks per part, slots
 static_assert(RG_R >= RG_NCH, "the ring holds at least a whole row part");
+static_assert(!RING_SKEW || RG_R >= 2 * RG_NCH, "RING_SKEW: the ring holds two row parts (pass 1 of the next row before pass 2)");
 constexpr unsigned RG_CB = (unsigned)RG_IPC * THREADS * 16u;       // bytes of x per chunk
 constexpr unsigned RG_SB = HAS_RES ? 2 * RG_CB : RG_CB;            // bytes per slot: x, then residual
 
@@ -1026,6 +1074,84 @@ __device__ __forceinline__ void rg_vec(const unsigned char* buf, int u, int t, u
 #endif
 }
 
+#if RING_GROUP > 1
+#if REGIME != 1
+#error "RING_GROUP is for the block regime (a software group of CTAs per row)"
+#endif
+// The group sum through the L2 (RING_GROUP > 1): CTA q of a group owns part q of the row, and the first
+// 8 x RING_GROUP bytes of its part of y are its mailbox for that row: word p holds {partial of CTA p,
+// tag} as one 64-bit strong store (single-copy atomic). Lane p of CTA q polls word p of its own mailbox
+// until the tag is there; the whole group then sums the same words in the same order (bit-identical
+// totals). The mailbox is row-private memory, so rows need no slot sets or phases, and CTA q overwrites
+// its mailbox with y only in its pass 2, after its lanes read every word (barrier; a write after a read
+// of the same address is coherence-after the word read). The tag's upper half, 0x7FA5, is a NaN in
+// fp32, bf16 and fp16 alike: nothing this kernel writes to y from finite inputs, nor the verifier's
+// poison (all ones), nor zeros carry it (a stale word from elsewhere with exactly this NaN and the
+// row's low 16 bits is the one way a wait can end early). The grid is persistent (the launcher's SMs x
+// min_blocks, a multiple of RING_GROUP, one CTA per SM at the ring's shared memory), so every group is
+// resident at once; a wait that sees no tag in 2^24 polls (seconds) traps rather than hangs.
+__shared__ float gr_part[RING_GROUP];
+__device__ __forceinline__ u32 gr_tag(i64 row) { return 0x7FA50000u | ((u32)row & 0xFFFFu); }
+__device__ __forceinline__ unsigned long long* gr_word(const Args& a, i64 row, int q, int p) {
+  return (unsigned long long*)((char*)a.y + (row * (i64)NC + (i64)q * (NC / RING_GROUP)) * Kind<DT>::bytes) + p;
+}
+
+// Push this CTA's block total `s` of `row` into the group's mailboxes (lane q: CTA q's).
+__device__ __forceinline__ void gr_push(const Args& a, float s, i64 row) {
+  const int q = threadIdx.x, me = (int)(blockIdx.x % RING_GROUP);
+  if (q < RING_GROUP && q != me) {
+    const unsigned long long v = ((unsigned long long)gr_tag(row) << 32) | __float_as_uint(s);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(gr_word(a, row, q, me)), "l"(v) : "memory");
+  }
+}
+
+// The row's total: this CTA's `s` and the others' words. Ends with a barrier; gr_part is written again
+// only after the barriers of pass 2.
+__device__ __forceinline__ float gr_wait(const Args& a, float s, i64 row) {
+  const int p = threadIdx.x, me = (int)(blockIdx.x % RING_GROUP);
+  if (p < RING_GROUP) {
+    float v = s;
+    if (p != me) {
+      unsigned long long w;
+      u32 polls = 0;
+      do {
+        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(gr_word(a, row, me, p)) : "memory");
+        if (++polls == (1u << 24)) asm volatile("trap;");
+      } while ((u32)(w >> 32) != gr_tag(row));
+      v = __uint_as_float((u32)w);
+    }
+    gr_part[p] = v;
+  }
+  __syncthreads();
+  float v = 0.f;
+#pragma unroll
+  for (int q = 0; q < RING_GROUP; ++q) v += gr_part[q];
+  return v;
+}
+#endif
+
+#if RING_SKEW
+// RING_SKEW: the push of a row's partial (`it`: its iteration) and, later, the wait for its total.
+__device__ __forceinline__ float rg_sum_push(const Args& a, float ss, int it, i64 row) {
+  const float s = block_sum(ss);
+#if REGIME == 2
+  cluster_push(s, it);
+#elif RING_GROUP > 1
+  gr_push(a, s, row);
+#endif
+  return s;
+}
+__device__ __forceinline__ float rg_sum_wait(const Args& a, float s, int it, i64 row) {
+#if REGIME == 2
+  return cluster_wait(it);
+#elif RING_GROUP > 1
+  return gr_wait(a, s, row);
+#else
+  return s;
+#endif
+}
+#endif
+
 __device__ __forceinline__ void run_ring(const Args& a, i64 M, int t, i64 lo, i64 first, i64 stride, float eps) {
   constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
   extern __shared__ __align__(128) unsigned char ring[];
@@ -1050,6 +1176,49 @@ __device__ __forceinline__ void run_ring(const Args& a, i64 M, int t, i64 lo, i6
   // this row's first chunk is in slot s0, fill parity p0 (chunk g = it x NCH: s0 = g % R, p0 = (g / R) & 1)
   int s0 = 0;
   u32 p0 = 0;
+#if RING_SKEW
+  // The skewed order: pass 1 of row it + 1 (and its push) before the wait for row it's total and
+  // row it's pass 2. Row it + 1's chunks are in the ring by then: chunk g of it was issued when
+  // pass 2 read chunk g - R <= g - 2 NCH, of row it - 1 or before. The same two passes as below.
+  auto pass1 = [&](i64 row, int s0, u32 p0) -> float {   // the lane's sum of squares of this row part
+    const i64 rowoff = row * (i64)NC + lo;
+    float ss = 0.f;
+#pragma unroll
+    for (int c = 0; c < RG_NCH; ++c) {
+      const bool wrap = s0 + c >= RG_R;
+      const int s = wrap ? s0 + c - RG_R : s0 + c;
+      rg_wait(&full[s], p0 ^ (u32)wrap);
+      const unsigned char* buf = ring + (size_t)s * RG_SB;
+#pragma unroll
+      for (int u = 0; u < RG_IPC; ++u) {
+        u32 xw[4], rw[4], hw[HWN];
+        rg_vec(buf, u, t, xw, rw);
+#if HAS_RES
+        ss += combine(xw, rw, hw);
+        vstore<KH>(a.ro, rowoff + (i64)((c * RG_IPC + u) * THREADS + t) * VEC, hw);
+#else
+        ss += combine(xw, nullptr, hw);
+#endif
+      }
+    }
+    return ss;
+  };
+  float own = 0.f;                       // this CTA's block total of row it
+  if (first < M) {
+    own = rg_sum_push(a, pass1(first, 0, 0u), 0, first);
+    __syncthreads();                     // block_sum's words are read before the next row's are written
+  }
+#pragma unroll 1
+  for (i64 row = first, it = 0; row < M; row += stride, ++it) {
+    const i64 rowoff = row * (i64)NC + lo, next = row + stride;
+    int s1 = s0 + RG_NCH;                // row it + 1's first chunk (NCH < R: one wrap at most)
+    u32 p1 = p0;
+    if (s1 >= RG_R) { s1 -= RG_R; p1 ^= 1u; }
+    float own1 = 0.f;
+    if (next < M) own1 = rg_sum_push(a, pass1(next, s1, p1), (int)it + 1, next);
+    const float rs = rstd_of(rg_sum_wait(a, own, (int)it, row), (float)NC, eps);
+    own = own1;
+#else
 #pragma unroll 1
   for (i64 row = first, it = 0; row < M; row += stride, ++it) {
     const i64 rowoff = row * (i64)NC + lo;
@@ -1072,7 +1241,14 @@ __device__ __forceinline__ void run_ring(const Args& a, i64 M, int t, i64 lo, i6
 #endif
       }
     }
+#if RING_GROUP > 1
+    const float bs = block_sum(ss);
+    gr_push(a, bs, row);
+    const float rs = rstd_of(gr_wait(a, bs, row), (float)NC, eps);
+#else
     const float rs = rstd_of(row_sum(ss, (int)it), (float)NC, eps);
+#endif
+#endif
 #if HAS_RSTD
     if (t == 0 && lo == 0) a.rstd[row] = rs;
 #endif
@@ -1332,7 +1508,10 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
 #elif REGIME == 1
   const i64 row = blockIdx.x;
   const int t = threadIdx.x;
-#if EXACT && STAGE_RING
+#if EXACT && STAGE_RING && RING_GROUP > 1   // CTA q of group b: part q of rows b, b + groups, ...
+  run_ring(a, M, t, (i64)(blockIdx.x % RING_GROUP) * (NC / RING_GROUP), (i64)(blockIdx.x / RING_GROUP),
+           (i64)(gridDim.x / RING_GROUP), eps);
+#elif EXACT && STAGE_RING
   run_ring(a, M, t, 0, (i64)blockIdx.x, (i64)gridDim.x, eps);
 #elif EXACT && STAGE_PIPE
   run_pipe(a, M, t, eps);
