@@ -23,6 +23,13 @@
 //   D buffer as [channel][token] (swizzled) and read back as B fragments by ldmatrix; U^T's V^T
 //   fragments come from ldmatrix.trans of the staged v rows (k-order 2t, 2t + 1).
 // Shared memory: 16,704 B per warp (13 warps per SM at one warp per block).
+//
+// Session 28 (S27_PIPE, lab/kda/plan-session28.md): the same body in a persistent loop over chunk-heads
+// (grid (warps, 1, 1); warp w takes items w, w + warps, ...; item = hv * nc + c). x1q (1): x1c plus an
+// L2 prefetch of the next item's lines. x1p (2): the next item's q, k, a rows by cp.async into a second
+// buffer (IN: iqk, ia) as soon as this item has read its own out, its v rows right after U, its beta
+// logit / A_log / dt_bias into registers, chunk_start / chunk_len two items ahead: no input wait is left
+// on the critical path. 29,504 B per warp (7 warps per SM), up to 255 registers. Workspace unchanged.
 
 #if KDIM != 128 || VDIM != 128 || CH != 16
 #error "kda_s27_prepare: K = V = 128, C = 16"
@@ -43,6 +50,12 @@
 #ifndef S27_FASTADDR
 #define S27_FASTADDR 0     // 1: the 16 gate rows and the v rows from one base pointer (x1a)
 #endif
+#ifndef S27_PIPE
+#define S27_PIPE 0         // persistent warps (session 28): 1 = L2 prefetch of the next chunk-head (x1q),
+#endif                     // 2 = its q, k, a rows by cp.async into a second buffer, v after U (x1p)
+#if S27_PIPE == 2 && (S27_STAGEQK || !S27_FASTADDR)
+#error "S27_PIPE 2 stages q, k itself (no S27_STAGEQK) and needs S27_FASTADDR"
+#endif
 
 #define S27_LOG2E 1.4426950408889634f
 #define S27_DS 136         // fp32 row stride of D [token][channel]: 64-bit fragment reads conflict-free
@@ -61,7 +74,14 @@ struct S27Warp {
   float lt[CH][S27_TS];            // 1280 B: L^T [s][r]
   float tb[CH][S27_TS];            // 1280 B: T_inv diag(beta) [r][s]
   float beta[CH];                  // 64 B
+#if S27_PIPE == 2
+  bf16_t iqk[2 * CH][S27_VS];      // 8704 B: the next chunk-head's q rows 0..15, k rows 16..31 (x1c's layout)
+  S27U2 ia[CH][32];                // 4096 B: its gate-logit rows, lane l's channels 4l .. 4l+3 at [r][l]
+#endif
 };
+#ifdef S27_WARP_BYTES
+static_assert(sizeof(S27Warp) == S27_WARP_BYTES, "the probe's shared-memory size is sizeof(S27Warp)");
+#endif
 
 __device__ __forceinline__ void s27_cp_async16(void* smem, const void* gmem, int bytes) {
   const u32 s = (u32)__cvta_generic_to_shared(smem);
@@ -118,6 +138,54 @@ __device__ __forceinline__ int s27_kpt(int ch, int tok) {
   return ch * CH + 4 * ((tok >> 2) ^ ((ch >> 1) & 3)) + (tok & 3);
 }
 
+#if S27_PIPE == 2
+// one chunk-head's q, k, a rows into the IN buffer by 16-byte cp.async (one piece per lane and row,
+// zero-filled past m, a row past m copies nothing from row 0), as x1c stages q, k
+__device__ __forceinline__ void s27_issue_in(S27Warp& sm, const bf16_t* q, const bf16_t* k, const bf16_t* a,
+                                             long long t0, int m, int h, int hv, int lane) {
+  const int p = lane & 15;
+  const bf16_t* qb = q + ((size_t)t0 * H + h) * KDIM + 8 * p;
+  const bf16_t* kb = k + ((size_t)t0 * H + h) * KDIM + 8 * p;
+  const bf16_t* ab = a + ((size_t)t0 * HV + hv) * KDIM + 8 * p;
+#pragma unroll
+  for (int j = 0; j < CH / 2; ++j) {
+    const int r = (lane >> 4) + 2 * j, n = r < m ? 16 : 0;
+    const int oqk = r < m ? r * (H * KDIM) : 0, oa = r < m ? r * (HV * KDIM) : 0;
+    s27_cp_async16(&sm.iqk[r][8 * p], qb + oqk, n);
+    s27_cp_async16(&sm.iqk[CH + r][8 * p], kb + oqk, n);
+    s27_cp_async16(&sm.ia[r][2 * p], ab + oa, n);
+  }
+}
+
+// one chunk-head's v rows into sm.v (x1a's addressing)
+__device__ __forceinline__ void s27_issue_v(S27Warp& sm, const bf16_t* v, long long t0, int m, int hv, int lane) {
+  const bf16_t* vbase = v + ((size_t)t0 * HV + hv) * VDIM + 8 * (lane & 15);
+#pragma unroll
+  for (int j = 0; j < CH / 2; ++j) {
+    const int r = (lane >> 4) + 2 * j;
+    s27_cp_async16(&sm.v[r][8 * (lane & 15)], vbase + (r < m ? r * (HV * VDIM) : 0), r < m ? 16 : 0);
+  }
+}
+#endif
+
+#if S27_PIPE == 1
+__device__ __forceinline__ void s27_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// one chunk-head's q, k, v, a rows (two 128-byte lines each: lane 2 r + half) and beta logits into L2;
+// rows past m repeat row m - 1 (never past the tensor)
+__device__ __forceinline__ void s27_prefetch_item(const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* a,
+                                                  const bf16_t* b, long long t0, int m, int h, int hv, int lane) {
+  const long long row = t0 + min(lane >> 1, m - 1);
+  const size_t oq = ((size_t)row * H + h) * KDIM + 64 * (lane & 1);
+  const size_t ov = ((size_t)row * HV + hv) * KDIM + 64 * (lane & 1);
+  s27_prefetch_l2(q + oq);
+  s27_prefetch_l2(k + oq);
+  s27_prefetch_l2(v + ov);
+  s27_prefetch_l2(a + ov);
+  if (lane < CH) s27_prefetch_l2(b + (size_t)(t0 + min(lane, m - 1)) * HV + hv);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(32 * S27_WPB, S27_MINB)
 kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                 const bf16_t* __restrict__ a,        // raw gate logits [T, HV, K]
@@ -129,14 +197,71 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
                 int blob_mask) {                     // all ones; a small mask only for a timing probe
   extern __shared__ __align__(16) unsigned char s27_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#if S27_PIPE
+  S27Warp& sm = reinterpret_cast<S27Warp*>(s27_smem)[warp];
+  const int g = lane >> 2, t = lane & 3;
+  const unsigned FULL = 0xffffffffu;
+#endif
+#if S27_PIPE == 1
+  // persistent (grid (warps, 1, 1)): warp `it` takes items it, it + stride, ..., item = hv * nc + c (c
+  // fastest, the one-shot grid's order); the next item's lines are prefetched into L2 first. Nothing
+  // is carried from item to item but `it` (168 registers: the body needs them all)
+  const int items = nc * HV, stride = gridDim.x * S27_WPB;
+  for (int it = blockIdx.x * S27_WPB + warp; it < items; it += stride) {
+  const int c = it % nc, hv = it / nc, h = hv / (HV / H);
+  const long long t0 = chunk_start[c];
+  const int m = chunk_len[c];
+  if (it + stride < items) {
+    const int cn = (it + stride) % nc, hvn = (it + stride) / nc;
+    s27_prefetch_item(q, k, v, a, b, chunk_start[cn], chunk_len[cn], hvn / (HV / H), hvn, lane);
+  }
+#elif S27_PIPE == 2
+  // persistent (grid (warps, 1, 1)): warp `it` takes items it, it + stride, ..., item = hv * nc + c (c
+  // fastest, the one-shot grid's order); chunk_start / chunk_len are loaded two items ahead, the
+  // inputs (shared memory and registers) one item ahead
+  const int items = nc * HV, stride = gridDim.x * S27_WPB;
+  int it = blockIdx.x * S27_WPB + warp;
+  if (it >= items) return;                               // no block barrier anywhere: safe
+  long long t0 = chunk_start[it % nc], t0n = 0;
+  int m = chunk_len[it % nc], mn = 0;
+  if (it + stride < items) {
+    t0n = chunk_start[(it + stride) % nc];
+    mn = chunk_len[(it + stride) % nc];
+  }
+  bf16_t braw;                                           // this item's beta logit (lane < CH), A_log, dt_bias
+  float alog;
+  F4 bbv;
+  {
+    const int hv = it / nc;
+    s27_issue_in(sm, q, k, a, t0, m, hv / (HV / H), hv, lane);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    s27_issue_v(sm, v, t0, m, hv, lane);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    braw = lane < min(m, CH) ? b[((size_t)t0 + lane) * HV + hv] : (bf16_t)0;
+    alog = A_log[hv];
+    bbv = *reinterpret_cast<const F4*>(dt_bias + (size_t)hv * KDIM + 4 * lane);
+  }
+  for (; it < items; it += stride) {
+  const int c = it % nc, hv = it / nc, h = hv / (HV / H);
+  const int itn = it + stride, hvn = itn / nc;
+  long long t0nn = 0;
+  int mnn = 0;
+  if (itn + stride < items) {
+    t0nn = chunk_start[(itn + stride) % nc];
+    mnn = chunk_len[(itn + stride) % nc];
+  }
+#else
   const int c = blockIdx.x * S27_WPB + warp, hv = blockIdx.y, h = hv / (HV / H);
   if (c >= nc) return;                                   // no block barrier anywhere: safe
   S27Warp& sm = reinterpret_cast<S27Warp*>(s27_smem)[warp];
+#endif
   unsigned char* blob = ws + (size_t)((c * HV + hv) & blob_mask) * WS_BLOB;
+#if !S27_PIPE
   const long long t0 = chunk_start[c];
   const int m = chunk_len[c];
   const int g = lane >> 2, t = lane & 3;
   const unsigned FULL = 0xffffffffu;
+#endif
 
 #if S27_STAGEQK
   // 0a. q, k rows by cp.async into the D buffer (q rows 0..15, k rows 16..31: exactly its 8704 B), one
@@ -155,8 +280,9 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
-  // 0. v rows by cp.async (zero-filled past m), in flight until U
-#if S27_FASTADDR
+  // 0. v rows by cp.async (zero-filled past m), in flight until U (x1p: issued one item ahead)
+#if S27_PIPE == 2
+#elif S27_FASTADDR
   {
     // rows (lane >> 4) + 2 j from one base pointer; a row past m copies nothing from row 0 (zero-fill)
     const bf16_t* vbase = v + ((size_t)t0 * HV + hv) * VDIM + 8 * (lane & 15);
@@ -174,11 +300,13 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     s27_cp_async16(&sm.v[r][8 * p], v + (row * HV + hv) * VDIM + 8 * p, r < m ? 16 : 0);
   }
 #endif
+#if S27_PIPE != 2
   asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
 
   // q, k words of rows g, g + 8 (word (ks, e) = channels 16 ks + 8 e + 2 t, + 1), rows past m read 0
   u32 qw[8][2][2], kw[8][2][2];                          // [ks][e][rr]
-#if !S27_STAGEQK
+#if !S27_STAGEQK && S27_PIPE != 2
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = g + 8 * rr;
@@ -196,17 +324,32 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   }
 #endif
   if (lane < CH) {
+#if S27_PIPE == 2
+    sm.beta[lane] = lane < m ? s27_rcp(1.f + ex2(-S27_LOG2E * bf16_to_f32(braw))) : 0.f;
+#else
     sm.beta[lane] = lane < m ? s27_rcp(1.f + ex2(-S27_LOG2E * bf16_to_f32(b[((size_t)t0 + lane) * HV + hv]))) : 0.f;
+#endif
   }
 
   // 1. phase A (lane: channels 4 lane .. 4 lane + 3, all rows): gates, running sums, D to smem
   {
+#if S27_PIPE == 2
+    const float nA2 = -expf(alog) * S27_LOG2E;
+    const F4 bb = bbv;
+#else
     const float nA2 = -expf(A_log[hv]) * S27_LOG2E;      // exp(-A (a + bias)) = 2^(nA2 (a + bias))
     const F4 bb = *reinterpret_cast<const F4*>(dt_bias + (size_t)hv * KDIM + 4 * lane);
+#endif
     const float nb[4] = {nA2 * bb.x, nA2 * bb.y, nA2 * bb.z, nA2 * bb.w};
     const float CG = LOWER_BOUND * S27_LOG2E;          // gate in log2 units = CG * sigmoid
     S27U2 aw[CH];
-#if S27_FASTADDR
+#if S27_PIPE == 2
+    asm volatile("cp.async.wait_group 1;" ::: "memory");   // q, k, a rows landed (v may still be in flight)
+    __syncwarp();
+    bf16_t (*sqk)[S27_VS] = sm.iqk;
+#pragma unroll
+    for (int r = 0; r < CH; ++r) aw[r] = sm.ia[r][lane];  // zero past m (zero-filled)
+#elif S27_FASTADDR
     // one base pointer, rows at constant offsets (immediates in the loads); a row past m is never read
     const S27U2* abase = reinterpret_cast<const S27U2*>(a + ((size_t)t0 * HV + hv) * KDIM) + lane;
 #pragma unroll
@@ -221,6 +364,8 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
 #if S27_STAGEQK
     asm volatile("cp.async.wait_group 1;" ::: "memory");   // q, k landed (v may still be in flight)
     __syncwarp();
+#endif
+#if S27_STAGEQK || S27_PIPE == 2
     {
       // matrix i = (rr = i & 1, e = i >> 1): rows 8 rr + (lane & 7), channels 16 ks + 8 e ..: lane (g, t)
       // gets row g's channels 2t, 2t + 1, i.e. word (ks, e, rr)
@@ -237,7 +382,18 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
         }
       }
     }
-    __syncwarp();                                      // every lane's words are out: D may overwrite them
+    __syncwarp();                                      // every lane's words are out: D (x1p: the next item) may overwrite them
+#endif
+#if S27_PIPE == 2
+    // the IN buffer is free: the next item's q, k, a rows into it, its beta logit, A_log, dt_bias into
+    // registers, all in flight for one item (an empty group where there is none, so the counts hold)
+    if (itn < items) {
+      s27_issue_in(sm, q, k, a, t0n, mn, hvn / (HV / H), hvn, lane);
+      braw = lane < min(mn, CH) ? b[((size_t)t0n + lane) * HV + hvn] : (bf16_t)0;
+      alog = A_log[hvn];
+      bbv = *reinterpret_cast<const F4*>(dt_bias + (size_t)hvn * KDIM + 4 * lane);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 #define S27_SIG(r, j)                                                                                   \
   s27_rcp(1.f + ex2(fmaf(((j) & 1) ? s27_hi((j) < 2 ? aw[r].x : aw[r].y) : s27_lo((j) < 2 ? aw[r].x : aw[r].y), \
@@ -450,7 +606,11 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
       tbb[jn][kk][0] = s27_tf32(x.x);
       tbb[jn][kk][1] = s27_tf32(x.y);
     }
+#if S27_PIPE == 2
+  asm volatile("cp.async.wait_group 1;" ::: "memory");  // v landed (the next item's IN group may not have)
+#else
   asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
   __syncwarp();                                          // every lane's v pieces have landed
 #pragma unroll 2
   for (int vg = 0; vg < VDIM / 16; ++vg) {
@@ -470,4 +630,21 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
 #pragma unroll
     for (int jn = 0; jn < 2; ++jn) dst[jn] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
   }
+#if S27_PIPE == 2
+  __syncwarp();                                          // every lane is done with v, D / Kp^T, cgcl, Tb, beta
+  if (itn < items) s27_issue_v(sm, v, t0n, mn, hvn, lane);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#elif S27_PIPE == 1
+  __syncwarp();                                          // every lane is done with this item's shared memory
+#endif
+#if S27_PIPE == 2
+  t0 = t0n;
+  m = mn;
+  t0n = t0nn;
+  mn = mnn;
+#endif
+#if S27_PIPE
+  }                                                      // items
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
 }

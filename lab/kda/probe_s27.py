@@ -160,6 +160,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--ncu-child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=140.0, help="seconds: ncu is skipped past it")
+    ap.add_argument(
+        "--stop-at", type=float, default=0.0, help="seconds: no scenario is timed past it (0: none)"
+    )
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument(
         "--dry-run", action="store_true", help="CPU: the plan and the kernels, no compile"
@@ -276,12 +279,15 @@ def main(argv=None) -> int:
         save()
     cases.clear()
     memo.clear()
-    failed |= {v + "n" for v in failed if v + "n" in S27}  # x1n is x1's binary, x1cn x1c's
+    failed = excluded(failed)
     out["failed"] = sorted(failed)
     names = [v for v in timed if v not in failed]
     log(f"== timing {names} (ms: median of {a.reps}, L2 flushed before each call; same inputs) ==")
     for j, (H, name, lens) in enumerate(SCENARIOS):
         if stop:
+            break
+        if a.stop_at and time.perf_counter() - t_start > a.stop_at:
+            log(f"  --stop-at {a.stop_at:.0f} s: the remaining scenarios are not timed")
             break
         problem = s26.problem_of(lens, H)
         inputs, outputs = bench.gpu_inputs(cp, problem, 200 + j), bench.make_outputs(cp, problem)
@@ -349,6 +355,11 @@ def main(argv=None) -> int:
         f"{time.perf_counter() - t_start:.0f} s; wrote {a.json}"
     )
     return 0 if nfail == 0 and not stop else 1
+
+
+def excluded(failed: set) -> set:
+    """The variants not timed: the failed ones and their twins (x1n is x1's binary, x1cn x1c's)."""
+    return failed | {v + "n" for v in failed if v + "n" in S27}
 
 
 def make_built(bench, cp, device):
