@@ -22,6 +22,7 @@ as probe_s27 memoises the other two references.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -73,6 +74,41 @@ def launch_of(problem, variant: str) -> Launch:
     if variant not in NEW:
         return _launch_of(problem, variant)
     return Launch((grid_warps(problem, variant), 1, 1), (32, 1, 1), NEW[variant][1])
+
+
+def make_built(bench, cp, device):
+    """probe_s27's PrepBuilt, and for a persistent variant the blocks per SM the driver reports
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor, into .info): the grid is lowered to the resident
+    warps if fewer fit than the launch bound says (a second partial wave would double the time)."""
+    base = _make_built(bench, cp, device)
+
+    class PrepBuilt(base):
+        def __init__(self, params, problem, variant):
+            super().__init__(params, problem, variant)
+            if variant not in NEW or NEW[variant][3]:
+                return
+            try:
+                from cuda.bindings import driver as cu
+
+                fn = cu.CUfunction(getattr(self.lab, "kernel", self.lab).ptr)  # as device.launch
+                err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, 32, NEW[variant][1])
+                if err != cu.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(err.name)
+                n = int(n)
+            except Exception as exc:  # noqa: BLE001 - a diagnostic only: the static grid stays
+                log(f"  {variant}: occupancy query failed ({type(exc).__name__}: {exc})")
+                return
+            self.info += f", {n} blocks/SM"
+            if 1 <= n < NEW[variant][0]:
+                d = kda.dims(problem)
+                grid = (max(1, min(d["NC"] * d["HV"], SMS * n)), 1, 1)
+                log(f"  {variant}: {n} blocks/SM resident, not {NEW[variant][0]}: grid {grid[0]}")
+                self.lab_launch = dataclasses.replace(self.lab_launch, grid=grid)
+
+    return PrepBuilt
+
+
+_make_built = s27.make_built
 
 
 def excluded(failed: set) -> set:
@@ -192,7 +228,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--compile-only" in argv:
         return compile_only()
-    s27.launch_of, s27.excluded, s27.plan = launch_of, excluded, plan
+    s27.launch_of, s27.excluded, s27.plan, s27.make_built = launch_of, excluded, plan, make_built
     if "--dry-run" not in argv:
         memo_refs()
     return s27.main(DEFAULTS + argv)  # later options win
