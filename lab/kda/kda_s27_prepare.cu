@@ -57,6 +57,12 @@
 #error "S27_PIPE 2 stages q, k itself (no S27_STAGEQK) and needs S27_FASTADDR"
 #endif
 
+#if S27_PIPE
+#define S27_ST (blob_mask != 0)    // blob_mask 0: no workspace store at all (x1pz: a timing diagnostic)
+#else
+#define S27_ST 1
+#endif
+
 #define S27_LOG2E 1.4426950408889634f
 #define S27_DS 136         // fp32 row stride of D [token][channel]: 64-bit fragment reads conflict-free
 #define S27_VS 136         // bf16 row stride of staged v: ldmatrix.trans rows conflict-free
@@ -431,7 +437,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     c23 = F4{ex2(gref[2]), ex2(acc2[2]), ex2(gref[3]), ex2(acc2[3])};
     reinterpret_cast<F4*>(&sm.cgcl[4 * lane][0])[0] = c01;
     reinterpret_cast<F4*>(&sm.cgcl[4 * lane][0])[1] = c23;
-    reinterpret_cast<F4*>(blob + WS_GAM)[lane] = gam;
+    if (S27_ST) reinterpret_cast<F4*>(blob + WS_GAM)[lane] = gam;
   }
 
   // 2. L2 norms: ||row||^2 is the diagonal of the bf16 Gram product (exact products, fp32 sums);
@@ -505,10 +511,10 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
         s27_mma1688(accA[jn], qa[0][0], qa[1][0], qa[0][1], qa[1][1], kb[jn][0], kb[jn][1]);
       }
     }
-    wq[(ks * 32 + lane) * 2 + 1] = U4{qgw[0][0], qgw[1][0], qgw[0][1], qgw[1][1]};
+    if (S27_ST) wq[(ks * 32 + lane) * 2 + 1] = U4{qgw[0][0], qgw[1][0], qgw[0][1], qgw[1][1]};
     // KD [pair ks][lane] = {Kd[2t, 2t+1][16 ks + g], Kd[2t+8, 2t+9][..], same for channel + 8}: the
     // transposes of the 8x8 blocks (tokens 8 rr .., channels 16 ks + 8 e ..)
-    ((U4*)(blob + WS_KD))[ks * 32 + lane] =
+    if (S27_ST) ((U4*)(blob + WS_KD))[ks * 32 + lane] =
         U4{s27_movt(kdw[0][0]), s27_movt(kdw[0][1]), s27_movt(kdw[1][0]), s27_movt(kdw[1][1])};
   }
 
@@ -519,7 +525,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) x[j][e] = 8 * j + 2 * t + (e & 1) <= g + 8 * (e >> 1) ? accA[j][e] : 0.f;
-    ((U4*)(blob + WS_AQ))[lane] =
+    if (S27_ST) ((U4*)(blob + WS_AQ))[lane] =
         U4{pack2(x[0][0], x[0][1]), pack2(x[1][0], x[1][1]), pack2(x[0][2], x[0][3]), pack2(x[1][2], x[1][3])};
   }
   // L = diag(beta) (Kp Km^T), strictly lower, stored transposed (column s of L is row s of lt)
@@ -592,7 +598,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     const int c0 = 16 * ks + 2 * t;
     const F4 c0v = *reinterpret_cast<const F4*>(&sm.cgcl[c0][0]);
     const F4 c8v = *reinterpret_cast<const F4*>(&sm.cgcl[c0 + 8][0]);
-    wq[(ks * 32 + lane) * 2] = U4{pack2(-acc[0][0] * c0v.x, -acc[0][1] * c0v.z), pack2(-acc[1][0] * c8v.x, -acc[1][1] * c8v.z),
+    if (S27_ST) wq[(ks * 32 + lane) * 2] = U4{pack2(-acc[0][0] * c0v.x, -acc[0][1] * c0v.z), pack2(-acc[1][0] * c8v.x, -acc[1][1] * c8v.z),
                                   pack2(-acc[0][2] * c0v.x, -acc[0][3] * c0v.z), pack2(-acc[1][2] * c8v.x, -acc[1][3] * c8v.z)};
   }
 
@@ -628,7 +634,7 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     }
     F4* dst = (F4*)(blob + WS_U) + (vg * 32 + lane) * 2;  // U: [vg][lane][n-tile]
 #pragma unroll
-    for (int jn = 0; jn < 2; ++jn) dst[jn] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
+    for (int jn = 0; jn < 2; ++jn) if (S27_ST) dst[jn] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
   }
 #if S27_PIPE == 2
   __syncwarp();                                          // every lane is done with v, D / Kp^T, cgcl, Tb, beta

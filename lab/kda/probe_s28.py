@@ -15,6 +15,8 @@ Variants (all S27_FASTADDR; grid (warps, 1, 1), warp w takes chunk-heads w, w + 
 - x1p5 / x1q5: the x1p / x1q binary on 5 warps, so that the small cases run several chunk-heads per
   warp (the loop, the buffer swaps, the cp.async group counts); verification only.
 - x1pn / x1qn: as x1cn, every blob into 512 slots (no workspace traffic to HBM), timing only.
+- x1pz: x1p with blob_mask 0: no workspace store at all (each store is under `if (blob_mask)`; the
+  compiler may sink a store's own packing into it), timing only: compute + input loads alone.
 x1c (run 2's control) is verified on probe_s27's SUBSET and timed. A variant whose binary failed any
 case (its own or its 5-warp twin's) is not timed. ref.chunked and wsl.encode are memoised per case,
 as probe_s27 memoises the other two references.
@@ -45,6 +47,7 @@ NEW = {
     "x1p": (7, s27.WARP_BYTES + IN_BYTES, PIPE_P, 0),
     "x1p5": (7, s27.WARP_BYTES + IN_BYTES, PIPE_P, 5),
     "x1pn": (7, s27.WARP_BYTES + IN_BYTES, PIPE_P, 0),
+    "x1pz": (7, s27.WARP_BYTES + IN_BYTES, PIPE_P, 0),
     "x1q": (12, s27.WARP_BYTES, PIPE_Q, 0),
     "x1q5": (12, s27.WARP_BYTES, PIPE_Q, 5),
     "x1qn": (12, s27.WARP_BYTES, PIPE_Q, 0),
@@ -53,11 +56,11 @@ for _v, (_minb, _bytes, _defs, _) in NEW.items():
     s27.S27[_v] = (
         1,
         _minb,
-        s27.NOSTORE_MASK if _v.endswith("n") else None,
+        {"n": s27.NOSTORE_MASK, "z": 0}.get(_v[-1]),
         _defs + f"#define S27_WARP_BYTES {_bytes}\n",  # static_assert'ed against sizeof(S27Warp)
     )
-# the binaries a failure excludes from timing: x1p5 is x1p's binary, x1pn too
-BINARY = {v: v.rstrip("5n") for v in NEW}
+# the binaries a failure excludes from timing: x1p5 is x1p's binary, x1pn and x1pz too
+BINARY = {v: v.rstrip("5nz") for v in NEW}
 CASES = {v: s27.SUBSET for v in ("x1c", "x1q", "x1q5", "x4", "x1s")}  # the others: every small case
 
 
@@ -219,7 +222,7 @@ def memo_refs() -> None:
 
 
 DEFAULTS = [
-    "--main", "x1p", "--verify-also", "x1p5,x1c,x1q,x1q5", "--time", "x1c,x1p,x1pn,x1q,x1qn",
+    "--main", "x1p", "--verify-also", "x1p5,x1c,x1q,x1q5", "--time", "x1c,x1p,x1pn,x1pz,x1q,x1qn",
     "--reps", "20", "--budget", "105", "--stop-at", "95", "--json", str(HERE / "probe_s28.json"),
 ]  # fmt: skip
 
