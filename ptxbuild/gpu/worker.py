@@ -25,13 +25,8 @@ def decode_problem(d: dict) -> Problem:
 
 
 def encode_binary(b: Binary) -> dict:
-    return {
-        "entry": b.entry,
-        "digest": b.digest,
-        "arch": b.arch,
-        "ptx": b.ptx,
-        "cubin": base64.b64encode(b.cubin).decode(),
-    }
+    fields = {k: getattr(b, k) for k in ("entry", "digest", "arch", "ptx")}
+    return {**fields, "cubin": base64.b64encode(b.cubin).decode()}
 
 
 def decode_binary(d: dict) -> dict:

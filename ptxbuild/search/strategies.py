@@ -29,15 +29,12 @@ def _mutate(cfg: Config, space: dict[str, list], rng: random.Random) -> Config:
     """Move one parameter to a neighbouring value (ordered lists) or any other value."""
     name = rng.choice([n for n in sorted(space) if len(space[n]) > 1] or sorted(space))
     values = space[name]
-    out = dict(cfg)
     if cfg.get(name) in values and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
     ):
         i = values.index(cfg[name]) + rng.choice((-1, 1))
-        out[name] = values[max(0, min(len(values) - 1, i))]
-    else:
-        out[name] = rng.choice(values)
-    return out
+        return {**cfg, name: values[max(0, min(len(values) - 1, i))]}
+    return {**cfg, name: rng.choice(values)}
 
 
 ENUMERATE_MAX = (
@@ -63,11 +60,8 @@ def random_valid(
 ) -> Config | None:
     """A uniformly random valid config by rejection sampling (None if `draws` draws find none)."""
     names = sorted(space)
-    for _ in range(draws):
-        c = {n: rng.choice(space[n]) for n in names}
-        if valid(c) is None:
-            return c
-    return None
+    configs = ({n: rng.choice(space[n]) for n in names} for _ in range(draws))
+    return next((c for c in configs if valid(c) is None), None)
 
 
 def _random_distinct(space, valid, rng, repeats: int = 1000) -> Iterator[Config]:
