@@ -101,8 +101,7 @@ def parse_resources(log: str, entry: str | None = None) -> dict[str, int]:
     has one (a source with several kernels lists each, the entry not necessarily first), else its first figures."""
     if entry:
         parts = re.split(r"(?=Compiling entry function ')", log)
-        mine = [p for p in parts if p.startswith(f"Compiling entry function '{entry}'")]
-        log = mine[0] if mine else log
+        log = next((p for p in parts if p.startswith(f"Compiling entry function '{entry}'")), log)
     found = {name: rx.search(log) for name, rx in _RES.items()}
     return {name: int(m.group(1)) if m else 0 for name, m in found.items()}
 

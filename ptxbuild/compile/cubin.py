@@ -19,6 +19,11 @@ class CubinError(ValueError):
     """Not a 64-bit little-endian ELF, or its sections do not parse."""
 
 
+def _name(elf: bytes, at: int) -> str:
+    """The NUL-terminated name at offset `at`."""
+    return elf[at : elf.index(b"\0", at)].decode(errors="replace")
+
+
 def _sections(elf: bytes) -> dict[str, tuple]:
     if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
         raise CubinError("not a 64-bit little-endian ELF")
@@ -29,9 +34,7 @@ def _sections(elf: bytes) -> dict[str, tuple]:
     # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
     hdrs = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     names = hdrs[shstrndx][4]
-    return {
-        elf[names + h[0] : elf.index(b"\0", names + h[0])].decode(errors="replace"): h for h in hdrs
-    }
+    return {_name(elf, names + h[0]): h for h in hdrs}
 
 
 def _symbol_index(elf: bytes, sections: dict, name: str) -> int | None:
@@ -40,8 +43,7 @@ def _symbol_index(elf: bytes, sections: dict, name: str) -> int | None:
         return None
     for i in range(symtab[5] // 24):
         st_name = struct.unpack_from("<I", elf, symtab[4] + 24 * i)[0]
-        start = strtab[4] + st_name
-        if elf[start : elf.index(b"\0", start)].decode(errors="replace") == name:
+        if _name(elf, strtab[4] + st_name) == name:
             return i
     return None
 
