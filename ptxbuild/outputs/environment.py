@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ..keys import installed_version
 
+# the compiler's wheels (a lock pins their versions)
+WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 PACKAGES = (
     "ptxbuild",
-    "cuda-bindings",
-    "nvidia-cuda-nvrtc",
-    "nvidia-nvjitlink",
+    *WHEELS,
     "numpy",
     "cupy-cuda13x",
     "torch",

@@ -20,14 +20,10 @@ def speedups(entry: DispatchEntry) -> list[tuple[float, str, float, float]]:
     smallest first. A baseline timed in one window with the winner (winner_p50_ms) is compared with the
     winner's p50 of that window (verification.md timing rule 4), an older one with the winner's own timing."""
     return sorted(
-        (
-            b["p50_ms"] / (b.get("winner_p50_ms") or entry.p50_ms),
-            n,
-            b["p50_ms"],
-            b.get("winner_p50_ms") or entry.p50_ms,
-        )
+        (b["p50_ms"] / win, n, b["p50_ms"], win)
         for n, b in (entry.baselines or {}).items()
         if b.get("outcome") == "ok" and b.get("p50_ms") and entry.p50_ms
+        for win in [b.get("winner_p50_ms") or entry.p50_ms]
     )
 
 

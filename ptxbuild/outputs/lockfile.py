@@ -22,10 +22,10 @@ from ..keys import installed_version
 from ..oploader import changed_files, file_digests, op_files
 from ..problem import canonical_json
 from ..records import Manifest
+from .environment import WHEELS
 from .manifest import read_manifest, target_dir
 
 LOCK_VERSION = 1
-WHEELS = ("cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 # what a lock entry pins of each manifest variant besides its two digests
 VARIANT_KEYS = ("entry", "arch", "ptx_isa", "registers", "spill_bytes", "compiler")

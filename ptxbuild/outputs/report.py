@@ -90,18 +90,17 @@ def timed_candidates(attempts, order: list | None = None) -> list[dict]:
             a["params"], {"params": json.loads(a["params"]), "p50_ms": a["p50_ms"]}
         )
     at = {label: i for i, label in enumerate(order or [])}
-    ranked = {
-        label: sorted(rows.values(), key=lambda r: r["p50_ms"])
-        for label, rows in sorted(by_problem.items(), key=lambda kv: at.get(kv[0], len(at)))
-    }
-    return [
-        {
-            "label": label,
-            "best": rs[:TIMED_PER_PROBLEM],
-            "more": max(0, len(rs) - TIMED_PER_PROBLEM),
-        }
-        for label, rs in ranked.items()
-    ]
+    out = []
+    for label, rows in sorted(by_problem.items(), key=lambda kv: at.get(kv[0], len(at))):
+        rs = sorted(rows.values(), key=lambda r: r["p50_ms"])
+        out.append(
+            {
+                "label": label,
+                "best": rs[:TIMED_PER_PROBLEM],
+                "more": max(0, len(rs) - TIMED_PER_PROBLEM),
+            }
+        )
+    return out
 
 
 def _ms(v) -> str:
@@ -122,7 +121,6 @@ def table_rows(data: dict) -> list[list[str]]:
             continue
         base = closest_baseline(d)
         frac = f"{d.floor_ms / d.p50_ms * 100:.0f}%" if d.p50_ms else "-"
-        params = params_text(d.params)
         rows.append(
             [
                 d.label,
@@ -130,7 +128,7 @@ def table_rows(data: dict) -> list[list[str]]:
                 frac,
                 _ms(base and base[2]),
                 f"{base[0]:.2f}x" if base else "-",
-                params,
+                params_text(d.params),
             ]
         )
     return rows
