@@ -186,18 +186,16 @@ class Cache:
             "error": error,
             "toolchain": toolchain,
             "seconds": seconds,
-            "created": time.time(),
         }
         if binary:
             ptx, cubin = pack_binary(binary.ptx, binary.cubin)
             row.update(ptx=ptx, cubin=cubin, digest=binary.digest)
             row.update({k: getattr(binary, k) for k in BINARY_COLUMNS})
-        self.db["compiles"].upsert(row, pk="key")
+        self.put("compiles", row)
 
     # -- verify / measure steps -----------------------------------------------------------------
     def get(self, table: str, key: str) -> dict | None:
-        rows = list(self.db.query(f"select * from {table} where key = ?", [key]))
-        return rows[0] if rows else None
+        return next(self.db.query(f"select * from {table} where key = ?", [key]), None)
 
     def put(self, table: str, row: dict) -> float:
         """Store `row` (by its key) stamped with the time; returns that time."""

@@ -186,7 +186,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
     changed = []
     oks = [a for a in attempts if a["outcome"] == "ok"]
     for r in cache.live_lessons(op):
-        if r["id"] in fresh:
+        if r["id"] in fresh or r["kind"] not in ("fails", "best"):  # sensitivities are not weakened
             continue
         scope, rule = json.loads(r["scope"]), json.loads(r["rule"])
         if r["kind"] == "fails":
@@ -196,7 +196,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
                 if covers(rule, json.loads(a["params"]))
                 and _in_scope(scope, Problem.make(**{**json.loads(a["problem"])}), a["arch"])
             ]
-        elif r["kind"] == "best":
+        else:
             same = [
                 a
                 for a in oks
@@ -209,8 +209,6 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
             against = [a["id"] for a in same if a["p50_ms"] * NEAR_BEST < low] or [
                 a["id"] for a in mine if r["scope"] in fresh.values()
             ]  # measured again, another lesson chosen
-        else:
-            continue
         if not against:
             continue
         conf = round(r["confidence"] * 0.5 ** min(len(against), 8), 4)

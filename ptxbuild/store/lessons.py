@@ -174,12 +174,11 @@ def seeds(
     ranked = exact + sorted(
         (k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k)
     )
-    out, used = [], []
+    used: list[dict] = []
     for k in ranked:
         d, scope, lid, params, role = origin[k]
         if op.check(params, problem) is not None:
             continue
-        out.append(params)
         used.append(
             {
                 "lesson": lid,
@@ -192,9 +191,9 @@ def seeds(
                 "role": role,
             }
         )
-        if len(out) >= limit:
+        if len(used) >= limit:
             break
-    return out, used
+    return [u["params"] for u in used], used
 
 
 def order_seeds(seeds: list[dict], used: list[dict], default: dict | None) -> list[dict]:

@@ -175,12 +175,9 @@ def _evidence(cache, ev: list) -> list[dict]:
         out.append(
             {
                 "attempt": a["id"],
-                "gpu": a["gpu"],
-                "arch": a["arch"],
-                "dtype": p["dtype"],
-                "shape": p["shape"],
+                **{k: a[k] for k in ("gpu", "arch", "outcome")},
+                **{k: p[k] for k in ("dtype", "shape")},
                 "params": json.loads(a["params"]),
-                "outcome": a["outcome"],
                 **({"p50_ms": a["p50_ms"]} if a["p50_ms"] else {}),
             }
         )
