@@ -11,7 +11,8 @@ if TYPE_CHECKING:  # the migrations get a Cache's sqlite-utils Database (importe
 
 SCHEMA_VERSION = 4
 _ELF = b"\x7fELF"
-# the lessons table as v1 makes it: the columns put_lessons writes
+# the lessons table as v1 makes it: the columns put_lessons writes. The v1 migration reads this,
+# so a later schema version that adds a lessons column adds it in its own migration, not here.
 LESSON_COLUMNS = {
     "id": str,
     "op": str,
