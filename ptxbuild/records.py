@@ -48,6 +48,11 @@ def plain(value: Any) -> Any:
     return value
 
 
+def _json_names(record: Any) -> list[str]:
+    """The fields a record's JSON holds: all but `extra` and those of metadata json=False."""
+    return [f.name for f in fields(record) if f.name != "extra" and f.metadata.get("json", True)]
+
+
 @dataclass(frozen=True)
 class Record:
     """to_json / from_json over the dataclass's fields; a field with metadata json=False (a live
@@ -56,16 +61,12 @@ class Record:
     extra: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False)
 
     def to_json(self) -> Json:
-        out = {
-            f.name: plain(getattr(self, f.name))
-            for f in fields(self)
-            if f.name != "extra" and f.metadata.get("json", True)
-        }
+        out = {name: plain(getattr(self, name)) for name in _json_names(self)}
         return {**{k: v for k, v in out.items() if v is not UNSET}, **self.extra}
 
     @classmethod
     def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
-        names = {f.name for f in fields(cls) if f.name != "extra" and f.metadata.get("json", True)}
+        names = set(_json_names(cls))
         known = {k: v for k, v in data.items() if k in names}
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
 

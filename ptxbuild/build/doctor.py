@@ -36,19 +36,16 @@ def doctor() -> list[tuple[str, str]]:
             or "not found (clocks and driver version come from the CUDA runtime instead)",
         ),
     ]
+    gpu = "unknown (cupy missing)"
     if cupy_v:
         try:
-            lines.append(("gpu", str(read(0))))
+            gpu = str(read(0))
         except Exception as exc:  # noqa: BLE001
-            lines.append(
-                (
-                    "gpu",
-                    f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
-                    "PTX marked 'not measured on hardware'",
-                )
+            gpu = (
+                f"none usable ({type(exc).__name__}: {exc}); builds compile and write "
+                "PTX marked 'not measured on hardware'"
             )
-    else:
-        lines.append(("gpu", "unknown (cupy missing)"))
+    lines.append(("gpu", gpu))
     try:
         lines.append(("compiler", str(toolchain())))
     except Exception as exc:  # noqa: BLE001

@@ -93,9 +93,8 @@ class Evaluator:
             **extra,
         }
         row["id"] = self.ctx.cache.add_attempt(**row)  # the evidence a lesson names
-        score = extra.get("p50_ms") if outcome is Outcome.OK else math.inf
-        if outcome is Outcome.OK and score is None:
-            score = 0.0  # compile-only: every config that passes scores the same; seeds come first
+        # compile-only (no p50_ms): every config that passes scores the same; seeds come first
+        score = (extra.get("p50_ms") or 0.0) if outcome is Outcome.OK else math.inf
         self.results[tuple(sorted(cfg.items()))] = {**row, "score": score}
         self.ctx.report(
             "attempt", target=self.t, problem=self.problem, params=cfg, outcome=outcome, score=score

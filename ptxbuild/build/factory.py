@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections import Counter
 from contextlib import closing
 
 from ..problem import SOURCE_PARAM, Problem, op_params, params_text
@@ -219,8 +220,7 @@ def beside_template(ctx: Context, ev, problem: Problem, hist: list, winner) -> d
     config (alternating, as a playoff bout), both p50s from that window."""
     counts: dict = {}
     for info in getattr(ev, "proposed", {}).values():
-        by = counts.setdefault(info["proposer"], {})
-        by[info["outcome"]] = by.get(info["outcome"], 0) + 1
+        counts.setdefault(info["proposer"], Counter())[info["outcome"]] += 1
     out: dict = {"proposers": counts}
     tmpl = best([h for h in hist if SOURCE_PARAM not in h[0]])
     if tmpl:

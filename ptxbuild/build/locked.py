@@ -54,15 +54,9 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[Disp
         if ptx_of is not None and got_cubin == d.binary == want["cubin_sha256"]:
             ptx_of[i] = got_ptx
         elif got_ptx != want_ptx:
-            raise LockError(
-                f"{t}: variant {name}: PTX drift: expected sha256 {want_ptx}, got {got_ptx}; "
-                f"artifacts not written"
-            )
+            raise _drift(t, name, "PTX", want_ptx, got_ptx)
         if got_cubin != d.binary or got_cubin != want["cubin_sha256"]:
-            raise LockError(
-                f"{t}: variant {name}: cubin drift: expected sha256 {d.binary}, got {got_cubin}; "
-                f"artifacts not written"
-            )
+            raise _drift(t, name, "cubin", d.binary, got_cubin)
         b = Binary(**{**b.__dict__, "compiler": want.get("compiler", "")})
         chosen.append(replace(d, compiled=b))
     if ptx_of is None and hardware_for(ctx, gpu) is not None:
@@ -74,6 +68,12 @@ def _reproduce(ctx, t, entry: dict, op, ptx_of: dict | None = None) -> list[Disp
                     f"{v.outcome.value} {v.detail}; artifacts not written"
                 )
     return chosen
+
+
+def _drift(t, name: str, what: str, want: str, got: str) -> LockError:
+    return LockError(
+        f"{t}: variant {name}: {what} drift: expected sha256 {want}, got {got}; artifacts not written"
+    )
 
 
 def build_locked(ctx, targets=None) -> list[TargetResult]:
@@ -110,15 +110,11 @@ def build_locked(ctx, targets=None) -> list[TargetResult]:
     return results
 
 
-_LAUNCH_DEFAULTS = json.loads(
-    canonical_json(
-        {
-            f.name: f.default
-            for f in dataclasses.fields(Launch)
-            if f.default is not dataclasses.MISSING
-        }
-    )
-)
+_LAUNCH_DEFAULTS = {
+    f.name: json.loads(canonical_json(f.default))
+    for f in dataclasses.fields(Launch)
+    if f.default is not dataclasses.MISSING
+}
 
 
 def relock(ctx, targets=None) -> list[tuple[str, str]]:

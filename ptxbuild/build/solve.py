@@ -100,6 +100,8 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
         )
     cfg, ck = winner[0], tuple(sorted(winner[0].items()))  # ck: the config's key in ev's tables
     row, binary = ev.results[ck], ev.binaries[ck]
+    lesson = None if hw else next((u for u in used if u["params"] == cfg), None)
+    source = "measured" if hw else "declared" if cfg in mine else "lesson" if lesson else "default"
     entry = DispatchEntry(
         problem=problem.key(),
         label=problem.label(),
@@ -110,16 +112,8 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
         spill_bytes=binary.spill_bytes,
         p50_ms=winner[1] if hw else row.get("p50_ms"),
         floor_ms=op.bytes_moved(problem) / ((ctx.gpu.copy_tbps if hw else gpu.dram_tbps) * 1e9),
-        source="measured"
-        if hw
-        else (
-            "declared"
-            if cfg in mine
-            else "lesson"
-            if cfg in [u["params"] for u in used]
-            else "default"
-        ),
-        lesson=None if hw else next((u for u in used if u["params"] == cfg), None),
+        source=source,
+        lesson=lesson,
         compiled=binary,
     )
     if factory.proposers_of(ctx, search)[0]:

@@ -89,7 +89,7 @@ def build_target(
     chosen = [s.entry for s in solved]
     used_lessons = [u for s in solved for u in s.used]
     edits = [e for s in solved for e in s.edits]  # the edit lessons proposed sources taught
-    ok = all(c.params is not None for c in chosen) and not interrupted
+    bad = sum(c.params is None for c in chosen)  # problems without a valid candidate
     summary = BuildSummary(
         target=str(t),
         arch=gpu.arch,
@@ -141,7 +141,7 @@ def build_target(
         lessons_produced=produced,
         **gates.judge(spec, chosen, bool(hw)),
     )
-    status = "interrupted" if interrupted else ("failed" if not ok else "ok")
+    status = "interrupted" if interrupted else "failed" if bad else "ok"
     # the manifest's path from the kernelfile's folder: a copy of the project reads its own
     ctx.cache.add_build(
         summary, key, status, os.path.relpath(manifest, ctx.kf.root), ctx.kf.project
@@ -149,20 +149,9 @@ def build_target(
     write_report(ctx.kf, ctx.cache, t)
     if gpu_failure is not None or interrupted:
         return None, gpu_failure or KeyboardInterrupt()
-    reason = (
-        f"no valid candidate for {sum(c.params is None for c in chosen)} problem(s)"
-        if not ok
-        else None
-    )
-    res = TargetResult(
-        t,
-        "failed" if reason else "built",
-        reason or why,
-        bool(hw),
-        manifest,
-        tuple(summary.gates["failures"]) if summary.gates else (),
-        written,
-    )
+    reason = f"no valid candidate for {bad} problem(s)" if bad else why
+    missed = tuple(summary.gates["failures"]) if summary.gates else ()
+    res = TargetResult(t, "failed" if bad else "built", reason, bool(hw), manifest, missed, written)
     # a stop held while this finished target was saved: it stops the run, and the target is locked
     return res, KeyboardInterrupt() if irq.count else None
 

@@ -18,13 +18,9 @@ def new(kernelfile, name):
 
     Example: ptxbuild new demo_op && ptxbuild check --deep demo_op
     """
-    from ..declare.scaffold import ScaffoldError, create_op
+    from ..declare.scaffold import create_op
 
-    try:
-        made = create_op(name, Path(kernelfile))
-    except ScaffoldError as exc:
-        click.echo(f"error: {exc}", err=True)
-        raise SystemExit(2) from None
+    made = create_op(name, Path(kernelfile))  # a ScaffoldError: exit 2, said as every ConfigError
     root = made.kernelfile.parent
     for f in made.files:
         click.echo(f"wrote {f.relative_to(root)}")

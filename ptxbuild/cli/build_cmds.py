@@ -38,17 +38,14 @@ def check(kernelfile, op, deep, max_configs):
         raise click.UsageError("an OP is checked with --deep: ptxbuild check --deep OP")
     kf = _kernelfile(kernelfile)
     if deep:
-        from ..compile.compiler import ToolchainMissing, toolchain
+        from ..compile.compiler import toolchain
         from .authoring import run_deep
 
         if op is not None and op not in kf.ops:
             raise ConfigError(
                 f"{kf.path.name} declares no op {op!r}; it declares {', '.join(kf.ops)}"
             )
-        try:
-            toolchain()
-        except ToolchainMissing as exc:
-            raise ToolError(str(exc)) from None
+        toolchain()  # ToolchainMissing (a ToolError) before anything is compiled
         return run_deep(kf, op, max_configs)
     targets = all_targets(kf)
     click.echo(

@@ -123,10 +123,8 @@ def lessons_show(kernelfile, op, gpu, show_all):
 
     kf = _kernelfile(kernelfile, ops=False)
     rows = listing(_cache(kf), op, _gpu(kf, gpu), show_all)
-    ops = (
-        sorted({r["op"] for r in listing(_cache(kf), None, None, True)}) if op and not rows else []
-    )
     if not rows:
+        ops = sorted({r["op"] for r in listing(_cache(kf), None, None, True)}) if op else []
         click.echo(
             f"no lessons for op {op!r}; the cache has lessons for {', '.join(ops)}"
             if ops and op not in ops

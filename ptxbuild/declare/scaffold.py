@@ -14,13 +14,14 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..oploader import shipped
 
 _VALID = re.compile(r"[a-z][a-z0-9_]{0,47}")
 
 
-class ScaffoldError(Exception):
-    """The op cannot be created (an invalid name, or one already taken); one line."""
+class ScaffoldError(ConfigError):
+    """The op cannot be created (an invalid name, or one already taken); one line (exit 2)."""
 
 
 @dataclass(frozen=True)
