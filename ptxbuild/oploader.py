@@ -50,14 +50,10 @@ def op_dir(template: str, root: Path) -> Path:
     if p.is_absolute() or "/" in template:
         return p if p.is_absolute() else root / p
     local = root / "ops" / template
-    shipped = shipped_ops()
-    if (
-        (local / "op.py").is_file()
-        or shipped is None
-        or not (shipped / template / "op.py").is_file()
-    ):
-        return local
-    return shipped / template
+    own = shipped_ops()
+    if own is not None and (own / template / "op.py").is_file() and not (local / "op.py").is_file():
+        return own / template
+    return local
 
 
 def load_module(path: Path, name: str) -> ModuleType:

@@ -9,6 +9,7 @@ name the template file's lines where render() substitutes the template line for 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import itertools
 import math
@@ -181,11 +182,9 @@ def small_problem(op, problems: list[Problem]) -> Problem:
     first = problems[0]
     if len(first.shape) >= 2 and first.shape[0] > SMALL_ROWS:
         small = first.with_shape((SMALL_ROWS, *first.shape[1:]))
-        try:
+        with contextlib.suppress(Exception):  # the op's own code; the declared problem then
             if op.check(op.default_params(small), small) is None:
                 return small
-        except Exception:  # noqa: BLE001 - the op's own code; the declared problem then
-            pass
     return first
 
 
@@ -339,12 +338,8 @@ def describe(f: Failure, limit: int = 12) -> list[str]:
     out = [f.what]
     if f.configs:
         common = shared_params(f.configs) if len(f.configs) > 1 else {}
-        head = (
-            f"  {len(f.configs)} config(s)"
-            + (f", all with {fmt_config(common)}" if common else "")
-            + ":"
-        )
-        out.append(head)
+        shared = f", all with {fmt_config(common)}" if common else ""
+        out.append(f"  {len(f.configs)} config(s){shared}:")
         out += [f"    {fmt_config(c)}" for c in f.configs[:limit]]
         if len(f.configs) > limit:
             out.append(f"    ... and {len(f.configs) - limit} more")

@@ -10,6 +10,7 @@ of one fingerprint)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -37,9 +38,7 @@ def _suspect(r) -> bool:
 def lanes_for(ctx: Context, hw: dict | None) -> list:
     """The GPUs of ctx.lanes whose fingerprint is exactly `hw` (the target's); [] when the target is
     not measured here or the build has no lanes (a plain build: one GPU, the sequential path)."""
-    if not hw or not ctx.lanes:
-        return []
-    return [g for g in ctx.lanes if g.fingerprint.key() == hw]
+    return [g for g in ctx.lanes if hw and g.fingerprint.key() == hw]
 
 
 class Pool:
@@ -59,10 +58,8 @@ class Pool:
             with self.lock:
                 if len(self.lost) == self.n:
                     raise GpuError(f"all {self.n} GPU(s) of this build are gone: {self.lost[-1]}")
-            try:
+            with contextlib.suppress(queue.Empty):
                 return self.free.get(timeout=0.2)
-            except queue.Empty:
-                continue
 
     def lose(self, exc: LaneLost) -> None:
         with self.lock:

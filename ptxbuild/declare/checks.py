@@ -138,7 +138,7 @@ def declaration_errors(spec, op, sm_count: int = 132) -> list[str]:
     return errors
 
 
-def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dict]:
+def declared_candidates(spec, op, problem, default: dict, note) -> list[dict]:
     """The kernelfile's `search.candidates` for one problem (validated by check_declaration first):
     each entry merged over the op's default, those the op's check() rejects for this problem left
     out, each with its reason passed to `note`."""
@@ -147,8 +147,7 @@ def declared_candidates(spec, op, problem, default: dict, note=None) -> list[dic
         cfg = {**default, **entry}
         reason = op.check(cfg, problem)
         if reason is not None:
-            if note:
-                note(f"{problem.label()}: ops.{spec.name}.search.candidates[{i}] skipped: {reason}")
+            note(f"{problem.label()}: ops.{spec.name}.search.candidates[{i}] skipped: {reason}")
         elif cfg not in out:
             out.append(cfg)
     return out

@@ -19,6 +19,7 @@ per kernelfile; a memo that cannot be read or written is no memo, never an error
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -90,11 +91,9 @@ class Memo:
         self.path = where / f"{name}.json" if where is not None else None
         self.data: dict[str, dict[str, Any]] = {}
         if self.path is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 loaded = json.loads(self.path.read_bytes())
                 self.data = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                pass
 
     @staticmethod
     def of(kernelfile: Path) -> Memo:
@@ -108,13 +107,11 @@ class Memo:
         self.data[section] = {key: value}  # one answer per section: the last inputs' answer
         if self.path is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(self.data, sort_keys=True))
             tmp.replace(self.path)
-        except OSError:
-            pass
 
 
 @functools.cache
