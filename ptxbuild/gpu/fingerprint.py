@@ -70,14 +70,13 @@ def from_props(
     name = name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
     sm_mhz, mem_mhz = props.get("clockRate", 0) // 1000, props.get("memoryClockRate", 0) // 1000
     driver = _version(driver_version)
-    if smi:
-        parts = [p.strip() for p in smi.split(",")]
-        if len(parts) >= 4:
-            sm_mhz, mem_mhz, driver = (
-                _mhz(parts[1]) or sm_mhz,
-                _mhz(parts[2]) or mem_mhz,
-                parts[3] or driver,
-            )
+    parts = [p.strip() for p in (smi or "").split(",")]
+    if len(parts) >= 4:
+        sm_mhz, mem_mhz, driver = (
+            _mhz(parts[1]) or sm_mhz,
+            _mhz(parts[2]) or mem_mhz,
+            parts[3] or driver,
+        )
     return Fingerprint(
         name=name,
         cc=f"sm_{props.get('major', 0)}{props.get('minor', 0)}",

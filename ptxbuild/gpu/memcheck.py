@@ -136,7 +136,6 @@ def run(
     sanitizer = sanitizer or find()
     if sanitizer is None:
         return [{"outcome": "not_run", "detail": NOT_FOUND} for _ in jobs]
-    env = dict(os.environ) if env is None else env
     results: dict[int, dict] = {}
     start = 0
     while start is not None and start < len(jobs):

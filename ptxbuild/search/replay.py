@@ -16,6 +16,25 @@ from ..store import lessons
 FORMAT = "ptxbuild-recording/1"
 
 
+def _row(group: list) -> dict:
+    """One row of a recording: the attempts of one config, merged."""
+    a, outcomes = group[0], [x["outcome"] for x in group]
+    p50s = [x["p50_ms"] for x in group if x["outcome"] == "ok" and x["p50_ms"] is not None]
+    cost = max(sum(x[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")) for x in group)
+    return {
+        "op": a["op"],
+        "gpu": a["gpu"],
+        "arch": a["arch"],
+        "family": lessons.family_of(a["gpu"], a["arch"]),
+        "problem": json.loads(a["problem"]),
+        "params": json.loads(a["params"]),
+        "p50_ms": statistics.median(p50s) if p50s else None,
+        "outcome": "ok" if "ok" in outcomes else max(set(outcomes), key=outcomes.count),
+        "seconds": round(max(0.0, cost), 6),
+        "attempts": [x["id"] for x in group][:20],
+    }
+
+
 def export_recording(
     cache,
     out,
@@ -31,25 +50,7 @@ def export_recording(
     for a in cache.attempts(op=op, gpu=gpu):
         if a["outcome"] not in ("invalid", "pruned"):
             groups.setdefault((a["op"], a["gpu"], a["problem"], a["params"]), []).append(a)
-    rows = []
-    for group in groups.values():
-        a, outcomes = group[0], [x["outcome"] for x in group]
-        p50s = [x["p50_ms"] for x in group if x["outcome"] == "ok" and x["p50_ms"] is not None]
-        cost = max(sum(x[c] or 0.0 for c in ("compile_s", "verify_s", "measure_s")) for x in group)
-        rows.append(
-            {
-                "op": a["op"],
-                "gpu": a["gpu"],
-                "arch": a["arch"],
-                "family": lessons.family_of(a["gpu"], a["arch"]),
-                "problem": json.loads(a["problem"]),
-                "params": json.loads(a["params"]),
-                "p50_ms": statistics.median(p50s) if p50s else None,
-                "outcome": "ok" if "ok" in outcomes else max(set(outcomes), key=outcomes.count),
-                "seconds": round(max(0.0, cost), 6),
-                "attempts": [x["id"] for x in group][:20],
-            }
-        )
+    rows = [_row(group) for group in groups.values()]
     header = {
         "format": FORMAT,
         "spaces": spaces or {},
