@@ -7,12 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-NP_TO_DTYPE = {
-    "uint16": "bfloat16",
-    "float16": "float16",
-    "float32": "float32",
-    "float64": "float64",
-}
+NP_TO_DTYPE = {"uint16": "bfloat16"}  # numpy dtype -> ptxbuild name, where they differ
 
 
 def kind(arr) -> str:

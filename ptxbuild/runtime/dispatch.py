@@ -123,8 +123,7 @@ class Dispatch:
         )
 
     def _fixed_options(self, options: dict) -> dict:
-        defaults = dict(self.op.OPTIONS)
-        full = json.loads(json.dumps({**defaults, **options}, default=list))
+        full = json.loads(json.dumps({**dict(self.op.OPTIONS), **options}, default=list))
         return {k: v for k, v in full.items() if k not in self.RUNTIME_OPTIONS}
 
     def select(self, problem: Problem) -> DispatchEntry | None:
@@ -162,20 +161,16 @@ class Dispatch:
                     sum(abs(np.log2(max(a, 1) / max(b, 1))) for a, b in zip(s, problem.shape)),
                 )
 
-            for e in sorted(same, key=distance):
-                if (
-                    len(e.problem["shape"]) != len(problem.shape)
-                    or self.op.check(e.params, problem) is not None
-                ):
-                    continue
-                built = Problem.make(**e.problem)
-                if self.op.render(e.params, problem, self.arch) == self.op.render(
-                    e.params, built, self.arch
-                ):
-                    if not self._verified_for(e, problem):
-                        continue
-                    choice = e
-                    break
+            def serves(e):
+                return (
+                    len(e.problem["shape"]) == len(problem.shape)
+                    and self.op.check(e.params, problem) is None
+                    and self.op.render(e.params, problem, self.arch)
+                    == self.op.render(e.params, Problem.make(**e.problem), self.arch)
+                    and self._verified_for(e, problem)
+                )
+
+            choice = next(filter(serves, sorted(same, key=distance)), None)
         self._choice[key] = choice
         return choice
 

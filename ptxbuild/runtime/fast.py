@@ -97,21 +97,20 @@ class Prepared:
         self.device, self._empty, self._empty_like = like.device, torch.empty, torch.empty_like
         # an output shaped and typed like a per-call input is allocated with empty_like (faster)
         meta = [(tuple(sample[n].shape), sample[n].dtype, sample[n].is_contiguous()) for n in names]
-        self.out_specs = []
-        for t in outputs.values():
-            spec = (tuple(t.shape), t.dtype, True)
-            self.out_specs.append((*spec[:2], meta.index(spec) if spec in meta else None))
+        specs = [(tuple(t.shape), t.dtype, True) for t in outputs.values()]
+        self.out_specs = [(*s[:2], meta.index(s) if s in meta else None) for s in specs]
         self.index = like.device.index
         self._stream = raw_stream(torch)
         self.lock = threading.Lock()
         # tensors written into the buffers once (chunk layouts, zero states): kept alive here
         self.held = {n: t for n, t in sample.items() if n not in self.names}
-        sources = {}
-        for n, t in sample.items():
-            src = self.names.index(n) if n in self.names else None
-            sources[("in", n)] = (src, int(t.data_ptr()))
-        for i, (n, t) in enumerate(outputs.items()):
-            sources[("out", n)] = (len(self.names) + i, int(t.data_ptr()))
+        # tensor origin -> (its index in a call's pointers, or None where held; its sample address)
+        sources = {
+            ("in", n): (self.names.index(n) if n in self.names else None, int(t.data_ptr()))
+            for n, t in sample.items()
+        }
+        for i, (n, t) in enumerate(outputs.items(), len(self.names)):
+            sources[("out", n)] = (i, int(t.data_ptr()))
         ins = {n: Ptr(t, ("in", n)) for n, t in sample.items()}
         outs = {n: Ptr(t, ("out", n)) for n, t in outputs.items()}
         self.buffers, self.fires = [], []

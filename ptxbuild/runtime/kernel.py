@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from ..oploader import OpError, changed_files, load_op, source_files
 from ..problem import Problem
 from ..records import DispatchEntry, Manifest
-from .arrays import NP_TO_DTYPE, TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
+from .arrays import TorchXp, contiguous, dtype_of, from_numpy, kind, strides, to_numpy
 from .dispatch import Dispatch, _Mode
 from .driver import _Current, _device, _launch, load_functions
 from .errors import LoaderError
@@ -63,15 +64,13 @@ class BuiltKernel(Dispatch):
         self._warned: set = set()
         self.calls = 0  # calls that launched the built kernels (not fallbacks)
 
-    @property
+    @cached_property
     def torch_op(self):
         """What a torch module calls: the custom op under torch.compile and autograd, the per-call
         path itself in eager (torch_ops.module_callable; imports torch)."""
-        if getattr(self, "_torch_op", None) is None:
-            from .torch_ops import module_callable
+        from .torch_ops import module_callable
 
-            self._torch_op = module_callable(self)
-        return self._torch_op
+        return module_callable(self)
 
     def __repr__(self) -> str:
         return f"<ptxbuild kernel {self.target} ({self.arch}), {len(self.entries)} problem(s)>"
@@ -156,7 +155,8 @@ class BuiltKernel(Dispatch):
         `names` (in that order); the other tensors of `sample` are held by it."""
         import torch
 
-        outputs = self._outputs(problem, next(iter(sample.values())))
+        like = next(iter(sample.values()))
+        outputs = self.op.make_outputs(problem, TorchXp(torch, like.device))
         fns = self._functions_of(dev, entry, problem)
         return Prepared(
             self.target, self.op, entry.params, problem, dev, fns, names, sample, outputs, torch
@@ -251,18 +251,15 @@ class BuiltKernel(Dispatch):
 
         outputs = self.op.make_outputs(problem, cupy)
         stream = cupy.cuda.get_current_stream().ptr
+        fns = self._functions_of(dev, entry, problem)
         with _Current(dev):
-            for fn, geom, params in self._calls(entry, problem, dev, arrays, outputs):
-                _launch(fn, geom, params, stream)
+            for e, geom, params in self.op.calls(
+                entry.params, problem, dev.sm_count, arrays, outputs
+            ):
+                # the op's one kernel (entry None) is the variant's own, the only one loaded
+                _launch(fns[e] if e else next(iter(fns.values())), geom, params, stream)
         self.calls += 1
         return outputs
-
-    def _calls(self, entry: DispatchEntry, problem: Problem, dev, ins: dict, outs: dict) -> list:
-        """[(function, geometry, arguments)] of one call, in launch order."""
-        fns = self._functions_of(dev, entry, problem)
-        calls = self.op.calls(entry.params, problem, dev.sm_count, ins, outs)
-        # the op's one kernel (entry None) is the variant's own, the only one loaded
-        return [(fns[e] if e else next(iter(fns.values())), g, args) for e, g, args in calls]
 
     def _device_of(self, arrays: dict, mode: _Mode) -> int | None:
         primary = arrays[mode.names[0]]
@@ -294,15 +291,6 @@ class BuiltKernel(Dispatch):
                 )
         return primary.device.id
 
-    def _outputs(self, problem: Problem, like) -> dict:
-        if kind(like) == "torch":
-            import torch
-
-            return self.op.make_outputs(problem, TorchXp(torch, like.device))
-        import cupy
-
-        return self.op.make_outputs(problem, cupy)
-
     def _fallback(self, problem: Problem, arrays: dict, why: str) -> dict:
         """The op's float reference on the host, rounded to the output types: explicit, slow,
         warned about once per reason."""
@@ -322,7 +310,7 @@ class BuiltKernel(Dispatch):
         for name, empty in self.op.make_outputs(problem, np).items():
             if name in scratch:
                 continue
-            dt = NP_TO_DTYPE.get(str(empty.dtype), str(empty.dtype))
+            dt = dtype_of(empty)
             val = np.asarray(ref[name]).reshape(empty.shape)
             rounded = from_float(val, dt, np) if dt == "bfloat16" else val.astype(empty.dtype)
             out[name] = from_numpy(np.ascontiguousarray(rounded), like)

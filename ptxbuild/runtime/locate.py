@@ -11,7 +11,10 @@ from ..records import Manifest
 from .errors import LoaderError
 
 
-def _find_kernelfile(start: Path) -> Path | None:
+def _find_kernelfile(kernelfile: str | Path | None, start: Path) -> Path | None:
+    """`kernelfile` if given, else the nearest kernelfile.toml in `start` or above it."""
+    if kernelfile:
+        return Path(kernelfile)
     dirs = [start, *start.parents]
     return next((d / "kernelfile.toml" for d in dirs if (d / "kernelfile.toml").is_file()), None)
 
@@ -38,10 +41,10 @@ def load(
     op's reference (slow, with a warning) for inputs no built variant covers instead of raising.
     A KDA target (op kda) is called like flash-linear-attention's chunk_kda (runtime/kda.py)."""
     t = str(target)
-    path = Path(t)
-    if "@" in t and not (path / "manifest.json").is_file():
-        kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
-        kfp = kfp or Path("kernelfile.toml")
+    build = Path(t)
+    folder = Path(op_folder) if op_folder else None
+    if "@" in t and not (build / "manifest.json").is_file():
+        kfp = _find_kernelfile(kernelfile, Path.cwd()) or Path("kernelfile.toml")
         kf = _load_kernelfile(kfp, f"load {t}")
         op_name, gpu = t.split("@", 1)
         if op_name not in kf.ops or gpu not in kf.ops[op_name].gpus:
@@ -49,22 +52,20 @@ def load(
                 f"{t} is not a target of {kfp}; declare it there and run: ptxbuild build {t}"
             )
         build = kf.build_dir / t
-        folder = Path(op_folder) if op_folder else op_dir(kf.ops[op_name].template, kf.root)
-    else:
-        build = path
-        folder = Path(op_folder) if op_folder else None
+        folder = folder or op_dir(kf.ops[op_name].template, kf.root)
     manifest_path = build / "manifest.json"
+    rebuild = build.name if "@" in build.name else "<op>@<gpu>"
     if not manifest_path.is_file():
         raise LoaderError(
             f"{build} has no manifest.json: the target was never built; run: ptxbuild build "
-            f"{build.name if '@' in build.name else '<op>@<gpu>'}"
+            f"{rebuild}"
         )
     try:
         manifest = read_manifest(manifest_path)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise LoaderError(
             f"{manifest_path} is damaged (not a manifest of this ptxbuild: {exc!r}); rebuild: "
-            f"ptxbuild build {build.name if '@' in build.name else '<op>@<gpu>'}"
+            f"ptxbuild build {rebuild}"
         ) from None
     if manifest.incomplete:
         warnings.warn(
@@ -73,7 +74,7 @@ def load(
             stacklevel=2,
         )
     if folder is None:
-        kfp = Path(kernelfile) if kernelfile else _find_kernelfile(build.resolve().parent)
+        kfp = _find_kernelfile(kernelfile, build.resolve().parent)
         if kfp:
             kf = _load_kernelfile(kfp, f"find the op of {manifest.target}")
             spec = kf.ops.get(manifest.target.split("@")[0])
@@ -99,7 +100,7 @@ def declared_targets(template: str, gpu: str, kernelfile: str | Path | None = No
     above) whose op is `template` (e.g. every rmsnorm_bwd target, one per dtype), in declaration
     order, each -> whether it has been built (a manifest.json in the build directory); {} without
     a kernelfile."""
-    kfp = Path(kernelfile) if kernelfile else _find_kernelfile(Path.cwd())
+    kfp = _find_kernelfile(kernelfile, Path.cwd())
     if kfp is None or not kfp.is_file():
         return {}
     kf = _load_kernelfile(kfp, f"find the {template} targets")
