@@ -251,7 +251,6 @@ class Gpu(Timing):
                         return result(outcome, f"{detail} [{where}]")
                     if big:
                         big_seen.add(prob)
-                kept = None
         shapes = [list(s) for s in verified_shapes(plan)]
         return result(Outcome.OK, "", tolerances=tols, shapes=shapes)
 

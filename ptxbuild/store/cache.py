@@ -217,15 +217,11 @@ class Cache:
         """The attempts whose columns hold these values (None: any), in the order they were made."""
         where = {k: v for k, v in {"target": target, "run": run, **where}.items() if v is not None}
         sql = " and ".join(["1 = 1"] + [f"{k} = ?" for k in where])
-        return list(
-            self.db.query(f"select * from attempts where {sql} order by id", list(where.values()))
-        )
+        return self._rows(f"select * from attempts where {sql} order by id", list(where.values()))
 
     def run_attempts(self, target: str, run: str) -> list[dict]:
         """The attempts of `target` in `run`, in the order of the (target, problem) index."""
-        return list(
-            self.db.query("select * from attempts where target = ? and run = ?", [target, run])
-        )
+        return self._rows("select * from attempts where target = ? and run = ?", [target, run])
 
     # -- lessons --------------------------------------------------------------------------------
     def live_lessons(self, op: str, kind: str | None = None, min_confidence: float | None = None):

@@ -20,6 +20,7 @@ from .lessons import (
     _scope,
     covers,
     family_of,
+    lesson_record,
 )
 
 
@@ -59,7 +60,7 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
             pools[(r["arch"], p["dtype"], json.dumps(p["options"], sort_keys=True))].append(
                 {**r, "_params": json.loads(r["params"]), "_shape": p["shape"]}
             )
-    out: dict[str, dict] = {}
+    out: dict[str, tuple[dict, dict]] = {}  # lesson id -> (row, the params its rule holds)
     for (arch, dtype, opts), pool in sorted(pools.items()):
         fails = [a for a in pool if a["outcome"] in FAIL_OUTCOMES]
         ok_with, fail_with = (
@@ -114,17 +115,14 @@ def fail_rows(op: str, attempts: list[dict], source: str) -> list[dict]:
                 round(n / (n + 1), 3),
                 source,
             )
-            out[row["id"]] = row
+            out[row["id"]] = row, rule
     # a rule implied by a smaller rule of the same scope adds nothing
-    rules = list(out.values())
     return [
         r
-        for r in rules
+        for r, p in out.values()
         if not any(
-            o["scope"] == r["scope"]
-            and covers(json.loads(o["rule"]), json.loads(r["rule"])["params"])
-            and len(json.loads(o["rule"])["params"]) < len(json.loads(r["rule"])["params"])
-            for o in rules
+            o["scope"] == r["scope"] and covers({"params": q}, p) and len(q) < len(p)
+            for o, q in out.values()
         )
     ]
 
@@ -194,7 +192,7 @@ def _weaken(cache, op: str, attempts: list[dict], fresh: dict[str, str], canon: 
                 a["id"]
                 for a in oks
                 if covers(rule, json.loads(a["params"]))
-                and _in_scope(scope, Problem.make(**{**json.loads(a["problem"])}), a["arch"])
+                and _in_scope(scope, Problem.make(**json.loads(a["problem"])), a["arch"])
             ]
         else:
             same = [
@@ -281,13 +279,6 @@ def derive(
             {r["id"]: r["scope"] if r["kind"] == "best" else "" for r in rows},
             canon,
         )
-    return [
-        {
-            "lesson": row["id"],
-            "kind": row["kind"],
-            "scope": json.loads(row["scope"]),
-            **json.loads(row["rule"]),
-            "confidence": row["confidence"],
-        }
-        for row in rows
-    ] + [{**w, "weakened": True} for w in weakened]
+    return [lesson_record(row, **json.loads(row["rule"])) for row in rows] + [
+        {**w, "weakened": True} for w in weakened
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -109,6 +110,17 @@ def _row(
     }
 
 
+def lesson_record(r: dict, **more) -> dict:
+    """A lesson row as a build reports it: its id (as "lesson"), kind, scope, `more`, confidence."""
+    return {
+        "lesson": r["id"],
+        "kind": r["kind"],
+        "scope": json.loads(r["scope"]),
+        **more,
+        "confidence": r["confidence"],
+    }
+
+
 # -- using lessons ------------------------------------------------------------------------------
 def seeds(
     cache, op, problem: Problem, gpu, run: str | None = None, limit: int = 4
@@ -174,25 +186,21 @@ def seeds(
     ranked = exact + sorted(
         (k for k in origin if k not in exact), key=lambda k: (origin[k][0], -support[k], k)
     )
-    used: list[dict] = []
-    for k in ranked:
-        d, scope, lid, params, role = origin[k]
-        if op.check(params, problem) is not None:
-            continue
-        used.append(
-            {
-                "lesson": lid,
-                "kind": "best",
-                "scope": scope,
-                "params": params,
-                "distance": round(d, 3),
-                "level": LEVELS[level(scope, gpu)],
-                "support": round(support[k], 3),
-                "role": role,
-            }
-        )
-        if len(used) >= limit:
-            break
+    # (config, *origin) of the ranked configs the op accepts (origin's params: 4th), checked lazily
+    fits = ((k, *origin[k]) for k in ranked if op.check(origin[k][3], problem) is None)
+    used = [
+        {
+            "lesson": lid,
+            "kind": "best",
+            "scope": scope,
+            "params": params,
+            "distance": round(d, 3),
+            "level": LEVELS[level(scope, gpu)],
+            "support": round(support[k], 3),
+            "role": role,
+        }
+        for k, d, scope, lid, params, role in itertools.islice(fits, limit)
+    ]
     return [u["params"] for u in used], used
 
 
@@ -224,13 +232,7 @@ def failure_rules(cache, op_name: str, problem: Problem, arch: str) -> list[dict
     """Failure rules that apply to `problem` on `arch` and are confident enough to prune."""
     rows = cache.live_lessons(op_name, "fails", PRUNE_CONFIDENCE)
     return [
-        {
-            "lesson": r["id"],
-            "kind": "fails",
-            "scope": json.loads(r["scope"]),
-            "rule": json.loads(r["rule"]),
-            "confidence": r["confidence"],
-        }
+        lesson_record(r, rule=json.loads(r["rule"]))
         for r in rows
         if _in_scope(json.loads(r["scope"]), problem, arch)
     ]

@@ -188,17 +188,11 @@ def _provenance(source: str, project: str, now: float) -> dict:
     if source.startswith("{"):  # imported earlier: keep its provenance, note the import
         stored = json.loads(source)
         prov, note = stored["provenance"], f"imported from {stored['imported_from']} "
-        hist = prov.get(
-            "history", []
-        )  # a round trip through the same file (a GPU machine's) adds nothing
-        return {
-            **prov,
-            "history": (
-                hist
-                if hist and hist[-1].startswith(note)
-                else hist + [note + f"at {stored['imported_at']:.0f}"]
-            )[-20:],
-        }
+        hist = prov.get("history", [])
+        # a round trip through the same file (a GPU machine's) adds nothing
+        if not (hist and hist[-1].startswith(note)):
+            hist = hist + [note + f"at {stored['imported_at']:.0f}"]
+        return {**prov, "history": hist[-20:]}
     return {"source": source, "project": project, "exported_by": _version(), "exported_at": now}
 
 
@@ -377,7 +371,4 @@ def import_shared(cache, path: str | Path, shipped: bool = False) -> dict | None
 
 def shipped_among(cache, ids) -> int:
     """How many of the lessons `ids` came from the lessons ptxbuild ships (their source says so)."""
-    ids = sorted(set(ids))
-    if not ids:
-        return 0
-    return cache.count_lessons(ids, f'%"imported_from": "%({SHIPPED})"%')
+    return cache.count_lessons(sorted(set(ids)), f'%"imported_from": "%({SHIPPED})"%')
