@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
     import torch
-    from selftest_gpu import arch_of
+    from rmsnorm_selftest_gpu import arch_of
 
     from ptxbuild.compile.compiler import compile_kernel
     from ptxbuild.gpu import device
