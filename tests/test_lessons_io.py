@@ -141,6 +141,16 @@ HOSTILE = {
     "missing field": (["evidence"], KeyError, "evidence: Field required"),
     "forged id": (["id"], "0" * 16, "does not match the lesson's kind, op, scope and rule"),
     "bad format": (["format"], "pickle", "format: Input should be 'ptxbuild-lesson/1'"),
+    "an edit field on a best rule": (
+        ["rule", "edit"],
+        "unroll the loop",
+        "an 'edit' rule has edit and verdict; no other rule has edit fields",
+    ),
+    "an empty why on a best rule": (
+        ["rule", "why"],
+        "",
+        "an 'edit' rule has edit and verdict; no other rule has edit fields",
+    ),
     "too many near-best configs": (
         ["rule", "near"],
         [{"threads": i} for i in range(9)],

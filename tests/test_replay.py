@@ -167,3 +167,30 @@ def test_min_candidates_keeps_only_problems_whose_recording_samples_the_space(sy
                 str(tmp_path / "none"),
             ]
         )
+
+
+def test_a_tied_outcome_is_the_first_seen_whatever_the_hash_seed():
+    """A config whose attempts failed as often one way as another is recorded with the first
+    failure seen: the same recording from the same cache in every process (a set's order of strings
+    follows PYTHONHASHSEED)."""
+    from ptxbuild.search.replay import _row
+
+    def attempt(i, outcome):
+        return dict(
+            id=i,
+            op="scale",
+            gpu="h200",
+            arch="sm_90a",
+            problem='{"shape": [4]}',
+            params='{"threads": 128}',
+            outcome=outcome,
+            p50_ms=None,
+            compile_s=0.5,
+            verify_s=None,
+            measure_s=None,
+        )
+
+    for first, second in (("compile_error", "spill"), ("spill", "compile_error")):
+        row = _row([attempt(1, first), attempt(2, second)])
+        assert row["outcome"] == first and row["attempts"] == [1, 2]
+    assert _row([attempt(1, "spill"), attempt(2, "ok")])["outcome"] == "ok"

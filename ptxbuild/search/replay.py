@@ -29,7 +29,7 @@ def _row(group: list) -> dict:
         "problem": json.loads(a["problem"]),
         "params": json.loads(a["params"]),
         "p50_ms": statistics.median(p50s) if p50s else None,
-        "outcome": "ok" if "ok" in outcomes else max(set(outcomes), key=outcomes.count),
+        "outcome": "ok" if "ok" in outcomes else max(outcomes, key=outcomes.count),  # ties: first
         "seconds": round(max(0.0, cost), 6),
         "attempts": [x["id"] for x in group][:20],
     }
