@@ -188,7 +188,7 @@ def test_kda_varlen_uses_a_built_variant_of_other_lengths_with_its_layout(kda):
     prep, rec = launches
     host = k.op.host
     want = host._layout(np.array([0, 10, 40], np.int64))
-    ((prepared, names, _),) = k._kda.values()
+    ((prepared, names, _),) = k._prepared.values()
     held = {n: a for n, a in prepared_held(prepared)}
     assert (
         fakes.ptr(prep, 8) in held

@@ -33,9 +33,9 @@ import torch
 from torch import library as torch_library
 
 from ..problem import Problem
-from .arrays import TorchXp
+from . import torch_ops
 from .errors import LoaderError
-from .torch_ops import NAMESPACE, _dtype, _MetaXp, _mode_index, _option_kwargs, mode_with, register
+from .torch_ops import _META, NAMESPACE, _dtype, _mode_index, _option_kwargs, mode_with, register
 
 _registered: dict = {}
 
@@ -77,11 +77,7 @@ def _bwd_op(bwd, mode):
     _registered.setdefault("serving", {})[qual] = bwd
     if qual in _registered:
         return _registered[qual]
-    like = bwd.problem_like(mode)
-    outs = [n for n in bwd.op.make_outputs(like, _MetaXp()) if n not in bwd.op.SCRATCH]
-    schema = (
-        f"({', '.join(f'Tensor {n}' for n in mode.names)}) -> ({', '.join(['Tensor'] * len(outs))})"
-    )
+    outs, schema = torch_ops._op_schema(bwd, mode, single=False)
     opts, kwargs = {**dict(bwd.op.OPTIONS), **mode.options}, _option_kwargs(bwd, mode.options)
 
     def impl(*tensors):
@@ -92,16 +88,7 @@ def _bwd_op(bwd, mode):
             return _closed_form(kernel, opts, dict(zip(mode.names, tensors)), outs, exc)
         return got if isinstance(got, tuple) else (got,)
 
-    custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
-
-    @custom.register_fake
-    def _fake(*tensors):
-        x = tensors[0]
-        prob = Problem.make(bwd.op.NAME, _dtype(x), tuple(x.shape), mode.options)
-        res = bwd.op.make_outputs(prob, TorchXp(torch, x.device))
-        return tuple(res[n] for n in outs)
-
-    _registered[qual] = (custom, outs)
+    _registered[qual] = (torch_ops._custom_op(qual, impl, bwd, mode, outs, schema), outs)
     return _registered[qual]
 
 
@@ -135,7 +122,7 @@ def register_rmsnorm_training(fwd, bwd=None, options: dict | None = None):
         return fop
     fmode = fwd.modes()[_mode_index(fwd, options)]
     fo = {**dict(fwd.op.OPTIONS), **fmode.options}
-    outs = list(fwd.op.make_outputs(fwd.problem_like(fmode), _MetaXp()))
+    outs = list(fwd.op.make_outputs(fwd.problem_like(fmode), _META))
     names = list(fmode.names)
     res, bias = bool(fo.get("residual")), bool(fo.get("bias"))
     has_w = fo.get("weight", "x") != "none"

@@ -23,9 +23,11 @@ from .errors import LoaderError
 _installed: list = []  # (undo callable, what) of each install()
 
 
-def _needs_grad(*tensors) -> bool:
+def _needs_grad(q, k, v, g, beta, kw: dict) -> bool:
+    """Whether a chunk_kda call (`kw`: its keywords) needs gradients of any of its tensors."""
     import torch
 
+    tensors = (q, k, v, g, beta, kw.get("initial_state"), kw.get("A_log"), kw.get("dt_bias"))
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -67,10 +69,9 @@ def chunk_kda_from(kernel, fallback=None):
             return_intermediate_states=return_intermediate_states, state_v_first=state_v_first,
             cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, cp_context=cp_context, **kwargs,
         )  # fmt: skip
-        grads = (q, k, v, g, beta, initial_state, kwargs.get("A_log"), kwargs.get("dt_bias"))
-        why = (
-            "the built kernels are forward only (gradients needed)" if _needs_grad(*grads) else None
-        )
+        why = None
+        if _needs_grad(q, k, v, g, beta, call):
+            why = "the built kernels are forward only (gradients needed)"
         if why is None:
             try:
                 return kernel(q, k, v, g, beta, **call)
@@ -101,8 +102,7 @@ def backend_class(kernel):
         priority = 0
 
         def chunk_kda_verifier(self, q, k, v, g, beta, **kw):
-            grads = (q, k, v, g, beta, kw.get("initial_state"), kw.get("A_log"), kw.get("dt_bias"))
-            if _needs_grad(*grads):
+            if _needs_grad(q, k, v, g, beta, kw):
                 return False, "ptxbuild's KDA kernels are forward only"
             return kernel.covers(q, k, v, g, beta, **kw)
 

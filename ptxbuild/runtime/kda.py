@@ -48,10 +48,6 @@ class ChunkKDA(BuiltKernel):
 
     RUNTIME_OPTIONS = ("lengths",)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._kda: dict = {}
-
     def __call__(
         self,
         q,
@@ -98,12 +94,11 @@ class ChunkKDA(BuiltKernel):
             bool(output_final_state), flags, extra, scale, lower_bound, bool(state_v_first),
             None if lengths is None else tuple(lengths),
         )  # fmt: skip
-        hit = self._kda.get(key)
+        hit = self._prepared.get(key)
         if hit is None:
-            names = dict(scale=scale, lower_bound=lower_bound, flags=flags, extra=extra)
-            hit = self._kda[key] = self._resolve_kda(
+            hit = self._prepared[key] = self._resolve_kda(
                 q, k, v, g, beta, A_log, dt_bias, initial_state, output_final_state,
-                state_v_first, lengths, names,
+                state_v_first, lengths, (scale, lower_bound, flags, extra),
             )  # fmt: skip
         if _resolve_only:
             return hit
@@ -146,33 +141,31 @@ class ChunkKDA(BuiltKernel):
         """Check a chunk_kda call shape against the build, choose the variant, prepare its launch."""
         import torch
 
+        scale, lb, flags, extra = kw
         o = self.op.OPTIONS
         ref = self.op.host.ref
-        if kw["extra"][0] or kw["extra"][1] or kw["extra"][2]:
+        if any(extra[:3]):
             self._refuse(
                 "allow_neg_eigval, return_intermediate_states and cp_context are not built"
             )
-        if kw["extra"][3]:
-            self._refuse(f"unknown keyword(s) {', '.join(kw['extra'][3])} (chunk_kda's are taken)")
-        names = dict(zip(_FLAGS, kw["flags"]))
-        if not all(names[n] for n in _FLAGS[1:]):
-            off = [n for n in _FLAGS[1:] if not names[n]]
+        if extra[3]:
+            self._refuse(f"unknown keyword(s) {', '.join(extra[3])} (chunk_kda's are taken)")
+        off = [n for n, on in zip(_FLAGS[1:], flags[1:]) if not on]
+        if off:
             self._refuse(
                 f"{', '.join(off)}=False: the kernels compute the safe gate and sigmoid(beta) "
                 "themselves (pass the raw g and beta with these flags True)"
             )
-        if kw["lower_bound"] is None or float(kw["lower_bound"]) != ref.LOWER_BOUND:
-            self._refuse(
-                f"lower_bound={kw['lower_bound']}: the kernels are built for {ref.LOWER_BOUND}"
-            )
+        if lb is None or float(lb) != ref.LOWER_BOUND:
+            self._refuse(f"lower_bound={lb}: the kernels are built for {ref.LOWER_BOUND}")
         if q.dim() != 4 or k.shape != q.shape:
             self._refuse(
                 f"q, k must be [B, T, H, K] alike, got {list(q.shape)} and {list(k.shape)}"
             )
         B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
-        if kw["scale"] is not None and not math.isclose(kw["scale"], K**-0.5, rel_tol=1e-6):
-            self._refuse(f"scale={kw['scale']}: the kernels are built for K^-1/2 = {K**-0.5:.6g}")
+        if scale is not None and not math.isclose(scale, K**-0.5, rel_tol=1e-6):
+            self._refuse(f"scale={scale}: the kernels are built for K^-1/2 = {K**-0.5:.6g}")
         if lengths is not None and B != 1:
             self._refuse(f"cu_seqlens needs batch size 1 (flatten the batch), got B={B}")
         lengths = tuple(int(n) for n in lengths) if lengths is not None else (T,) * B

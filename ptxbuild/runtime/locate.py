@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ..oploader import op_dir
 from ..outputs.manifest import read_manifest
-from ..records import Manifest
 from .errors import LoaderError
+from .kda import ChunkKDA
+from .kernel import BuiltKernel
 
 
 def _find_kernelfile(kernelfile: str | Path | None, start: Path) -> Path | None:
@@ -81,18 +82,9 @@ def load(
             folder = op_dir(spec.template if spec else manifest.template, kf.root)
         else:  # <project>/build/<target>: the project's ops/<template>, else the installed op
             folder = op_dir(manifest.template, build.resolve().parent.parent)
-    return _kernel_class(manifest)(build, manifest, folder, allow_fallback)
-
-
-def _kernel_class(manifest: Manifest):
-    """The callable's class: ChunkKDA for the KDA forward op (chunk_kda's interface), else BuiltKernel."""
-    if manifest.op == "kda":
-        from .kda import ChunkKDA
-
-        return ChunkKDA
-    from .kernel import BuiltKernel
-
-    return BuiltKernel
+    # ChunkKDA for the KDA forward op (chunk_kda's interface), else BuiltKernel
+    cls = ChunkKDA if manifest.op == "kda" else BuiltKernel
+    return cls(build, manifest, folder, allow_fallback)
 
 
 def declared_targets(template: str, gpu: str, kernelfile: str | Path | None = None) -> dict:

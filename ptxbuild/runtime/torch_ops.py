@@ -20,7 +20,7 @@ import re
 import torch
 from torch import library as torch_library
 
-from ..problem import digest
+from ..problem import Problem, digest
 from .arrays import TorchXp as _TorchXp
 from .errors import LoaderError
 
@@ -30,6 +30,7 @@ _registered: dict[str, object] = {}
 # with another launcher, takes over the op already defined for its name)
 _serving: dict[str, tuple] = {}
 _signatures: dict[str, tuple] = {}  # the schema and options each name was defined with
+_META = _TorchXp(torch, "meta")  # make_outputs' outputs as shapes and dtypes, no memory
 
 
 def op_name(kernel, options: dict | None = None) -> str:
@@ -51,9 +52,9 @@ def mode_with(kernel, options: dict, names: tuple | None = None):
 
 
 def _mode_index(kernel, options: dict | None) -> int:
-    modes = kernel.modes()
     if not options:
         return 0
+    modes = kernel.modes()
     if (m := mode_with(kernel, options)) is not None:
         return modes.index(m)
     raise LoaderError(
@@ -64,19 +65,12 @@ def _mode_index(kernel, options: dict | None) -> int:
 
 def register(kernel, options: dict | None = None):
     """The torch.ops callable for `kernel`'s option set matching `options` (default: the first built)."""
-    if kernel.op.NAME == "kda" and hasattr(kernel, "_kda"):
+    if kernel.op.NAME == "kda" and hasattr(kernel, "covers"):  # a ChunkKDA (runtime/kda.py)
         return register_kda(kernel)
     name = op_name(kernel, options)
     mode = kernel.modes()[_mode_index(kernel, options)]
-    scratch = kernel.op.SCRATCH
-    outs = [  # output names, in order (scratch buffers are the kernel's own)
-        n for n in kernel.op.make_outputs(kernel.problem_like(mode), _MetaXp()) if n not in scratch
-    ]
-    ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
-    schema = "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
-    opts = dict(mode.options)
-
-    opt_kwargs = _option_kwargs(kernel, opts)
+    outs, schema = _op_schema(kernel, mode)
+    opt_kwargs = _option_kwargs(kernel, mode.options)
     # Another build of the same target (another project, a test's) can build other modes: it takes
     # over the name only when its schema and options are the same, else it gets a name of its own.
     signature = (schema, tuple(sorted(opt_kwargs.items())))
@@ -92,21 +86,33 @@ def register(kernel, options: dict | None = None):
         k, kwargs = _serving[qual]
         return k(*tensors, **kwargs)
 
+    _registered[qual] = _custom_op(qual, impl, kernel, mode, outs, schema)
+    return _registered[qual]
+
+
+def _op_schema(kernel, mode, single: bool = True) -> tuple[list, str]:
+    """(output names, schema) of a custom op running `mode`: its input names as Tensors -> its
+    outputs in order (scratch buffers are the kernel's own), one Tensor where `single` and there
+    is one, else a tuple."""
+    like = kernel.problem_like(mode)
+    outs = [n for n in kernel.op.make_outputs(like, _META) if n not in kernel.op.SCRATCH]
+    ret = "Tensor" if single and len(outs) == 1 else "(" + ", ".join(["Tensor"] * len(outs)) + ")"
+    return outs, "(" + ", ".join(f"Tensor {n}" for n in mode.names) + f") -> {ret}"
+
+
+def _custom_op(qual: str, impl, kernel, mode, outs: list, schema: str):
+    """torch's custom op `qual` running `impl`, with a fake (meta) implementation allocating
+    `outs` exactly as the real call does (the kernel's make_outputs), returned as the schema says:
+    one Tensor or a tuple."""
     custom = torch_library.custom_op(qual, impl, mutates_args=(), schema=schema)
 
     @custom.register_fake
     def _fake(*tensors):
-        primary = tensors[0]
-        from ..problem import Problem
+        x = tensors[0]
+        problem = Problem.make(kernel.op.NAME, _dtype(x), tuple(x.shape), mode.options)
+        res = kernel.op.make_outputs(problem, _TorchXp(torch, x.device))
+        return res[outs[0]] if schema.endswith("-> Tensor") else tuple(res[n] for n in outs)
 
-        problem = Problem.make(
-            kernel.op.NAME, _dtype(primary), tuple(int(s) for s in primary.shape), opts
-        )
-        res = kernel.op.make_outputs(problem, _TorchXp(torch, primary.device))
-        vals = [res[n] for n in outs]
-        return vals[0] if len(vals) == 1 else tuple(vals)
-
-    _registered[qual] = custom
     return custom
 
 
@@ -120,11 +126,6 @@ def _dtype(t) -> str:
     return str(getattr(t, "dtype", t)).removeprefix("torch.")
 
 
-class _MetaXp(_TorchXp):
-    def __init__(self):
-        super().__init__(torch, "meta")
-
-
 def register_kda(kernel):
     """The torch.ops callable of a built KDA target (ptxbuild.runtime.kda.ChunkKDA), traceable by
     torch.compile with no graph break: ptxbuild::<target>(q, k, v, g, beta, A_log?, dt_bias?,
@@ -132,8 +133,7 @@ def register_kda(kernel):
     K]), the safe-gate path with every in-kernel flag on (ChunkKDA's checks run on the real call).
     Segment lengths are a static int list (cu_seqlens' values on the host). Without
     output_final_state, final_state is an empty tensor."""
-    name = re.sub(r"\W", "_", kernel.target.replace("@", "_"))
-    qual = f"{NAMESPACE}::{name}"
+    qual = f"{NAMESPACE}::{op_name(kernel)}"
     _serving[qual] = kernel
     if qual in _registered:
         return _registered[qual]
