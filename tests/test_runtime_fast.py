@@ -243,6 +243,9 @@ def test_kda_refusals_are_one_line(kda):
     }
     ok, why = k.covers(**h32, **FLAGS)
     assert not ok and "no built variant covers bfloat16[40x32]" in why and "8192x64" in why
+    # q and k not normalised in the kernel: only the l2norm variant is built, so no silent normalising
+    ok, why = k.covers(**t, **dict(FLAGS, use_qk_l2norm_in_kernel=False))
+    assert not ok and "covers bfloat16[40x64] with use_qk_l2norm_in_kernel=False" in why, why
     assert k.covers(**t, **FLAGS) == (True, None) and launches == []
 
 

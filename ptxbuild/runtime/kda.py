@@ -18,7 +18,8 @@ Dispatch: a call shape (T, H, HV, K, V, the segment lengths, the flags, the stat
 resolved once to a built variant: the exact built problem, else a built variant of the same heads
 and dims whose config the op accepts for these lengths and which renders the very same kernel
 (the kernels take T and the lengths as data). Anything the build does not cover (other heads or
-dims, the canonical gate, beta already through a sigmoid, scale other than K^-1/2, training) is a
+dims, q and k not L2-normalised in the kernel where only the l2norm variant is built, the
+canonical gate, beta already through a sigmoid, scale other than K^-1/2, training) is a
 one-line LoaderError; fla.py's drop-in sends those calls to fla's own chunk_kda instead."""
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ class ChunkKDA(BuiltKernel):
             "hv": HV if HV != H else None,
             "K": K,
             "V": V,
+            "l2norm": bool(flags[0]),  # use_qk_l2norm_in_kernel: a build of its own, not a no-op
         }
         opts = {n: v_ for n, v_ in opts.items() if v_ != o[n]}
         entry, problem = None, None
@@ -217,8 +219,9 @@ class ChunkKDA(BuiltKernel):
             if (entry := self.select(problem)) is not None:
                 break
         if entry is None:
+            raw = "" if flags[0] else " with use_qk_l2norm_in_kernel=False (an l2norm=false build)"
             self._refuse(
-                f"no built variant covers {problem.label()}; built (T x H, any lengths): "
+                f"no built variant covers {problem.label()}{raw}; built (T x H, any lengths): "
                 f"{self._built_heads()} (add it to kernelfile.toml and rebuild)"
             )
         d = self.op.dims(problem)
