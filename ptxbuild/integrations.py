@@ -72,8 +72,7 @@ def backward_kernels(kernel, kernelfile=None) -> list:
     from .runtime import load
     from .runtime.locate import declared_targets
 
-    kw = {"allow_fallback": bool(getattr(kernel, "allow_fallback", False))}  # as the forward
-    kw.update({"kernelfile": kernelfile} if kernelfile else {})
+    fallback = bool(getattr(kernel, "allow_fallback", False))  # as the forward
     declared = declared_targets(f"{kernel.op.NAME}_bwd", kernel.target.split("@", 1)[1], kernelfile)
     unbuilt = [t for t, built in declared.items() if not built]
     if unbuilt:  # declared for this GPU and never built: say so, do not fall back in silence
@@ -85,7 +84,7 @@ def backward_kernels(kernel, kernelfile=None) -> list:
     out = []
     for t in (t for t, built in declared.items() if built):
         try:
-            out.append(load(t, **kw))
+            out.append(load(t, kernelfile=kernelfile, allow_fallback=fallback))
         except LoaderError as exc:
             warnings.warn(f"{exc}; backward calls it covers take torch's closed form", stacklevel=3)
     return out
@@ -189,7 +188,7 @@ def patch_rmsnorm(
     if kernel is None:
         from .runtime import load  # what ptxbuild.load calls
 
-        kernel = load(target, **({"kernelfile": kernelfile} if kernelfile else {}))
+        kernel = load(target, kernelfile=kernelfile)
     eps_built = built_eps(kernel) if check_eps else None
     if eps_built is not None:
         wrong = sorted({_eps_of(m) for _, m in found} - eps_built)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
@@ -133,10 +133,9 @@ class Manifest(Record):
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Manifest:
-        record = super().from_json(data)
+        record = super().from_json(data)  # a manifest without variants or dispatch: TypeError
         variants = {k: Variant.from_json(v) for k, v in data["variants"].items()}
-        dispatch = tuple(DispatchEntry.from_json(d) for d in data["dispatch"])
-        return cls(**{**record.__dict__, "variants": variants, "dispatch": dispatch})
+        return replace(record, variants=variants, dispatch=dispatch_of(data))
 
 
 def dispatch_of(data: Mapping[str, Any]) -> tuple[DispatchEntry, ...]:

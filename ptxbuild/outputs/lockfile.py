@@ -62,10 +62,6 @@ def entry_digest(entry: dict) -> str:
     return sha256(canonical_json({k: v for k, v in entry.items() if k != "entry_sha256"}).encode())
 
 
-def dumps(lock: dict) -> str:
-    return json.dumps(lock, indent=1, sort_keys=True) + "\n"
-
-
 class LockUnreadable(LockError):
     """The lock file itself is damaged (not JSON, conflict markers, another shape): a kernelfile mistake
     (exit 2) that no command may paper over, since a build would rewrite the lock without its entries."""
@@ -195,10 +191,8 @@ def update_lock(kf, results, note=lambda message: None) -> Path | None:
     if not ok:
         return None
     path = lock_path(kf)
-    lock = (
-        read_lock(kf) if path.exists() else {}
-    )  # a damaged one raises: never rewritten without its entries
-    targets = dict(lock.get("targets", {}))
+    # a damaged lock raises: never rewritten without its entries (a read one has its targets)
+    targets = dict(read_lock(kf)["targets"]) if path.exists() else {}
     for r in ok:
         manifest = Path(r.manifest or (target_dir(kf, r.target) / "manifest.json"))
         # a build holds the manifest it wrote; an up-to-date target's is read (plan read it too)
@@ -254,14 +248,13 @@ def _pins(entry: dict) -> str:
 
 
 def write_lock(path: Path, targets: dict) -> Path | None:
-    text = dumps(
-        {
-            "lock_version": LOCK_VERSION,
-            "note": "written by ptxbuild build; reproduce with ptxbuild build "
-            "--locked; do not edit by hand",
-            "targets": targets,
-        }
-    )
+    lock = {
+        "lock_version": LOCK_VERSION,
+        "note": "written by ptxbuild build; reproduce with ptxbuild build "
+        "--locked; do not edit by hand",
+        "targets": targets,
+    }
+    text = json.dumps(lock, indent=1, sort_keys=True) + "\n"
     if path.is_file() and path.read_text() == text:
         return None  # unchanged: not written, nothing to say
     (tmp := path.with_name(path.name + ".tmp")).write_text(text)

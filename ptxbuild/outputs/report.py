@@ -103,6 +103,11 @@ def timed_candidates(attempts, order: list | None = None) -> list[dict]:
     return out
 
 
+def _section(heading: str, *body: str) -> list[str]:
+    """A Markdown section's lines: its heading between blank lines, then `body`."""
+    return ["", heading, "", *body]
+
+
 def _ms(v) -> str:
     return "-" if v is None or v != v else f"{v * 1000:.1f}"  # NaN: a baseline never timed
 
@@ -224,7 +229,7 @@ def markdown(data: dict) -> str:
         lines += [f"  - {f}" for f in g["failures"]]
     timed = bool(when_all)
     head = HEAD + (["timed (UTC)"] if timed else [])
-    lines += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += _section("## Results", "| " + " | ".join(head) + " |", "|" + "---|" * len(head))
     lines += [
         "| " + " | ".join(r + ([_hm(d.timed_at)] if timed else [])) + " |"
         for d, r in zip(data["dispatch"], rows)
@@ -244,17 +249,15 @@ def markdown(data: dict) -> str:
     base_rows = [(d.label, n, b) for d in data["dispatch"] for n, b in (d.baselines or {}).items()]
     if base_rows:
         one_run = s.remeasured and not s.remeasure_resumed and not s.remeasured_only
-        lines += [
-            "",
+        lines += _section(
             f"## Baselines (same GPU{', same run' if one_run else ''}, same protocol)",
-            "",
             "Where the winner was timed in the baseline's window (alternating, verification.md timing rule 4), "
             "its p50 there is given beside the baseline's, and the speed-up compares the two.",
             "",
             "| problem | baseline | outcome | p50 (us) | winner, same window (us) | p20-p80 (us) | samples |"
             + (" timed (UTC) |" if timed else ""),
             "|---|---|---|---:|---:|---:|---:|" + ("---|" if timed else ""),
-        ]
+        )
         lines += [
             f"| {lbl} | {n} | {_baseline_outcome(b)} | {_ms(b['p50_ms'])} | {_ms(b.get('winner_p50_ms'))} | "
             f"{_ms(b['p20_ms'])}-{_ms(b['p80_ms'])} | {b['samples']} |"
@@ -268,7 +271,7 @@ def markdown(data: dict) -> str:
         if (b := closest_baseline(d)) and b[0] < 1
     ]
     if losses:
-        lines += ["", f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})", ""]
+        lines += _section(f"## Rows where it loses to a baseline ({len(losses)} of {len(rows)})")
         if any(rr for _, _, rr in losses):
             lines += [
                 f"{len(failures(EVERY_ROUND, data['dispatch']))} of them lose in every round of a baseline's window, "
@@ -281,13 +284,11 @@ def markdown(data: dict) -> str:
             + (f"; rounds {min(rr):.3f}-{max(rr):.3f}x" if rr else "")
             for lbl, (r, n, b, p), rr in losses
         ]
-    lines += [
-        "",
+    lines += _section(
         "## Candidates",
-        "",
         f"{data['attempts']} attempts this run: "
         + ", ".join(f"{k} {v}" for k, v in data["candidates_by_outcome"].items()),
-    ]
+    )
     if data["rejected"]:
         lines += ["", "| outcome | count | first line of evidence |", "|---|---:|---|"]
         lines += [
@@ -295,13 +296,11 @@ def markdown(data: dict) -> str:
             for r in data["rejected"]
         ]
     if data.get("timed"):
-        lines += [
-            "",
+        lines += _section(
             "## Timed candidates (this run, fastest first)",
-            "",
             "| problem | p50 (us) | vs fastest | config |",
             "|---|---:|---:|---|",
-        ]
+        )
         for t in data["timed"]:
             top = t["best"][0]["p50_ms"]
             lines += [
@@ -311,13 +310,9 @@ def markdown(data: dict) -> str:
             ]
             if t["more"]:
                 lines.append(f"| {t['label']} | ... | | {t['more']} more |")
-    lines += [
-        "",
-        "## Variants",
-        "",
-        "| entry | registers | spills | PTX ISA | files |",
-        "|---|---:|---:|---|---|",
-    ]
+    lines += _section(
+        "## Variants", "| entry | registers | spills | PTX ISA | files |", "|---|---:|---:|---|---|"
+    )
     lines += [
         f"| {v.entry} | {v.registers} | {v.spill_bytes} | {v.ptx_isa} | {v.ptx}, {v.cubin} |"
         for v in data["variants"].values()
@@ -333,14 +328,12 @@ def proposed_section(dispatch: Sequence[DispatchEntry]) -> list[str]:
     rows = [(d.label, d.factory) for d in dispatch if d.factory]
     if not rows:
         return []
-    out = [
-        "",
+    out = _section(
         "## Proposed sources",
-        "",
         "| problem | proposers: attempts by outcome | winner | "
         "same window: winner / best template (us) | speed-up |",
         "|---|---|---|---:|---:|",
-    ]
+    )
     for label, f in rows:
         who = "; ".join(
             f"`{c}`: " + ", ".join(f"{k} {n}" for k, n in sorted(o.items()))
@@ -364,13 +357,11 @@ def lessons_section(s: BuildSummary, data: dict) -> list[str]:
     """Which lessons the build used (seeds, failure rules that pruned) and which it produced."""
     used = list({u["lesson"]: u for u in s.lessons_used}.values())
     produced = s.lessons_produced or []
-    lines = [
-        "",
+    lines = _section(
         "## Lessons",
-        "",
         f"- used: {len(used)}; produced: {len(produced)}; candidates pruned by "
         f"failure rules: {data['candidates_by_outcome'].get('pruned', 0)}",
-    ]
+    )
     if n := s.lessons_shipped:
         lines.append(
             f"- shipped with ptxbuild: {n} of the {len(used)} used (its packaged lessons, imported "
@@ -396,14 +387,12 @@ def lessons_section(s: BuildSummary, data: dict) -> list[str]:
         lines.append("- produced: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
     picked = [d for d in data["dispatch"] if d.source in ("lesson", "default") and d.params]
     if picked and not s.measured:
-        lines += [
-            "",
+        lines += _section(
             "### Config choice without hardware",
-            "",
             "Not measured here: each problem takes the first config, nearest lesson first, that compiles "
             "within this GPU's limits (else the op's default).",
             "",
-        ]
+        )
         for d in picked:
             u = d.lesson
             why = (
