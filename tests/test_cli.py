@@ -235,8 +235,8 @@ def test_a_stopped_build_still_prints_the_gate_misses_of_the_targets_it_finished
     """Ctrl-C after a target finished: it is locked, and the gate misses it was judged with are printed
     as after a whole build (they were not: the user saw only "interrupted")."""
     from ptxbuild.build import run as run_mod
-    from ptxbuild.build.context import TargetResult
     from ptxbuild.declare.graph import Target
+    from ptxbuild.records import TargetResult
 
     from .conftest import make_ctx
 

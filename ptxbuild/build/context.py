@@ -1,4 +1,4 @@
-"""What a build run knows: the kernelfile, the cache, the compile stage, maybe a GPU; a target's result."""
+"""What a build run knows: the kernelfile, the cache, the compile stage, maybe a GPU."""
 
 from __future__ import annotations
 
@@ -15,17 +15,6 @@ from ..declare.memo import book, code_digest, digest
 from ..errors import ConfigError, ToolError
 from ..outcome import Outcome
 from ..problem import Binary, Kernel, Problem
-from ..records import TargetResult
-
-__all__ = [
-    "Context",
-    "TargetResult",
-    "hardware_for",
-    "must_time",
-    "open_context",
-    "remeasuring",
-    "target_op",
-]
 
 
 @dataclass

@@ -150,10 +150,6 @@ def entry_params(ptx: str, entry: str) -> list[str] | None:
     return out
 
 
-def _arg_kind(arg) -> np.dtype:
-    return np.dtype(np.uint64) if isinstance(arg, np.ndarray) else param(arg).dtype
-
-
 def args_mismatch(args: list, types: list[str]) -> str | None:
     """Why these kernel arguments do not fit the .entry parameters, or None."""
     if len(args) != len(types):
@@ -162,7 +158,7 @@ def args_mismatch(args: list, types: list[str]) -> str | None:
         if "[" in t:  # an aggregate passed by value: not judged here
             continue
         try:
-            d = _arg_kind(a)
+            d = np.dtype(np.uint64) if isinstance(a, np.ndarray) else param(a).dtype
         except TypeError as exc:
             return f"argument {i}: {exc}"
         size = _PTX_SIZE.get(t[1:])
@@ -178,8 +174,7 @@ def args_mismatch(args: list, types: list[str]) -> str | None:
 
 
 # ------------------------------------------------------------------ the Python side, once, with numpy
-def small_problem(op, problems: list[Problem]) -> Problem:
-    first = problems[0]
+def small_problem(op, first: Problem) -> Problem:
     if len(first.shape) >= 2 and first.shape[0] > SMALL_ROWS:
         small = first.with_shape((SMALL_ROWS, *first.shape[1:]))
         with contextlib.suppress(Exception):  # the op's own code; the declared problem then
@@ -253,7 +248,7 @@ def deep_check(kf, spec, op, max_configs: int = 64, compile_fn=compile_kernel) -
     sm = min(g.sm_count for g in gpus)
     arrays: dict = {}  # dtype -> the arrays of its small problem (the Python side ran clean)
     for dtype in dict.fromkeys(p.dtype for p in problems):
-        small = small_problem(op, [p for p in problems if p.dtype == dtype])
+        small = small_problem(op, next(p for p in problems if p.dtype == dtype))
         errs, got = python_side(op, small, sm)
         if errs:
             res.failures.append(Failure("python", f"Python side on {small.label()}", detail=errs))

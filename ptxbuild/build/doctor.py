@@ -18,13 +18,11 @@ def doctor() -> list[tuple[str, str]]:
     from ..gpu.fingerprint import read, smi_line
     from ..outputs.environment import code_digest
 
+    cupy_v = _version("cupy")
     lines = [
         ("ptxbuild", f"code {code_digest()} (as a report's header names it)"),
         ("python", f"{platform.python_version()} ({platform.machine()})"),
         ("numpy", _version("numpy") or "missing: pip install numpy"),
-    ]
-    cupy_v = _version("cupy")
-    lines += [
         (
             "cupy",
             cupy_v or "missing (needed to verify and time on a GPU): pip install cupy-cuda13x",

@@ -160,10 +160,8 @@ def _round(ctx, ev, problem, hist, rnd, rounds, cmd, p, added) -> None:
         )
         ev.proposed[config_key(r)] = {"proposer": cmd, "round": rnd, "outcome": row["outcome"]}
         res = {k: row[k] for k in ("params", "outcome", "detail")}
-        out.append(
-            {**res, "index": i, "digest": r[SOURCE_PARAM], "p50_ms": p50, "verdict": verdict}
-        )
-        out[-1]["vs_incumbent"] = ratio
+        res.update(index=i, digest=r[SOURCE_PARAM], p50_ms=p50, verdict=verdict, vs_incumbent=ratio)
+        out.append(res)
         _lesson(ctx, ev, problem, r, c, verdict, row, ratio)
     p.tell({"round": rnd, "results": out})
 

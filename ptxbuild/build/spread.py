@@ -105,16 +105,6 @@ class Guard:
         return call
 
 
-class Buffer:
-    """One problem's progress events, replayed in one piece when it finishes (lines stay whole)."""
-
-    def __init__(self):
-        self.events: list[tuple[str, dict]] = []
-
-    def __call__(self, kind: str, **ev) -> None:
-        self.events.append((kind, ev))
-
-
 def spread(ctx: Context, lanes: list, probs: list, solve, on_stop=lambda: None):
     """solve(ctx', index, problem) for every problem, each on one of `lanes` (ctx'.gpu; ctx'.cache
     a connection of this thread's to the same file): (the results of the problems that finished, in
@@ -128,15 +118,19 @@ def spread(ctx: Context, lanes: list, probs: list, solve, on_stop=lambda: None):
             ctx.report("note", message=message)
 
     def task(i, problem):
-        gpu, buf, cache = Guard(pool, note), Buffer(), Cache(ctx.cache.path)  # SQLite: per thread
+        gpu, buf, cache = Guard(pool, note), [], Cache(ctx.cache.path)  # SQLite: per thread
+
+        def report(kind: str, **ev) -> None:  # the problem's events, replayed in one piece after it
+            buf.append((kind, ev))  # (its lines stay whole)
+
         try:
-            s = solve(replace(ctx, gpu=gpu, cache=cache, report=buf), i, problem)
+            s = solve(replace(ctx, gpu=gpu, cache=cache, report=report), i, problem)
         finally:
             cache.close()
             if gpu.lane is not None:
                 pool.free.put(gpu.lane)
         with lock:
-            for kind, ev in buf.events:
+            for kind, ev in buf:
                 ctx.report(kind, **ev)
         return s
 

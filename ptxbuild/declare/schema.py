@@ -42,11 +42,7 @@ class GpuModel(_Strict):
     @field_validator("arch")
     @classmethod
     def _arch(cls, v):
-        if v is not None and v not in ARCHES:
-            raise ValueError(
-                f"unknown architecture {v!r}{did_you_mean(v, ARCHES)}; one of {', '.join(ARCHES)}"
-            )
-        return v
+        return v if v is None else _one_of("architecture", v, ARCHES)
 
 
 class SearchModel(_Strict):
@@ -99,16 +95,16 @@ def _shape(s: list[int]) -> list[int]:
     return s
 
 
-def _dtype(d: str) -> str:
-    d = ALIASES.get(d, d)
-    if d not in DTYPES:
+def _one_of(what: str, v: str, choices) -> str:
+    """`v` where it is one of `choices`, else the ValueError naming the closest and all of them."""
+    if v not in choices:
         raise ValueError(
-            f"unknown dtype {d!r}{did_you_mean(d, DTYPES)}; one of {', '.join(DTYPES)}"
+            f"unknown {what} {v!r}{did_you_mean(v, choices)}; one of {', '.join(choices)}"
         )
-    return d
+    return v
 
 
-Dtype = Annotated[str, AfterValidator(_dtype)]
+Dtype = Annotated[str, AfterValidator(lambda d: _one_of("dtype", ALIASES.get(d, d), DTYPES))]
 # no bool, string or float for a dimension (TOML's true, "64" and 64.0 passed as 1, 64 and 64)
 Shape = Annotated[list[StrictInt], AfterValidator(_shape)]
 
