@@ -90,16 +90,17 @@ def assemble(
 def replace_folder(out: Path, files: dict[str, bytes]) -> None:
     """`out` holds exactly `files`, replaced as a whole: they are written to a folder beside it, which
     then takes its place (a stop at any point leaves the old complete folder, or the new one)."""
-    import shutil  # with tempfile, ~10 ms of imports that only a build that writes needs
-    import tempfile
+    import shutil  # an import that only a build that writes needs
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    old = out.with_name(f".{out.name}.old-{new.name.rsplit('-', 1)[-1]}")
+    tag = os.urandom(8).hex()  # this write's own pair of folders
+    new, old = (out.with_name(f".{out.name}.{kind}-{tag}") for kind in ("new", "old"))
+    # mkdir, not tempfile.mkdtemp: its folder is the umask's, as out's was (mkdtemp's is 0o700, and
+    # reading the umask means setting it, process-wide, for a moment)
+    new.mkdir()
     try:
         for name, data in files.items():
             (new / name).write_bytes(data)
-        new.chmod(0o777 & ~_umask())
         if out.exists():
             os.replace(out, old)
         os.replace(new, out)
@@ -109,12 +110,6 @@ def replace_folder(out: Path, files: dict[str, bytes]) -> None:
         shutil.rmtree(new, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_artifacts(
