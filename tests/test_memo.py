@@ -122,3 +122,25 @@ def test_a_no_op_build_imports_no_op_and_neither_sqlite_utils_nor_the_gpu_side(p
     state = tmp_path / "state"
     assert _run(proj, state, "build", "--no-gpu", "-q")[0] == 0  # compiles, builds, locks
     assert _run(proj, state, "build", "--no-gpu", "-q") == (0, [])
+
+
+def test_a_tree_too_big_to_digest_is_digested_once_per_folder(monkeypatch):
+    """memo.tree_digest gives None for a folder of too many files; op_errors keeps that None, so
+    every op of one folder does not walk the folder again (the ops are then loaded and checked)."""
+    from ptxbuild.declare import checks
+    from ptxbuild.oploader import OpError, op_dir
+
+    kf = load(REPO / "kernelfile.toml")
+    walked, loaded = [], []
+    monkeypatch.setattr(memo, "tree_digest", walked.append)  # returns None: too big to digest
+
+    def refuse(template, root):
+        loaded.append(template)
+        raise OpError(f"{template}: not loaded here")
+
+    monkeypatch.setattr(checks, "load_op", refuse)
+    errors = checks.op_errors(kf)
+    folders = {op_dir(s.template, kf.root).parent for s in kf.ops.values()}
+    assert len(kf.ops) > len(folders)  # several ops share a folder: the case this is about
+    assert sorted(walked) == sorted(folders)
+    assert len(loaded) == len(errors) == len(kf.ops)  # no memo without a digest: each op checked

@@ -30,9 +30,9 @@ def op_errors(kf) -> list[str]:
     book, errors, trees = memo.Memo.of(kf.path), [], {}
     for spec in kf.ops.values():
         folder, sm = op_dir(spec.template, kf.root), min(kf.gpus[g].sm_count for g in spec.gpus)
-        tree = trees.get(folder.parent) or trees.setdefault(
-            folder.parent, memo.tree_digest(folder.parent)
-        )
+        if folder.parent not in trees:  # None (a folder too big to digest) is kept too
+            trees[folder.parent] = memo.tree_digest(folder.parent)
+        tree = trees[folder.parent]
         key = tree and memo.digest(tree, memo.code_digest(), str(folder), asdict(spec), sm)
         if key and book.get(f"declared:{spec.name}", key) is True:
             continue

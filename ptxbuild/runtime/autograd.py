@@ -102,7 +102,7 @@ def _plan(bwds: list, dtype, shape: tuple, want: dict):
     """(kernel, mode, rstd computed here) of the first built backward whose mode has exactly the
     call's options (`want`; a rstd_in = true mode also serves a call without rstd: it is computed
     here) and a variant for its shape, or None (the closed form then)."""
-    for bwd in bwds if _dtype(dtype) else ():
+    for bwd in bwds:
         for w in (want, {**want, "rstd_in": True}):
             mode = mode_with(bwd, w) if _dtype(dtype) in bwd.dtypes else None
             problem = mode and Problem.make(bwd.op.NAME, _dtype(dtype), shape, mode.options)
