@@ -156,7 +156,7 @@ def lessons_export(kernelfile, out, op, gpu, retired):
     if out == "-":
         click.echo(text, nl=False)
         return
-    path = Path(out) if Path(out).is_absolute() else kf.root / out
+    path = kf.root / out  # an absolute out stays as it is
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     click.echo(f"{len(lines)} lesson(s) -> {path}")
