@@ -1,6 +1,6 @@
-"""lab/ops/rmsnorm_long (issue 29 item 4): ops/rmsnorm plus stage="ring". Pure: the ring's
-defaults, checks, launch and verification shapes; that every other config is judged, defaulted and
-rendered as ops/rmsnorm does. Compile: the ring's PTX, and the locked rmsnorm@h200 winners compiled
+"""lab/ops/rmsnorm_long (issue 29 item 4): ops/rmsnorm plus stage="ring" (and interleave, the cluster
+split's probe long7). Pure: the ring's defaults, checks, launch and verification shapes; that every
+other config is judged, defaulted and rendered as ops/rmsnorm does; interleave's index map. Compile: the ring's PTX, and the locked rmsnorm@h200 winners compiled
 from the lab copy give ops/rmsnorm's PTX and cubin (so moving the ring into ops/rmsnorm changes no
 locked binary)."""
 
@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+import subprocess
+import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ptxbuild.oploader import load_op
@@ -34,16 +38,21 @@ def matrix():
                 yield prob(dt, (MATRIX_M.get(n, 32768), n), **mode)
 
 
-RING_ONLY = {"ring_group": [1, 2, 4, 8], "ring_skew": [False, True]}  # the ring's own parameters
+# the lab's own parameters beside stage="ring" (the ring's two, the cluster split's interleave)
+LAB_ONLY = {
+    "ring_group": [1, 2, 4, 8],
+    "ring_skew": [False, True],
+    "interleave": [0, 1, 2, 4, 8, 16, 32, 64],
+}
 
 
 def test_the_lab_op_is_ops_rmsnorm_plus_one_stage_value():
     assert op.NAME == "rmsnorm_long" and base.NAME == "rmsnorm"
-    assert {k: v for k, v in op.SPACE.items() if k != "stage" and k not in RING_ONLY} == {
+    assert {k: v for k, v in op.SPACE.items() if k != "stage" and k not in LAB_ONLY} == {
         k: v for k, v in base.SPACE.items() if k != "stage"
     }
     assert op.SPACE["stage"] == [*base.SPACE["stage"], "ring"]
-    assert {k: op.SPACE[k] for k in RING_ONLY} == RING_ONLY  # first values: off, as before
+    assert {k: op.SPACE[k] for k in LAB_ONLY} == LAB_ONLY  # first values: off, as before
 
 
 def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm():
@@ -72,7 +81,7 @@ def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm(
     assert valid > 500, valid
     for p in matrix():
         if p.shape[1] < 65536:
-            want = {**base.default_params(p), **{k: v[0] for k, v in RING_ONLY.items()}}
+            want = {**base.default_params(p), **{k: v[0] for k, v in LAB_ONLY.items()}}
             assert op.default_params(p) == want, p.label()
 
 
@@ -86,7 +95,7 @@ def test_default_is_the_ring_at_n_65536_and_up_where_a_ring_holds_the_part():
         assert d["stage"] == ("ring" if fits else "smem"), p.label()
         assert d["regime"] == ("block" if d["cluster"] == 1 else "cluster"), p.label()
         if not fits:
-            assert {k: v for k, v in d.items() if k not in RING_ONLY} == base.default_params(p)
+            assert {k: v for k, v in d.items() if k not in LAB_ONLY} == base.default_params(p)
 
 
 RING = {"stage": "ring", "load_hint": "none"}
@@ -137,7 +146,7 @@ def test_ring_check_refuses_what_the_kernel_cannot_do():
     # a cluster of 16 (non-portable: ptxbuild.launch sets the attribute) only for the ring
     assert op.check({**cfg, "cluster": 16}, big) is None
     reg16 = {**cfg, "cluster": 16, "stage": "reg", "load_hint": "nc"}
-    reg16_base = {k: v for k, v in reg16.items() if k not in RING_ONLY}
+    reg16_base = {k: v for k, v in reg16.items() if k not in LAB_ONLY}
     assert "NonPortable" in op.check(reg16, big) and op.check(reg16, big) == base.check(
         reg16_base, big
     )
@@ -308,3 +317,200 @@ def test_locked_winners_compile_to_the_same_binaries_from_the_lab_copy():
         assert a.digest == e["binary"], e["label"]
         b = compile_kernel(base.render(e["params"], p, "sm_90a"), "sm_90a")
         assert a.ptx == b.ptx, e["label"]
+
+
+# ------------------------------------------------------------------ interleave (lab/rmsnorm_probe_long7.toml)
+REGC = {"regime": "cluster", "stage": "reg", "cluster": 8, "threads": 512, "load_hint": "nc"}
+IL_COL = (
+    "return (i64)i * (G * CLUSTER * VEC) + (i64)(u + (u & ~(u32)(INTERLEAVE - 1)) * (CLUSTER - 1)"
+    " + rank * INTERLEAVE) * VEC;"
+)
+
+
+def il_cols(n: int, vec: int, cluster: int, threads: int, g: int) -> np.ndarray:
+    """The column (element offset in the row) each CTA x iteration x lane of the reg stage loads and
+    stores at interleave g, -1 where the lane idles: its loop (v = i x G + t for i < VPT, kept where
+    (i + 1) x G <= NV or v < NV), then rmsnorm.cu's il_col (IL_COL) in numpy. Shape (cluster, VPT, G)."""
+    part = n // cluster
+    nv = part // vec
+    rank = np.arange(cluster)[:, None, None]
+    i = np.arange(-(-nv // threads))[None, :, None]
+    t = np.arange(threads)[None, None, :]
+    lo, v = rank * part, i * threads + t
+    col = (
+        i * (threads * cluster * vec) + (t + (t & ~(g - 1)) * (cluster - 1) + lo // part * g) * vec
+    )
+    return np.where(((i + 1) * threads <= nv) | (v < nv), col, -1)
+
+
+def test_interleave_deals_every_vector_of_the_row_to_one_lane_exactly_once():
+    """Every (N, cluster, threads, grain) that check() accepts: the CTAs' lanes cover each vector of
+    the row exactly once, chunk k of CTA r being the row's chunk k x cluster + r. Among them lane tails
+    (N / (cluster x threads x VEC) not whole); the shapes whose chunks would not tile a CTA's part, or
+    whose threads are no whole number of chunks, are refused."""
+    accepted = tails = refused = 0
+    for dt, vec in (("float32", 4), ("bfloat16", 8)):
+        for n in (8192, 24576, 32000, 98304, 131072, 262144):
+            for c in (2, 4, 8):
+                for threads in (96, 256, 384, 512, 640, 1024):
+                    for g in (1, 2, 4, 8, 16, 32, 64):
+                        cfg = op._full({**REGC, "cluster": c, "threads": threads, "interleave": g})
+                        why = op.check(cfg, prob(dt, (4, n)))
+                        nv = n // c // vec
+                        if n % (c * vec) == 0 and (nv % g or threads % g):
+                            assert "whole chunks" in why, (dt, n, c, threads, g, why)
+                            refused += 1
+                        if why is not None:
+                            continue
+                        cols = il_cols(n, vec, c, threads, g)
+                        got = np.sort(cols[cols >= 0])
+                        assert np.array_equal(got, np.arange(0, n, vec)), (dt, n, c, threads, g)
+                        v = np.arange(cols.shape[1])[:, None] * threads + np.arange(threads)
+                        for r in range(c):
+                            want = ((v // g * c + r) * g + v % g) * vec
+                            keep = cols[r] >= 0
+                            assert np.array_equal(cols[r][keep], want[keep]), (dt, n, c, threads, g)
+                        accepted += 1
+                        tails += nv % threads != 0
+    assert accepted > 900 and tails > 400 and refused > 100, (accepted, tails, refused)
+    assert (
+        IL_COL in (ROOT / "lab/ops/rmsnorm_long/rmsnorm.cu").read_text()
+    )  # the map mirrored above
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_interleave_il_col_of_rmsnorm_cu_compiled_on_the_host_gives_the_same_map(tmp_path):
+    """rmsnorm.cu's il_col itself (cut out of the file, built for the host) against il_cols."""
+    src = (ROOT / "lab/ops/rmsnorm_long/rmsnorm.cu").read_text()
+    start = src.index("__device__ __forceinline__ i64 il_col")
+    body = src[start : src.index("\n}\n", start) + 3]
+    for vec, n, c, threads, g in (
+        (4, 131072, 8, 640, 1),
+        (8, 98304, 8, 1024, 64),
+        (4, 65536, 2, 384, 4),
+    ):
+        defs = f"#define VEC {vec}\n#define NC {n}\n#define CLUSTER {c}\n#define G {threads}\n"
+        prog = tmp_path / "il.cpp"
+        prog.write_text(
+            "#include <cstdio>\ntypedef unsigned int u32;\ntypedef long long i64;\n"
+            f"#define __device__\n#define __forceinline__ inline\n{defs}#define INTERLEAVE {g}\n{body}"
+            "int main() {\n  const int NV = NC / CLUSTER / VEC, VPT = (NV + G - 1) / G;\n"
+            "  for (int r = 0; r < CLUSTER; ++r) for (int i = 0; i < VPT; ++i) for (int t = 0; t < G; ++t)\n"
+            '    printf("%lld\\n", (i + 1) * G <= NV || i * G + t < NV ? il_col((i64)r * (NC / CLUSTER), i, t) : -1LL);\n'
+            "}\n"
+        )
+        subprocess.run(["g++", "-O1", "-o", tmp_path / "il", prog], check=True)
+        out = subprocess.run([tmp_path / "il"], capture_output=True, text=True, check=True).stdout
+        assert np.array_equal(
+            np.array(out.split(), dtype=np.int64), il_cols(n, vec, c, threads, g).ravel()
+        )
+
+
+def test_interleave_renders_only_when_on_and_is_refused_where_not_built():
+    big = prob("float32", (16384, 131072))
+    cfg = op._full({**REGC, "min_blocks": 2})
+
+    def head(c):
+        s = op.render(c, big, "sm_90a").source
+        return s[: s.index("// RMSNorm forward")]
+
+    assert "INTERLEAVE" not in head(cfg)
+    on = {**cfg, "interleave": 8}
+    assert op.check(on, big) is None and head(on) == head(cfg) + "#define INTERLEAVE 8\n"
+    assert op.launch(on, big, 132) == op.launch(cfg, big, 132)
+    assert op.verify_problems(big, on) == op.verify_problems(big, cfg)
+    # only the cluster regime's exact register rows are built
+    moot = "interleave only applies to exact register-resident cluster-regime"
+    for other in (
+        {"regime": "block", "cluster": 1},
+        {"stage": "smem", "unroll": 4},
+        {"stage": "chunk", "unroll": 2},
+        {"stage": "bulk", "unroll": 4},
+        {"stage": "pipe"},
+        {"stage": "ring", "load_hint": "none"},
+        {"exact": False, "unroll": 2},
+        {"regime": "warp", "cluster": 1, "threads": 256},
+    ):
+        assert moot in op.check({**on, **other}, big), other
+    # whole chunks: 1000 vectors a CTA % 16, 96 threads % 64; not a power of two; not a bool
+    assert "whole chunks" in op.check(
+        {**on, "cluster": 4, "interleave": 16}, prob("bfloat16", (4, 32000))
+    )
+    assert "whole chunks" in op.check({**on, "threads": 96, "interleave": 64}, big)
+    assert "is not one of" in op.check({**on, "interleave": 3}, big)
+    assert "is not one of" in op.check({**on, "interleave": True}, big)
+
+
+def _probe_long7():
+    """(section, problem, candidate merged over the op's default) of lab/rmsnorm_probe_long7.toml."""
+    kf = tomllib.loads((ROOT / "lab/rmsnorm_probe_long7.toml").read_text())
+    for name, spec in kf["ops"].items():
+        assert spec["template"] == "ops/rmsnorm_long"
+        for dt in spec["dtypes"]:
+            for shape in spec["shapes"]:
+                p = prob(dt, tuple(shape))
+                assert spec["search"]["budget"] == len(spec["search"]["candidates"])
+                for c in spec["search"]["candidates"]:
+                    yield name, p, {**op.default_params(p), **c}
+
+
+@pytest.mark.compile
+def test_interleave_probe_candidates_compile_like_the_locked_winner_and_selftest_cases_too():
+    """Probe long7's controls (interleave 0) are the locked rmsnorm@h200 winners, binary for binary;
+    every grain compiles without spills at the control's registers and with its loads and stores.
+    The GPU selftest's interleave cases compile without spills."""
+    from .test_rmsnorm_ring_gpu import IL_CASES
+
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())
+    locked = {e["label"]: e for e in lock["targets"]["rmsnorm@h200"]["dispatch"]}
+    control: dict = {}
+    for _, p, cfg in _probe_long7():
+        assert op.check(cfg, p) is None, (p.label(), cfg)
+        b = compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+        assert b.spill_bytes == 0, (p.label(), cfg)
+        shape = (b.registers, b.ptx.count("ld.global"), b.ptx.count("st.global"))
+        if cfg["interleave"] == 0:
+            e = locked[p.label()]
+            assert cfg == op._full(e["params"]) and b.digest == e["binary"], p.label()
+            control[p.label()] = shape
+        assert shape == control[p.label()], (p.label(), cfg["interleave"], shape)
+    assert len(control) == 4
+    for dt, shape, opts, params in IL_CASES:
+        p = prob(dt, shape, **opts)
+        cfg = op._full(params)
+        assert op.check(cfg, p) is None, (p.label(), params)
+        assert compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a").spill_bytes == 0, p.label()
+
+
+@pytest.mark.compile
+def test_contiguous_cluster_register_rows_compile_as_in_ops_rmsnorm():
+    """interleave = 0 changes no binary: cluster-regime register and pipe rows (residual, rstd, fp32
+    weight + bias, no weight, the early weight; 2/4/8 CTAs) give ops/rmsnorm's PTX from the lab copy
+    (466 such configs and every locked winner were compared when interleave was written)."""
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    rng = random.Random(7)
+    cases = []
+    for dt in op.DTYPES:
+        for n in (65536, 131072, 262144):
+            for opts in ({}, {"residual": True, "rstd": True}, {"weight": "fp32", "bias": True}):
+                for c in (2, 4, 8):
+                    for t, wl, st in (
+                        (512, "late", "reg"),
+                        (1024, "early", "reg"),
+                        (512, "late", "pipe"),
+                    ):
+                        cfg = {**REGC, "cluster": c, "threads": t, "weight_load": wl, "stage": st}
+                        p = prob(dt, (8192, n), **opts)
+                        if base.check(cfg, p) is None:
+                            cases.append((p, cfg))
+    cases = rng.sample(cases, 16) + [
+        (prob("float32", (8, 65536), weight="none"), {**REGC, "cluster": 2})
+    ]
+    for p, cfg in cases:
+        assert op.check(cfg, p) is None, (p.label(), cfg)
+        a = compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+        assert a.ptx == compile_kernel(base.render(cfg, p, "sm_90a"), "sm_90a").ptx, (
+            p.label(),
+            cfg,
+        )

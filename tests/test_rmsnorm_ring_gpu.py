@@ -6,12 +6,16 @@ slots, so that the next row part is in flight through this row's reduction and s
    against the float64 reference: many rows
    per resident block / cluster (both mbarrier parities, the ring wrapping across rows), odd M,
    M = 1, residual / rstd / bias / fp32 weight / no weight, two CTAs per SM, M*N > 2^31.
+1b. The interleave cases (IL_CASES: the cluster regime's reg stage with the row dealt out to the
+   CTAs in chunks of `interleave` vectors, lab/rmsnorm_probe_long7.toml), the same way: M = 1, odd M,
+   the long rows, a lane tail, M*N > 2^31, residual / rstd / bias / fp32 weight / early weight.
 2. The long rows (N >= 65536: 3 dtypes x 3 shapes x plain / residual) at their benchmark shapes:
    each ring config beside the locked rmsnorm@h200 winner of that row, CUDA events around each call
    with the L2 flushed before it, p50 of TIMED calls, % of the copy floor (bytes / a device copy's
    bandwidth measured here), sampled rows of every ring output checked against the reference.
 
     python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py          # both, ~2 min on an H200
+    python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py -k interleave   # 1b alone
     RING_ROWS='float32[8192x262144]' python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py -k long
 
 RING_ROWS (comma-separated substrings of a row's label) narrows part 2, RING_BUDGET_S (default 100)
@@ -148,6 +152,77 @@ CASES = [
     ),
 ]
 
+REG = {"stage": "reg", "load_hint": "nc"}
+IL_CASES = [
+    # interleave (cluster regime, stage=reg): chunk j of `interleave` vectors to CTA j % cluster. M = 1
+    # (rank 0 writes rstd), odd M, the probe's rows and grains (fp32 128K and 64K at 2 CTAs an SM, bf16 /
+    # fp16 256K), a lane tail (8192 vectors over 640 and 1536 over 1024 lanes), M*N > 2^31, residual
+    # (+ fp32 residual_out) / rstd / bias / fp32 weight / no weight / the early weight (indexed as x)
+    (
+        "float32",
+        (1, 131072),
+        {"rstd": True},
+        {**C, "threads": 512, "cluster": 8, **REG, "min_blocks": 2, "interleave": 8},
+    ),
+    ("float32", (203, 131072), {}, {**C, "threads": 512, "cluster": 8, **REG, "interleave": 1}),
+    (
+        "float32",
+        (331, 65536),
+        {},
+        {**C, "threads": 512, "cluster": 8, **REG, "min_blocks": 2, "interleave": 64},
+    ),
+    ("bfloat16", (517, 262144), {}, {**C, "threads": 512, "cluster": 8, **REG, "interleave": 64}),
+    (
+        "float16",
+        (517, 262144),
+        {},
+        {**C, "threads": 512, "cluster": 8, **REG, "min_blocks": 2, "interleave": 8},
+    ),
+    (
+        "float32",
+        (97, 262144),
+        {},
+        {**C, "threads": 640, "cluster": 8, **REG, "store_cs": True, "interleave": 64},
+    ),
+    (
+        "bfloat16",
+        (3, 98304),
+        {"residual": True},
+        {**C, "threads": 1024, "cluster": 8, **REG, "interleave": 64},
+    ),
+    (
+        "bfloat16",
+        (331, 262144),
+        {"residual": True, "rstd": True},
+        {**C, "threads": 512, "cluster": 8, **REG, "interleave": 16},
+    ),
+    (
+        "float16",
+        (1, 262144),
+        {"residual": True, "rstd": True},
+        {**C, "threads": 1024, "cluster": 8, **REG, "interleave": 8},
+    ),
+    (
+        "float32",
+        (203, 131072),
+        {"residual": True},
+        {**C, "threads": 512, "cluster": 8, **REG, "interleave": 4},
+    ),
+    (
+        "bfloat16",
+        (199, 65536),
+        {"residual": True, "residual_out_fp32": True, "weight": "fp32", "bias": True},
+        {**C, "threads": 512, "cluster": 8, **REG, "weight_load": "early", "interleave": 2},
+    ),
+    (
+        "float16",
+        (1031, 32768),
+        {"weight": "none", "bias": True},
+        {**C, "threads": 256, "cluster": 2, **REG, "interleave": 32},
+    ),
+    ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, **REG, "interleave": 8}),
+]
+
 
 def _selftest():
     spec = importlib.util.spec_from_file_location(
@@ -240,21 +315,32 @@ def _copy_tbps(cp) -> float:
     return 2 * n / (sorted(ts)[len(ts) // 2] * 1e-3) / 1e12
 
 
-def test_ring_selftest_cases_match_the_reference():
+def _run_cases(cases, what: str) -> None:
+    """Each case by the selftest's run_case with the lab op; every failure named at the end."""
     import cupy as cp
     from cuda.bindings import driver
 
     st = _selftest()
     arch = st.arch_of(cp)
     if int(arch[3:].rstrip("a")) < 90:
-        pytest.skip(f"stage=ring needs sm_90 or newer ({arch})")
+        pytest.skip(f"{what} needs sm_90 or newer ({arch})")
     fails = []
-    for dtype, shape, opts, params in CASES:
+    for dtype, shape, opts, params in cases:
         ok, msg = st.run_case(cp, driver, arch, dtype, shape, opts, params)
-        print(f"{'PASS' if ok else 'FAIL'} ring {dtype} {shape} {opts} {params} {msg}", flush=True)
+        print(
+            f"{'PASS' if ok else 'FAIL'} {what} {dtype} {shape} {opts} {params} {msg}", flush=True
+        )
         if not ok:
             fails.append((dtype, shape, opts, params, msg))
     assert not fails, fails
+
+
+def test_ring_selftest_cases_match_the_reference():
+    _run_cases(CASES, "ring")
+
+
+def test_interleave_selftest_cases_match_the_reference():
+    _run_cases(IL_CASES, "interleave")
 
 
 def _check_rows(cp, op, problem, inputs, outputs, rows) -> str | None:

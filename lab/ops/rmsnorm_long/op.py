@@ -40,6 +40,9 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
           ring_group (block regime): a row over 2/4/8 CTAs without a hardware cluster, summed
           through mailbox words in y (the grid takes whole groups of any SMs: 33 x 4 = 132);
           ring_skew: pass 1 of the next row before this row's sum completes (two parts in the ring).
+          interleave (cluster regime, stage="reg"; lab probe long7): the CTAs of a cluster take the row
+          in chunks of `interleave` vectors dealt round-robin (chunk j to CTA j % cluster) instead of
+          one contiguous 1/cluster each; 0 (the default) is the contiguous split.
   exact=False: any N at run time (also N % 8 != 0, via element accesses); two passes over global
           memory (the second re-reads x (+ residual), usually from L2). Rendered without N.
 """
@@ -89,6 +92,8 @@ SPACE = {
     "ring_group": [1, 2, 4, 8],           # ring, block regime: CTAs per row, summed through the L2 (no
                                           # hardware cluster: 33 x 4 tile 132 SMs; clusters of 4/8 get 120)
     "ring_skew": [False, True],           # ring: pass 1 of the next row before this row's sum completes
+    "interleave": [0, 1, 2, 4, 8, 16, 32, 64],  # cluster regime, reg: 0 contiguous parts; g: chunks of g
+                                          # vectors dealt round-robin over the cluster's CTAs (INTERLEAVE)
 }
 
 # Cluster dims > 8 need cudaFuncAttributeNonPortableClusterSizeAllowed on the function, which a
@@ -236,7 +241,7 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{k}={v!r} is not one of {SPACE[k]}"
     if type(p["threads"]) is not int:
         return f"threads={p['threads']!r} must be an integer"
-    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks", "ring_group"):
+    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks", "ring_group", "interleave"):
         if type(p[k]) is not int or p[k] not in SPACE[k]:
             return f"{k}={p[k]!r} is not one of {SPACE[k]}"
     n = problem.shape[1]
@@ -267,6 +272,8 @@ def check(params: dict, problem: Problem) -> str | None:
         return "ring_group / ring_skew only apply to stage=ring (leave 1 / False)"
     if p["ring_group"] > 1 and regime != "block":
         return "ring_group (a software group of CTAs per row) is for the block regime; clusters use cluster"
+    if p["interleave"] and not (regime == "cluster" and p["exact"] and p["stage"] == "reg"):
+        return "interleave only applies to exact register-resident cluster-regime variants (leave 0)"
     if p["stage"] != "bulk" and p["bulk_reg"] != canon["bulk_reg"]:
         return "bulk_reg only applies to stage=bulk (leave 0)"
     if p["load_hint"] == "l2" and p["stage"] != "chunk":
@@ -301,6 +308,8 @@ def check(params: dict, problem: Problem) -> str | None:
         if n % (vec * p["cluster"] * p["ring_group"]):
             return f"exact variant needs N % {vec * p['cluster'] * p['ring_group']} == 0 (VEC={vec} x cluster x ring_group), N={n}"
         nv, vpt = _geometry(p, problem)
+        if (nv % max(1, p["interleave"])) or threads % max(1, p["interleave"]):
+            return f"interleave={p['interleave']} needs whole chunks: {nv} vectors per CTA and {threads} threads % {p['interleave']}"
         if nv < _group(p):
             return f"{_group(p)} lanes per row but only {nv} vectors: lanes would idle"
         if p["stage"] in ("smem", "bulk") and p["unroll"] > vpt:
@@ -446,6 +455,8 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
     }
     # set only when on, after ENTRY, so that every variant without them renders as it did before
     defs.update({k: 1 for k, on in (("FAST_FRONT", p["fast_front"]), ("W_EL", p["w_el"])) if on})
+    if p["interleave"]:                 # set only when on: every contiguous split renders as before
+        defs["INTERLEAVE"] = p["interleave"]
     if exact and p["stage"] == "ring":
         defs.update(STAGE_RING=1, RING_SLOTS=_ring(p, problem)[1])
         if p["ring_group"] > 1:         # set only when on: every other ring renders as before

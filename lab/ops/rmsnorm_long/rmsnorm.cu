@@ -45,6 +45,11 @@
 //   RING_SKEW   (op.py: ring_skew; defined only when on) STAGE_RING: pass 1 of row i + 1 runs, and its
 //               partial is pushed, before the wait for row i's total: the block / cluster / group sum of
 //               a row is in flight while the CTA sums the next (the ring holds two row parts and more)
+//   INTERLEAVE  (op.py: interleave; defined only when > 0) EXACT register rows, cluster regime: the row is
+//               dealt out to the cluster's CTAs in chunks of INTERLEAVE vectors, chunk j to CTA j % CLUSTER
+//               (weight, residual and outputs indexed alike), instead of one contiguous 1/CLUSTER of the row
+//               each, so that at every load step the cluster asks for one contiguous stretch of the row
+//               (see il_col; issue 29, the stride probe)
 //   FAST_FRONT  (op.py: fast_front; default 0, not defined) warp regime, exact, registers: a
 //               block whose rows all exist and whose tensor has < 2^31 elements takes a path with
 //               no per-row predicates and 32-bit element offsets, the N check folded into its branch
@@ -90,6 +95,9 @@ typedef long long i64;
 #endif
 #ifndef RSQ_FTZ
 #define RSQ_FTZ 0
+#endif
+#ifndef INTERLEAVE
+#define INTERLEAVE 0
 #endif
 #define KW (WT == 2 ? 2 : DT)                                    // weight / bias kind
 #define KH ((DT == 2 || (HAS_RES && RES_F32)) ? 2 : DT)          // kind of h as held / residual_out
@@ -490,6 +498,26 @@ constexpr int EX_NV = NC / CLUSTER / VEC, EX_VPT = (EX_NV + G - 1) / G;
 __device__ __forceinline__ i64 elem32(i64 row, i64 lo, int v) {
   return (i64)((u32)row * (u32)NC + (u32)lo + (u32)v * VEC);
 }
+#if INTERLEAVE
+static_assert(REGIME == 2 && (INTERLEAVE & (INTERLEAVE - 1)) == 0 && EX_NV % INTERLEAVE == 0 && G % INTERLEAVE == 0,
+              "INTERLEAVE: the cluster regime, a power of two dividing each CTA's vectors and the threads");
+// Column (element offset in the row) of vector v = i x G + t of the CTA whose part starts at
+// lo = rank x NC / CLUSTER: chunk v / INTERLEAVE of this CTA is the row's chunk
+// (v / INTERLEAVE) x CLUSTER + rank, i.e. the row's vector v + (v & -INTERLEAVE) x (CLUSTER - 1) +
+// rank x INTERLEAVE. As G % INTERLEAVE == 0 that is i x G x CLUSTER + (t + (t & -INTERLEAVE) x (CLUSTER - 1)
+// + rank x INTERLEAVE): written so, the part after i is the same for every i, one base and immediate
+// offsets per vector as in the contiguous split (from v alone, ptxas held 8-38 more registers).
+// tests/test_rmsnorm_long_op.py mirrors this arithmetic.
+__device__ __forceinline__ i64 il_col(i64 lo, int i, int t) {
+  const u32 rank = (u32)(lo / (NC / CLUSTER)), u = (u32)t;
+  return (i64)i * (G * CLUSTER * VEC) + (i64)(u + (u & ~(u32)(INTERLEAVE - 1)) * (CLUSTER - 1) + rank * INTERLEAVE) * VEC;
+}
+#define COL(lo, i, t, v) il_col(lo, i, t)
+#define XIDX(row, lo, i, t, v) (row) * (i64)NC + il_col(lo, i, t)
+#else   // contiguous parts: the expressions as written before INTERLEAVE (the same binaries)
+#define COL(lo, i, t, v) (lo) + (i64)(v) * VEC
+#define XIDX(row, lo, i, t, v) (row) * (i64)NC + (lo) + (i64)(v) * VEC
+#endif
 typedef u32 RowWords[RPG][EX_VPT][4];
 typedef u32 ResWords[HAS_RES ? RPG : 1][HAS_RES ? EX_VPT : 1][4];
 
@@ -504,7 +532,7 @@ __device__ __forceinline__ void load_rows(const Args& a, const i64* rows, const 
     for (int i = 0; i < VPT; ++i) {
       const int v = i * G + t;
       const bool ok = (FAST || rok[k]) && ((i + 1) * G <= NV || v < NV);
-      const i64 idx = FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC;
+      const i64 idx = FAST ? elem32(rows[k], lo, v) : XIDX(rows[k], lo, i, t, v);
       if (ok) vload<DT>(a.x, idx, xw[k][i]); else zero<DT>(xw[k][i]);
 #if HAS_RES
       if (ok) vload<DT>(a.r, idx, rw[k][i]); else zero<DT>(rw[k][i]);
@@ -524,7 +552,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
   for (int i = 0; i < VPT; ++i) {
     const int v = i * G + t;
     const bool ok = (i + 1) * G <= NV || v < NV;
-    const i64 idx = lo + (i64)v * VEC;
+    const i64 idx = COL(lo, i, t, v);
     if (WT != 0) { if (ok) WLOAD(KW, a.w, idx, ww[i]); else zero<KW>(ww[i]); }
     if (HAS_BIAS) { if (ok) WLOAD(KW, a.b, idx, bw[i]); else zero<KW>(bw[i]); }
   }
@@ -541,7 +569,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
 #if !H_LATE
       const int v = i * G + t;
       if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
-        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : XIDX(rows[k], lo, i, t, v), hw[k][i]);
 #endif
 #else
       ss[k] += combine(xw[k][i], nullptr, hw[k][i]);
@@ -558,7 +586,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
     for (int i = 0; i < VPT; ++i) {
       const int v = i * G + t;
       if ((FAST || rok[k]) && ((i + 1) * G <= NV || v < NV))
-        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : rows[k] * (i64)NC + lo + (i64)v * VEC, hw[k][i]);
+        vstore<KH>(a.ro, FAST ? elem32(rows[k], lo, v) : XIDX(rows[k], lo, i, t, v), hw[k][i]);
     }
 #endif
 #if HAS_RSTD
@@ -570,7 +598,7 @@ __device__ __forceinline__ void finish_rows(const Args& a, const i64* rows, cons
   for (int i = 0; i < VPT; ++i) {
     const int v = i * G + t;
     const bool colok = (i + 1) * G <= NV || v < NV;
-    const i64 idx = lo + (i64)v * VEC;
+    const i64 idx = COL(lo, i, t, v);
 #if WEARLY
     const u32* wi = ww[i]; const u32* bi = bw[HAS_BIAS ? i : 0];
 #else
