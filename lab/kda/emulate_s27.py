@@ -10,6 +10,13 @@ the CUDA text itself (float64 arithmetic, no tf32 / f16 rounding but the stores)
 
     python3 lab/kda/emulate_s27.py              # a few cases, < 1 min
     python3 lab/kda/emulate_s27.py --stageqk    # the same with x1c's q, k words (cp.async + ldmatrix)
+    python3 lab/kda/emulate_s27.py --wstore     # x1w (S27_WSTORE): WQ and U through shared memory
+
+--wstore (session 29) first checks x1w's store mapping on its own (check_wstore: every shared chunk
+written once before it is read, every global chunk once, the bytes where x1p puts them, all four
+access patterns bank-conflict-free), then runs the cases with W / Qg / U written through it: each
+block staged in Kp^T's words (tagged, so that an ldmatrix of a block already overwritten fails), the
+blob compared byte for byte with x1p's mapping, then field by field with the reference as before.
 """
 
 from __future__ import annotations
@@ -27,6 +34,70 @@ import emulate_s26 as E  # noqa: E402
 wsl, LANE, G_, T_, LOG2E, mma1688 = E.wsl, E.LANE, E.G_, E.T_, E.LOG2E, E.mma1688
 DS, VS, TS = 136, 136, 20
 STAGEQK = "--stageqk" in sys.argv
+WSTORE = "--wstore" in sys.argv
+
+
+def wsw(c):
+    """x1w's chunk swizzle in a 1 KB staging block (kda_s27_prepare.cu's s27_wsw)."""
+    return c ^ ((c >> 3) & 1)
+
+
+def staged_store(halves):
+    """x1w's store of one 1 KB block: halves [32 lanes, 2, 16 bytes] = lane l's sector (W | Qg, or U's
+    n-tiles 0 | 1). Lane l writes shared chunks wsw(2l), wsw(2l + 1); after the __syncwarp lane L
+    stores shared chunks wsw(L), wsw(32 + L) to global chunks L, 32 + L. Returns the 64 global chunks,
+    the writes per shared chunk and the writes per global chunk."""
+    smem, sw = np.zeros((64, 16), np.uint8), np.zeros(64, int)
+    for h in range(2):
+        np.add.at(sw, wsw(2 * LANE + h), 1)
+        smem[wsw(2 * LANE + h)] = halves[:, h]
+    out, gw = np.zeros((64, 16), np.uint8), np.zeros(64, int)
+    for s in range(2):
+        np.add.at(gw, 32 * s + LANE, 1)
+        out[32 * s + LANE] = smem[wsw(32 * s + LANE)]
+    return out, sw, gw
+
+
+def conflict_free(chunks):
+    """One STS.128 / LDS.128: each quarter-warp's 8 chunks in 8 distinct 16-byte bank groups."""
+    return all(len(set(chunks[8 * q : 8 * q + 8] % 8)) == 8 for q in range(4))
+
+
+def check_wstore(seed=0):
+    """x1w's mapping alone, on random bytes: returns the number of failed checks."""
+    halves = np.random.default_rng(seed).integers(0, 256, (32, 2, 16), dtype=np.uint8)
+    out, sw, gw = staged_store(halves)
+    bad = {
+        "shared chunk written != once": (sw != 1).any(),
+        "global chunk written != once": (gw != 1).any(),
+        "bytes not where x1p puts them": not np.array_equal(out, halves.reshape(64, 16)),
+        "bank conflict": not all(
+            conflict_free(wsw(c)) for c in (2 * LANE, 2 * LANE + 1, LANE, 32 + LANE)
+        ),
+        "unswizzled (the check would not see a conflict)": conflict_free(2 * LANE),
+    }
+    for what, b in bad.items():
+        if b:
+            print(f"check_wstore: {what}")
+    print("check_wstore: " + ("OK" if not any(bad.values()) else "BAD"))
+    return sum(map(bool, bad.values()))
+
+
+def to_chunks(x):
+    """[blocks, 32, 2, ...] (one 16-byte chunk per [block, lane, half]) -> its bytes [blocks, 32, 2, 16]."""
+    return np.ascontiguousarray(x).view(np.uint8).reshape(x.shape[0], 32, 2, 16)
+
+
+def staged_bytes(chunks):
+    """x1w's global bytes of WQ or U, block by block, checked against x1p's layout (the same bytes)."""
+    out = []
+    for blk in chunks:
+        o, sw, gw = staged_store(blk)
+        assert (sw == 1).all() and (gw == 1).all(), "x1w: a chunk written twice or never"
+        out.append(o)
+    out = np.concatenate(out).reshape(-1)
+    assert np.array_equal(out, chunks.reshape(-1)), "x1w: bytes differ from x1p's mapping"
+    return out
 
 
 def mma16816(a, b, c):
@@ -206,6 +277,7 @@ def chunk(q, k, a, v, beta_logit, m, bias, A2, scale, l2norm=True):
             r, s = G_ + 8 * (e >> 1), 8 * j + 2 * T_ + (e & 1)
             sLt[s * TS + r] = np.where(s < r, beta[r] * accL[j][e], 0.0)
     kpt = np.zeros(128 * 16)
+    staged = np.zeros(128 * 16, bool)  # x1w: Kp^T words overwritten by the WQ staging
     for (ks, e, rr, hh), val in ka.items():
         kpt[kpt_index(16 * ks + 8 * e + 2 * T_ + hh, G_ + 8 * rr)] = val
     sTb = np.zeros(16 * TS)
@@ -230,7 +302,9 @@ def chunk(q, k, a, v, beta_logit, m, bias, A2, scale, l2norm=True):
         acc = [[np.zeros(32)] * 4 for _ in range(2)]
         for j in range(2):
             ch, i = 16 * ks + 8 * j + (LANE & 7), LANE >> 3
-            bq = ldsm(kpt, ch * 16 + 4 * (i ^ ((ch >> 1) & 3)))
+            row = ch * 16 + 4 * (i ^ ((ch >> 1) & 3))
+            assert not staged[row[:, None] + np.arange(4)].any(), "x1w: ldmatrix of a staged block"
+            bq = ldsm(kpt, row)
             acc[j] = mma1688(ta[0], [bq[0], bq[1]], acc[j])
             acc[j] = mma1688(ta[1], [bq[2], bq[3]], acc[j])
         c0 = 16 * ks + 2 * T_
@@ -239,6 +313,8 @@ def chunk(q, k, a, v, beta_logit, m, bias, A2, scale, l2norm=True):
         wq[ks, :, 0, 1] = np.stack([-acc[1][0] * cg8, -acc[1][1] * cg9], -1)
         wq[ks, :, 0, 2] = np.stack([-acc[0][2] * cg0, -acc[0][3] * cg1], -1)
         wq[ks, :, 0, 3] = np.stack([-acc[1][2] * cg8, -acc[1][3] * cg9], -1)
+        if WSTORE:  # x1w: block ks of Kp^T (words 256 ks ..) now holds [W | Qg] of ks
+            staged[256 * ks : 256 * ks + 256] = True
     sV = np.zeros(16 * VS)
     for r in range(16):
         sV[r * VS : r * VS + 128] = v[r] if r < m else 0.0
@@ -263,17 +339,23 @@ def chunk(q, k, a, v, beta_logit, m, bias, A2, scale, l2norm=True):
         for jn in range(2):
             u[vg, :, jn, :] = np.stack(acc[jn], -1)
     blob = np.zeros(sz["BLOB"], np.uint8)
-    blob[sz["WQ"] : sz["KD"]] = wsl.to_bits(wq, "f16").reshape(-1).view(np.uint8)
+    if WSTORE:
+        blob[sz["WQ"] : sz["KD"]] = staged_bytes(to_chunks(wsl.to_bits(wq, "f16")))
+    else:
+        blob[sz["WQ"] : sz["KD"]] = wsl.to_bits(wq, "f16").reshape(-1).view(np.uint8)
     blob[sz["KD"] : sz["AQ"]] = wsl.to_bits(kdf, "f16").reshape(-1).view(np.uint8)
     blob[sz["AQ"] : sz["GAM"]] = wsl.to_bits(aq, "f16").reshape(-1).view(np.uint8)
     blob[sz["GAM"] : sz["U"]] = gam.astype(np.float32).view(np.uint8)
-    blob[sz["U"] :] = u.astype(np.float32).reshape(-1).view(np.uint8)
+    if WSTORE:
+        blob[sz["U"] :] = staged_bytes(to_chunks(u.astype(np.float32)))
+    else:
+        blob[sz["U"] :] = u.astype(np.float32).reshape(-1).view(np.uint8)
     return blob
 
 
 if __name__ == "__main__":
     E.chunk = chunk
-    bad = 0
+    bad = check_wstore() if WSTORE else 0
     for lens, H, kw in (
         ([16], 1, {}),
         ([17, 33], 1, {}),

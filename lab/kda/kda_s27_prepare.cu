@@ -30,6 +30,14 @@
 // buffer (IN: iqk, ia) as soon as this item has read its own out, its v rows right after U, its beta
 // logit / A_log / dt_bias into registers, chunk_start / chunk_len two items ahead: no input wait is left
 // on the critical path. 29,504 B per warp (7 warps per SM), up to 255 registers. Workspace unchanged.
+//
+// Session 29 (S27_WSTORE, lab/kda/plan-session29.md): x1p with the WQ and U halves written in whole
+// 32-byte sectors (x1w). Each lane owns one sector [W | Qg] of WQ per ks and one sector [n-tile 0 | 1]
+// of U per vg, but a lane stores 16 bytes per instruction, so today every WQ / U store instruction
+// fills half of each of 32 sectors (and W, Qg of a sector come 3 steps apart). x1w keeps Qg in
+// registers until W, stages both halves of all 32 sectors in the 1 KB of Kp^T that the ks just read
+// (dead from then on), and lane L stores chunks L and 32 + L: 512 contiguous bytes, 16 whole sectors
+// per instruction. U likewise through the (dead) D / Kp^T buffer per vg. Same bytes, same layout.
 
 #if KDIM != 128 || VDIM != 128 || CH != 16
 #error "kda_s27_prepare: K = V = 128, C = 16"
@@ -55,6 +63,12 @@
 #endif                     // 2 = its q, k, a rows by cp.async into a second buffer, v after U (x1p)
 #if S27_PIPE == 2 && (S27_STAGEQK || !S27_FASTADDR)
 #error "S27_PIPE 2 stages q, k itself (no S27_STAGEQK) and needs S27_FASTADDR"
+#endif
+#ifndef S27_WSTORE
+#define S27_WSTORE 0       // 1: WQ and U in whole 32-byte sectors through shared memory (x1w, on x1p)
+#endif
+#if S27_WSTORE && S27_PIPE != 2
+#error "S27_WSTORE is built on x1p (S27_PIPE 2)"
 #endif
 
 #if S27_PIPE
@@ -143,6 +157,12 @@ __device__ __forceinline__ void s27_ldsm4t(u32* r, const void* p) {
 __device__ __forceinline__ int s27_kpt(int ch, int tok) {
   return ch * CH + 4 * ((tok >> 2) ^ ((ch >> 1) & 3)) + (tok & 3);
 }
+
+#if S27_WSTORE
+// the staging of one 1 KB block (32 sectors, 64 16-byte chunks): chunk c at c ^ ((c >> 3) & 1), so that
+// both the writes (lane l: chunks 2l, 2l + 1) and the reads (lane L: chunks L, 32 + L) are conflict-free
+__device__ __forceinline__ int s27_wsw(int c) { return c ^ ((c >> 3) & 1); }
+#endif
 
 #if S27_PIPE == 2
 // one chunk-head's q, k, a rows into the IN buffer by 16-byte cp.async (one piece per lane and row,
@@ -474,6 +494,9 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
   // 3. phase B (fragment layout): exponentials, Kp / Km / Qp, the L and A_qk k-steps, Qg and Kd out
   float accL[2][4] = {}, accA[2][4] = {};
   u32 ka[8][2][2][2];                                    // Kp tf32 [ks][e][rr][h], kept for W
+#if S27_WSTORE
+  u32 qgs[8][4];                                         // Qg's words [ks], kept for step 6 (stored beside W)
+#endif
   U4* wq = (U4*)(blob + WS_WQ);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
@@ -511,7 +534,14 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
         s27_mma1688(accA[jn], qa[0][0], qa[1][0], qa[0][1], qa[1][1], kb[jn][0], kb[jn][1]);
       }
     }
+#if S27_WSTORE
+    qgs[ks][0] = qgw[0][0];
+    qgs[ks][1] = qgw[1][0];
+    qgs[ks][2] = qgw[0][1];
+    qgs[ks][3] = qgw[1][1];
+#else
     if (S27_ST) wq[(ks * 32 + lane) * 2 + 1] = U4{qgw[0][0], qgw[1][0], qgw[0][1], qgw[1][1]};
+#endif
     // KD [pair ks][lane] = {Kd[2t, 2t+1][16 ks + g], Kd[2t+8, 2t+9][..], same for channel + 8}: the
     // transposes of the 8x8 blocks (tokens 8 rr .., channels 16 ks + 8 e ..)
     if (S27_ST) ((U4*)(blob + WS_KD))[ks * 32 + lane] =
@@ -598,8 +628,23 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
     const int c0 = 16 * ks + 2 * t;
     const F4 c0v = *reinterpret_cast<const F4*>(&sm.cgcl[c0][0]);
     const F4 c8v = *reinterpret_cast<const F4*>(&sm.cgcl[c0 + 8][0]);
+#if S27_WSTORE
+    // [W | Qg] of lane l = chunks 2l, 2l + 1 of Kp^T's block ks (words 256 ks ..: this ks's ldmatrix
+    // rows, read by now, never again), then chunks L, 32 + L out: 16 whole sectors per STG.128
+    if (S27_ST) {
+      U4* st = reinterpret_cast<U4*>(&sm.u.kpt[256 * ks]);
+      __syncwarp();                                      // every lane's ldmatrix of block ks is done
+      st[s27_wsw(2 * lane)] = U4{pack2(-acc[0][0] * c0v.x, -acc[0][1] * c0v.z), pack2(-acc[1][0] * c8v.x, -acc[1][1] * c8v.z),
+                                 pack2(-acc[0][2] * c0v.x, -acc[0][3] * c0v.z), pack2(-acc[1][2] * c8v.x, -acc[1][3] * c8v.z)};
+      st[s27_wsw(2 * lane + 1)] = U4{qgs[ks][0], qgs[ks][1], qgs[ks][2], qgs[ks][3]};
+      __syncwarp();
+      wq[64 * ks + lane] = st[s27_wsw(lane)];
+      wq[64 * ks + 32 + lane] = st[s27_wsw(32 + lane)];
+    }
+#else
     if (S27_ST) wq[(ks * 32 + lane) * 2] = U4{pack2(-acc[0][0] * c0v.x, -acc[0][1] * c0v.z), pack2(-acc[1][0] * c8v.x, -acc[1][1] * c8v.z),
                                   pack2(-acc[0][2] * c0v.x, -acc[0][3] * c0v.z), pack2(-acc[1][2] * c8v.x, -acc[1][3] * c8v.z)};
+#endif
   }
 
   // 7. U^T = V^T Tb^T (tf32): A = V^T by ldmatrix.trans, k-order token 8 kk + 2 t (col t), + 1 (col t + 4)
@@ -632,9 +677,23 @@ kda_s27_prepare(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, cons
 #pragma unroll
       for (int jn = 0; jn < 2; ++jn) s27_mma1688(acc[jn], a0, a1, a2, a3, tbb[jn][kk][0], tbb[jn][kk][1]);
     }
+#if S27_WSTORE
+    // lane l's sector [n-tile 0 | 1] = chunks 2l, 2l + 1 of block vg of the dead D / Kp^T buffer (the step 7
+    // __syncwarp above: every lane is done with step 6's staging), then chunks L, 32 + L out
+    if (S27_ST) {
+      F4* st = reinterpret_cast<F4*>(&sm.u.kpt[256 * vg]);
+#pragma unroll
+      for (int jn = 0; jn < 2; ++jn) st[s27_wsw(2 * lane + jn)] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
+      __syncwarp();
+      F4* dst = (F4*)(blob + WS_U) + vg * 64;
+      dst[lane] = st[s27_wsw(lane)];
+      dst[32 + lane] = st[s27_wsw(32 + lane)];
+    }
+#else
     F4* dst = (F4*)(blob + WS_U) + (vg * 32 + lane) * 2;  // U: [vg][lane][n-tile]
 #pragma unroll
     for (int jn = 0; jn < 2; ++jn) if (S27_ST) dst[jn] = F4{acc[jn][0], acc[jn][1], acc[jn][2], acc[jn][3]};
+#endif
   }
 #if S27_PIPE == 2
   __syncwarp();                                          // every lane is done with v, D / Kp^T, cgcl, Tb, beta

@@ -329,7 +329,7 @@ def main(argv=None) -> int:
         + " ".join(f"{v:>5}" for v in cols)
     )
     targets = dict(
-        zip([f"H{H} {n}" for H, n, _ in SCENARIOS], (0.876, 0.870, 0.747, 0.743, 0.636, 0.507))
+        zip([f"H{H} {n}" for H, n, _ in s26.SCENARIOS], (0.876, 0.870, 0.747, 0.743, 0.636, 0.507))
     )
     for r in out["timing"]:
         log(
