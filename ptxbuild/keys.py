@@ -44,6 +44,10 @@ def build_key(
     return digest("build", PIPELINE_VERSION, op_files, config, gpu, toolchain, deps, hardware)
 
 
+# the compiler wheels whose versions are part of the toolchain (compile/) and of the lock (outputs/)
+COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
+
+
 def installed_version(name: str) -> str | None:
     """The installed version of the Python distribution `name` (a compiler wheel, a package), or None:
     read from its dist-info folder's name where there is one (what pip writes), else from

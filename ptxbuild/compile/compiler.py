@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..declare import memo
 from ..errors import BuildFailed, ToolError
-from ..keys import installed_version
+from ..keys import COMPILER_WHEELS, installed_version
 from ..problem import Binary, Kernel
 
 
@@ -82,9 +82,6 @@ def toolchain() -> Toolchain:
     if None not in wheels:
         book.put("toolchain", key, asdict(tc))
     return tc
-
-
-COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 
 
 _RES = {

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..declare import memo
 from ..declare.graph import all_targets
 from ..errors import EXIT_CONFIG, BuildFailed
-from ..keys import installed_version
+from ..keys import COMPILER_WHEELS, installed_version
 from ..oploader import changed_files, file_digests, op_files
 from ..problem import canonical_json
 from ..records import Manifest
@@ -26,7 +26,6 @@ from .environment import WHEELS
 from .manifest import read_manifest, target_dir
 
 LOCK_VERSION = 1
-COMPILER_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-nvjitlink")
 # what a lock entry pins of each manifest variant besides its two digests
 VARIANT_KEYS = ("entry", "arch", "ptx_isa", "registers", "spill_bytes", "compiler")
 # what it copies from the manifest as it is
