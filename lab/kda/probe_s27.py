@@ -97,17 +97,22 @@ def kernels_for(problem, variants, op: bool = True) -> list:
     return out + [kernel_of(params, problem, v) for v in dict.fromkeys(variants)]
 
 
-def compile_only() -> int:
-    """Every variant on the scenario problems and the odd ones (GVA, no L2 norm, bf16 operands)."""
-    bad = 0
-    probs = [
+def compile_problems() -> list:
+    """The problems every probe's --compile-only compiles for: the scenarios' heads (H96, H64) and
+    the odd ones (one head, GVA, no L2 norm)."""
+    return [
         s26.problem_of((8192,), 96),
         s26.problem_of((8192,), 64),
         s26.problem_of((16,), 1),
         s26.problem_of((97, 33), 4, {"hv": 8}),
         s26.problem_of((200,), 4, {"l2norm": False}),
     ]
-    for problem in probs:
+
+
+def compile_only() -> int:
+    """Every variant on the scenario problems and the odd ones (GVA, no L2 norm, bf16 operands)."""
+    bad = 0
+    for problem in compile_problems():
         params = kda.default_params(problem)
         for op_dtype in ("f16", "bf16"):
             for name in ("x1", "x1a", "x1c", "x4", "x1s"):

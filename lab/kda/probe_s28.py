@@ -169,14 +169,7 @@ def compile_only() -> int:
     """x1c, x1p, x1q on the scenario problems and the odd ones (GVA, no L2 norm), f16 and bf16
     operands: registers, spills, shared memory, warps per SM (must reach the launch bound)."""
     bad = check_pipe()
-    probs = [
-        s26.problem_of((8192,), 96),
-        s26.problem_of((8192,), 64),
-        s26.problem_of((16,), 1),
-        s26.problem_of((97, 33), 4, {"hv": 8}),
-        s26.problem_of((200,), 4, {"l2norm": False}),
-    ]
-    for problem in probs:
+    for problem in s27.compile_problems():
         params = kda.default_params(problem)
         for op_dtype in ("f16", "bf16"):
             for name in ("x1c", "x1p", "x1q"):

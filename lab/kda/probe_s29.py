@@ -98,13 +98,7 @@ def compile_only() -> int:
     (x1w's grid and cp.async groups are x1p's: probe_s28's check)."""
     bad = s28.check_pipe()
     tool = nvdisasm()
-    probs = [
-        s26.problem_of((8192,), 96),
-        s26.problem_of((8192,), 64),
-        s26.problem_of((16,), 1),
-        s26.problem_of((97, 33), 4, {"hv": 8}),
-        s26.problem_of((200,), 4, {"l2norm": False}),
-    ]
+    probs = s27.compile_problems()
     for problem in probs:
         params = kda.default_params(problem)
         for op_dtype in ("f16", "bf16"):
