@@ -124,7 +124,7 @@ class Record(_Strict):
         if self.kind == "best" and (r.p50_ms is None or r.outcome or r.order):
             raise ValueError("a 'best' rule has params, p50_ms and optionally near only")
         has = [f is not None for f in (r.edit, r.verdict, r.result, r.why, r.source, r.ratio)]
-        if not all(has[:2]) if self.kind == "edit" else any(has):  # "" and 0 are set, too
+        if (not all(has[:2])) if self.kind == "edit" else any(has):  # "" and 0 are set, too
             raise ValueError("an 'edit' rule has edit and verdict; no other rule has edit fields")
         if self.kind == "edit" and (r.p50_ms or r.outcome or r.order):
             raise ValueError("an 'edit' rule has no p50_ms, outcome or order")
