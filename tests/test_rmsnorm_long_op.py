@@ -71,6 +71,9 @@ def test_every_other_config_is_checked_defaulted_and_rendered_as_in_ops_rmsnorm(
     valid = 0
     for p, cfg in cases:
         why = base.check(cfg, p)
+        if why and "NonPortable" in why:  # ops/rmsnorm refuses 16, the lab op judges it (long8)
+            assert "NonPortable" not in (op.check(cfg, p) or ""), (p.label(), cfg)
+            continue
         assert op.check(cfg, p) == why, (p.label(), cfg)
         if why is None:
             valid += 1
@@ -143,13 +146,12 @@ def test_ring_check_refuses_what_the_kernel_cannot_do():
     assert "whole chunks" in op.check({**cfg, "threads": 384}, big)  # 4096 vectors % 384 lanes
     assert "whole chunks" in op.check({**cfg, "unroll": 8, "threads": 1024}, big)  # 4 % 8
     assert "leave load_hint" in op.check({**cfg, "load_hint": "nc"}, big)
-    # a cluster of 16 (non-portable: ptxbuild.launch sets the attribute) only for the ring
+    # a cluster of 16 (non-portable: ptxbuild.launch sets the attribute): the lab op allows it in
+    # every stage, ops/rmsnorm still refuses it
     assert op.check({**cfg, "cluster": 16}, big) is None
     reg16 = {**cfg, "cluster": 16, "stage": "reg", "load_hint": "nc"}
     reg16_base = {k: v for k, v in reg16.items() if k not in LAB_ONLY}
-    assert "NonPortable" in op.check(reg16, big) and op.check(reg16, big) == base.check(
-        reg16_base, big
-    )
+    assert op.check(reg16, big) is None and "NonPortable" in base.check(reg16_base, big)
     assert "leave load_hint" in op.check({**cfg, "weight_load": "early"}, big)
     assert "exact block/cluster" in op.check({**cfg, "exact": False}, big)
     assert "do not hold a row part" in op.check({**cfg, "cluster": 2}, big)  # 256 KB part
