@@ -23,15 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 64
 
 
-def _project(d: Path, bwd_shapes=((64, N),), dtypes=("float32", "bfloat16")) -> Path:
+def _project(d: Path, bwd_shapes=((64, N),), dtypes=("float32", "bfloat16"), options="") -> Path:
     d.mkdir(parents=True, exist_ok=True)
     dt = ", ".join(f'"{t}"' for t in dtypes)
     (d / "kernelfile.toml").write_text(
         '[project]\nname = "train-test"\n\n[gpus.h200]\n\n'
         f'[ops.rmsnorm]\ntemplate = "{ROOT / "ops" / "rmsnorm"}"\ndtypes = [{dt}]\n'
-        f"shapes = [[64, {N}]]\n\n"
+        f"shapes = [[64, {N}]]\n{options}\n"
         f'[ops.rmsnorm_bwd]\ntemplate = "{ROOT / "ops" / "rmsnorm_bwd"}"\ndtypes = [{dt}]\n'
-        f"shapes = {[list(s) for s in bwd_shapes]}\n"
+        f"shapes = {[list(s) for s in bwd_shapes]}\n{options}"
     )
     assert all(r.status == "built" for r in build(make_ctx(d)))
     return d / "kernelfile.toml"
@@ -247,3 +247,24 @@ def test_backward_launches_both_kernels_with_the_saved_tensors(kf, monkeypatch):
     assert fakes.ptr(first, 2) == w.data_ptr()
     assert fakes.ptr(first, 3) not in (0, x.data_ptr(), dy.data_ptr())  # rstd, made from x
     assert bwd.calls == 1 and x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
+def test_two_projects_backwards_of_one_target_name_keep_their_own_ops(kf, tmp_path, ran):
+    """A second project's rmsnorm_bwd@h200 whose first mode has a bias (three gradients) gets a
+    custom op of its own: it does not run through the op that the first project's (two gradients,
+    the same name) defined, and both projects' gradients stay right."""
+    from ptxbuild.runtime.autograd import reference_backward, register_rmsnorm_training
+
+    kb = _project(tmp_path / "b", dtypes=("float32",), options="options = { bias = true }\n")
+    x, dy, w = torch.randn(64, N), torch.randn(64, N), torch.rand(N) + 0.5
+    for kfile, bias in ((kf, False), (kb, True), (kf, False)):
+        op = register_rmsnorm_training(
+            _load(kfile, "rmsnorm@h200"), [_load(kfile, "rmsnorm_bwd@h200")]
+        )
+        ins = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+        ins += [torch.zeros(N, requires_grad=True)] * bias
+        op(*ins).backward(dy)
+        want = reference_backward(x, dy, w, eps=1e-6, bias=bias)
+        for t, g in zip(ins, want):
+            torch.testing.assert_close(t.grad, g, atol=1e-5, rtol=1e-5)
+    assert len(ran["rmsnorm_bwd@h200"]) == 3  # each backward ran the built kernel's path

@@ -35,7 +35,7 @@ from torch import library as torch_library
 from ..problem import Problem
 from . import torch_ops
 from .errors import LoaderError
-from .torch_ops import _META, NAMESPACE, _dtype, _mode_index, _option_kwargs, mode_with, register
+from .torch_ops import _META, _dtype, _mode_index, _option_kwargs, mode_with, register
 
 _registered: dict = {}
 
@@ -72,13 +72,13 @@ def _bwd_op(bwd, mode):
     """ptxbuild::<target>_m<i>: the backward mode's inputs -> its outputs (dx, dweight?, dbias?).
     The real call runs the built kernels (the per-call fast path); a call they refuse at run time
     (LoaderError: a shape outside what the build covers) gets the closed form, with a warning."""
-    i = bwd.modes().index(mode)
-    qual = f"{NAMESPACE}::{bwd.target.replace('@', '_')}_m{i}"
+    outs, schema = torch_ops._op_schema(bwd, mode, single=False)
+    opts, kwargs = {**dict(bwd.op.OPTIONS), **mode.options}, _option_kwargs(bwd, mode.options)
+    name = f"{bwd.target.replace('@', '_')}_m{bwd.modes().index(mode)}"
+    qual = torch_ops.qualified(name, schema, kwargs)
     _registered.setdefault("serving", {})[qual] = bwd
     if qual in _registered:
         return _registered[qual]
-    outs, schema = torch_ops._op_schema(bwd, mode, single=False)
-    opts, kwargs = {**dict(bwd.op.OPTIONS), **mode.options}, _option_kwargs(bwd, mode.options)
 
     def impl(*tensors):
         kernel = _registered["serving"][qual]

@@ -71,13 +71,7 @@ def register(kernel, options: dict | None = None):
     mode = kernel.modes()[_mode_index(kernel, options)]
     outs, schema = _op_schema(kernel, mode)
     opt_kwargs = _option_kwargs(kernel, mode.options)
-    # Another build of the same target (another project, a test's) can build other modes: it takes
-    # over the name only when its schema and options are the same, else it gets a name of its own.
-    signature = (schema, tuple(sorted(opt_kwargs.items())))
-    qual = f"{NAMESPACE}::{name}"
-    if _signatures.setdefault(qual, signature) != signature:
-        qual = f"{qual}_{digest(*map(str, signature))[:8]}"
-        _signatures[qual] = signature
+    qual = qualified(name, schema, opt_kwargs)
     _serving[qual] = (kernel, opt_kwargs)
     if qual in _registered:
         return _registered[qual]
@@ -88,6 +82,18 @@ def register(kernel, options: dict | None = None):
 
     _registered[qual] = _custom_op(qual, impl, kernel, mode, outs, schema)
     return _registered[qual]
+
+
+def qualified(name: str, schema: str, opt_kwargs: dict) -> str:
+    """ptxbuild::<name>, where no other schema and options hold it. Another build of the same
+    target (another project, a test's) can build other modes: it takes over the name only when its
+    schema and options are the same, else it gets a name of its own."""
+    signature = (schema, tuple(sorted(opt_kwargs.items())))
+    qual = NAMESPACE + "::" + re.sub(r"\W", "_", name)
+    if _signatures.setdefault(qual, signature) != signature:
+        qual = f"{qual}_{digest(*map(str, signature))[:8]}"
+        _signatures[qual] = signature
+    return qual
 
 
 def _op_schema(kernel, mode, single: bool = True) -> tuple[list, str]:
