@@ -633,3 +633,21 @@ def test_what_build_locked_wrote_is_up_to_date_while_the_lock_holds(proj):
     tpl = proj / "ops/scale/scale.cu"
     tpl.write_text(tpl.read_text() + "\n// edited\n")
     assert plan(make_ctx(proj), h100)[0][1] is False
+
+
+def test_a_damaged_lock_raises_a_new_error_each_read(tmp_path):
+    """The parsed lock is memoised per content, its error too: each read raises an error of its
+    own, so one caller's traceback and context never reach the next caller's."""
+    from types import SimpleNamespace
+
+    from ptxbuild.outputs.lockfile import LockUnreadable
+
+    (tmp_path / "kernelfile.lock").write_text("{not json")
+    kf = SimpleNamespace(path=tmp_path / "kernelfile.toml")
+    errors = []
+    for _ in range(2):
+        with pytest.raises(LockUnreadable, match="kernelfile.lock") as got:
+            read_lock(kf)
+        errors.append(got.value)
+    assert errors[0] is not errors[1] and errors[0].args == errors[1].args
+    assert errors[1].__traceback__.tb_next.tb_next is None  # raised in read_lock, nothing older

@@ -144,7 +144,7 @@ def read_lock(kf) -> dict:
     # reads it again only if its stat changed or it changed lately (git's racy files)
     lock = _parsed(path, memo.file_digest(path))
     if isinstance(lock, LockError):
-        raise lock
+        raise type(lock)(*lock.args)  # a new one per call: the memo's would collect tracebacks
     return lock
 
 
