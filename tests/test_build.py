@@ -1630,3 +1630,23 @@ def test_a_gpu_build_without_memcheck_says_so_in_the_report(proj):
     build(ctx, [Target("scale", "h100")])
     report = (proj / "reports/scale@h100/report.md").read_text()
     assert "- memcheck: not run (this GPU session cannot)" in report
+
+
+def test_the_two_rerender_paths_write_the_builds_own_report_byte_for_byte(proj, monkeypatch):
+    """`ptxbuild report` renders a report from the cache's build where the cache has it, else from
+    the committed report.json (CI's case: a fresh clone has no cache). Both give the bytes the build
+    itself wrote, report.md and report.json alike."""
+    ctx = make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match)
+    build(ctx, [Target("scale", "h100")])
+    folder = proj / "reports/scale@h100"
+    wrote = {f: (folder / f).read_bytes() for f in ("report.md", "report.json")}
+    monkeypatch.chdir(proj)
+    for cache_here in (True, False):
+        if not cache_here:  # the cache and its -wal / -shm files moved aside
+            for f in ctx.kf.cache_path.parent.glob(ctx.kf.cache_path.name + "*"):
+                f.rename(proj / f.name)
+        (folder / "report.md").write_text("stale\n")
+        res = CliRunner().invoke(cli.main, ["report", "scale@h100"])
+        assert res.exit_code == 0, res.output
+        assert ("no build in this cache" in res.output) is not cache_here, res.output
+        assert {f: (folder / f).read_bytes() for f in wrote} == wrote, cache_here
