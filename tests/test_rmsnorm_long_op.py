@@ -1,5 +1,5 @@
 """lab/ops/rmsnorm_long (issue 29 item 4): ops/rmsnorm plus stage="ring" (and interleave, the cluster
-split's probe long7). Pure: the ring's defaults, checks, launch and verification shapes; that every
+split's probe long7; stage="stream" with `stages`, the backward's stage=smem on the forward, probe long9). Pure: the ring's defaults, checks, launch and verification shapes; that every
 other config is judged, defaulted and rendered as ops/rmsnorm does; interleave's index map. Compile: the ring's PTX, and the locked rmsnorm@h200 winners compiled
 from the lab copy give ops/rmsnorm's PTX and cubin (so moving the ring into ops/rmsnorm changes no
 locked binary)."""
@@ -43,6 +43,7 @@ LAB_ONLY = {
     "ring_group": [1, 2, 4, 8],
     "ring_skew": [False, True],
     "interleave": [0, 1, 2, 4, 8, 16, 32, 64],
+    "stages": [1, 2, 3, 4, 6, 8],
 }
 
 
@@ -51,7 +52,7 @@ def test_the_lab_op_is_ops_rmsnorm_plus_one_stage_value():
     assert {k: v for k, v in op.SPACE.items() if k != "stage" and k not in LAB_ONLY} == {
         k: v for k, v in base.SPACE.items() if k != "stage"
     }
-    assert op.SPACE["stage"] == [*base.SPACE["stage"], "ring"]
+    assert op.SPACE["stage"] == [*base.SPACE["stage"], "ring", "stream"]
     assert {k: op.SPACE[k] for k in LAB_ONLY} == LAB_ONLY  # first values: off, as before
 
 
@@ -516,3 +517,163 @@ def test_contiguous_cluster_register_rows_compile_as_in_ops_rmsnorm():
             p.label(),
             cfg,
         )
+
+
+# ------------------------------------------------------------------ stream (lab/rmsnorm_probe_long9.toml)
+STREAM = {"regime": "cluster", "stage": "stream", "threads": 512, "load_hint": "none"}
+
+
+def test_stream_check_refuses_what_the_kernel_cannot_do():
+    """stage=stream: exact block / cluster rows; bulk copies and a held weight (load_hint, weight_load,
+    unroll left alone); `stages` only here; the ring of stages x streams x part bytes (as the
+    backward's _smem_bytes) and the CTAs of an SM within its shared memory; <= 16 vectors per lane;
+    the register model; N % (VEC x cluster)."""
+    big = prob("float32", (16384, 131072))
+    cfg = op._full({**STREAM, "cluster": 16, "stages": 3})
+    assert op.check(cfg, big) is None
+    assert op._stream_bytes(cfg, big) == 3 * 8192 * 4
+    assert op.check({**cfg, "cluster": 8}, big) is None  # 3 x 64 KB
+    assert "do not fit an SM" in op.check({**cfg, "cluster": 8, "stages": 4}, big)  # 4 x 64 KB
+    assert "do not fit an SM" in op.check({**cfg, "min_blocks": 3}, big)  # 3 x 98 KB
+    assert op.check({**cfg, "min_blocks": 2}, big) is None  # 2 x (96 + 2) KB
+    res = prob("float32", (16384, 131072), residual=True)
+    assert op._stream_bytes(cfg, res) == 2 * op._stream_bytes(cfg, big)
+    assert "do not fit" in op.check({**cfg, "cluster": 8}, res)  # 3 x 2 x 64 KB
+    assert "leave load_hint" in op.check({**cfg, "load_hint": "nc"}, big)
+    assert "leave load_hint" in op.check({**cfg, "weight_load": "early"}, big)
+    assert "leave unroll" in op.check({**cfg, "unroll": 2}, big)
+    assert "exact block/cluster" in op.check({**cfg, "exact": False}, big)
+    warp = {**cfg, "regime": "warp", "cluster": 1, "threads": 256}
+    assert "exact block/cluster" in op.check(warp, prob("bfloat16", (64, 1024)))
+    assert "stages only applies to stage=stream" in op.check(
+        {**cfg, "stage": "reg", "load_hint": "nc"}, big
+    )
+    assert "stages only applies" in op.check({**cfg, "stage": "ring"}, big)
+    assert "is not one of" in op.check({**cfg, "stages": 5}, big)
+    assert "vectors per lane > 16" in op.check(
+        {**cfg, "cluster": 2, "threads": 256, "stages": 1}, prob("float32", (8, 65536))
+    )  # 32 vectors a lane
+    assert "N % 64" in op.check(cfg, prob("float32", (8, 131056)))
+    # the held fp32 weight and bias at 16 vectors per lane: ~148 registers > 128
+    fb = prob("float32", (8192, 262144), weight="fp32", bias=True)
+    assert "registers" in op.check({**cfg, "cluster": 8, "stages": 1}, fb)
+    # the other interleave / ring / fast_front / w_el / bulk_reg knobs stay refused here
+    for other in ({"interleave": 8}, {"ring_skew": True}, {"w_el": True}, {"bulk_reg": 2}):
+        assert op.check({**cfg, **other}, big) is not None, other
+    # the block regime (a block per row part: the whole row)
+    blk = op._full({**STREAM, "regime": "block", "cluster": 1, "stages": 3})
+    assert op.check(blk, prob("bfloat16", (531, 32768))) is None
+    assert "do not fit" in op.check(blk, prob("bfloat16", (8, 65536)))
+
+
+def test_stream_renders_only_when_on_and_launches_persistent_workers():
+    big = prob("bfloat16", (8192, 262144), residual=True)
+    cfg = op._full({**STREAM, "cluster": 16, "stages": 2})
+    assert op.check(cfg, big) is None
+    src = op.render(cfg, big, "sm_90a").source
+    head = src[: src.index("// RMSNorm forward")]
+    assert head.endswith("#define ENTRY rmsnorm_fwd\n#define STAGE_STREAM 1\n#define NSTAGE 2\n")
+    for k in ("STAGE_SMEM", "STAGE_PIPE", "STAGE_CHUNK", "STAGE_BULK"):
+        assert f"#define {k} 0\n" in head
+    for other in (
+        {"stage": "reg", "load_hint": "nc", "stages": 1},
+        {"stage": "ring", "stages": 1, "cluster": 8},
+    ):
+        o = op.render({**cfg, **other}, big, "sm_90a").source
+        assert (
+            "STAGE_STREAM" not in o[: o.index("// RMSNorm forward")]
+            and "NSTAGE" not in o[: o.index("// RMSNorm forward")]
+        )
+    # persistent, as ops/rmsnorm_bwd's _grid: SMs x min_blocks CTAs, whole clusters, <= M row groups
+    L = op.launch(cfg, big, 132)
+    assert L.persistent and L.grid == (128, 1, 1) and L.cluster == (16, 1, 1)
+    assert L.smem_bytes == 2 * 2 * 16384 * 2 and L.block == (512, 1, 1)
+    assert op.launch({**cfg, "cluster": 8}, big, 132).grid == (128, 1, 1)
+    assert op.launch(cfg, prob("bfloat16", (3, 262144)), 132).grid == (48, 1, 1)
+    assert op.launch(cfg, big, 0).grid == (128, 1, 1)  # no SM count: 132 assumed
+    assert op.launch(cfg, big, 148).grid == (144, 1, 1)
+    blk = op._full({**STREAM, "regime": "block", "cluster": 1, "stages": 3, "min_blocks": 2})
+    q = prob("bfloat16", (1031, 16384))
+    Lb = op.launch(blk, q, 132)
+    assert Lb.grid == (264, 1, 1) and Lb.cluster == (1, 1, 1) and not Lb.persistent
+    assert op.launch(blk, prob("bfloat16", (5, 16384)), 132).grid == (5, 1, 1)
+    # the verifier's extra M: (2 x stages + 1) rows a worker on 160 SMs (both parities of every
+    # buffer's mbarriers, both row-sum slot sets), some workers one row more
+    assert [v.shape[0] for v in op.verify_problems(big, cfg)] == [1, 199, 5 * 10 + 3]
+    assert [v.shape[0] for v in op.verify_problems(q, blk)] == [1, 199, 7 * 320 + 3]
+    # bytes moved and the reference are the op's (the stage changes neither)
+    assert op.bytes_moved(big) == base.bytes_moved(big)
+
+
+def _probe(name):
+    """(section, problem, candidate merged over the op's default) of lab/<name>."""
+    kf = tomllib.loads((ROOT / "lab" / name).read_text())
+    for sec, spec in kf["ops"].items():
+        assert spec["template"] == "ops/rmsnorm_long"
+        for dt in spec["dtypes"]:
+            for shape in spec["shapes"]:
+                p = prob(dt, tuple(shape))
+                assert spec["search"]["budget"] == len(spec["search"]["candidates"])
+                for c in spec["search"]["candidates"]:
+                    yield sec, p, {**op.default_params(p), **c}
+
+
+def test_stream_probe_long9_rows_and_controls():
+    """The probe's five rows; each row's first candidate is its locked rmsnorm@h200 winner; every
+    candidate passes check()."""
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())
+    locked = {
+        e["label"]: op._full(e["params"]) for e in lock["targets"]["rmsnorm@h200"]["dispatch"]
+    }
+    seen: dict = {}
+    for _, p, cfg in _probe("rmsnorm_probe_long9.toml"):
+        assert op.check(cfg, p) is None, (p.label(), cfg)
+        seen.setdefault(p.label(), []).append(cfg)
+    assert sorted(seen) == sorted(
+        [
+            "float32[16384x131072]",
+            "float32[8192x262144]",
+            "bfloat16[8192x262144]",
+            "float16[8192x262144]",
+            "float32[32768x65536]",
+        ]
+    )
+    for label, cfgs in seen.items():
+        assert cfgs[0] == locked[label], label
+        streams = [c for c in cfgs if c["stage"] == "stream"]
+        assert 2 <= len(streams) <= 3 and all(c["threads"] == 512 for c in streams), label
+        assert all(c["cluster"] in (8, 16) and c["stages"] in (2, 3) for c in streams), label
+    assert sum(len(c) for c in seen.values()) == 19
+
+
+@pytest.mark.compile
+def test_stream_probe_and_selftest_configs_compile_without_spills():
+    """Probe long9's candidates (its controls: the locked binaries) and the GPU selftest's stream
+    cases, sm_90a: no spills; the PTX of a stream kernel: one bulk copy per stream and buffer in the
+    prologue and one per refill, the row part read twice from shared memory, the weight loaded once,
+    no global load of x."""
+    from .test_rmsnorm_ring_gpu import ST_CASES
+
+    compile_kernel = pytest.importorskip("ptxbuild.compile.compiler").compile_kernel
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())
+    locked = {e["label"]: e for e in lock["targets"]["rmsnorm@h200"]["dispatch"]}
+    for _, p, cfg in _probe("rmsnorm_probe_long9.toml"):
+        b = compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
+        assert b.spill_bytes == 0, (p.label(), cfg)
+        if cfg == op._full(locked[p.label()]["params"]):
+            assert b.digest == locked[p.label()]["binary"], p.label()
+    for dt, shape, opts, params in ST_CASES:
+        p = prob(dt, shape, **opts)
+        cfg = op._full(params)
+        assert op.check(cfg, p) is None, (p.label(), params)
+        assert compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a").spill_bytes == 0, p.label()
+    p = prob("bfloat16", (8192, 262144), residual=True, rstd=True)
+    b = compile_kernel(
+        op.render({**op._full(STREAM), "cluster": 16, "stages": 2}, p, "sm_90a"), "sm_90a"
+    )
+    vpt = 262144 // 16 // 8 // 512
+    assert b.ptx.count("cp.async.bulk.shared::cluster.global") == 2 * (1 + 1)  # x, residual
+    assert b.ptx.count("ld.shared.v4") == 2 * 2 * vpt  # x and residual, in both passes
+    assert b.ptx.count("ld.global") == vpt  # the weight part, once
+    assert b.ptx.count("st.global.v4") == 2 * vpt  # residual_out and y
+    assert b.ptx.count("mbarrier.try_wait.parity.shared::cta") == 2  # full, empty

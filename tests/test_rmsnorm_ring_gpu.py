@@ -9,6 +9,11 @@ slots, so that the next row part is in flight through this row's reduction and s
 1b. The interleave cases (IL_CASES: the cluster regime's reg stage with the row dealt out to the
    CTAs in chunks of `interleave` vectors, lab/rmsnorm_probe_long7.toml), the same way: M = 1, odd M,
    the long rows, a lane tail, M*N > 2^31, residual / rstd / bias / fp32 weight / early weight.
+1c. The stream cases (ST_CASES: stage="stream", the backward's stage=smem on the forward: persistent
+   row groups, a ring of `stages` whole row parts in shared memory, lab/rmsnorm_probe_long9.toml), the
+   same way: M = 1, odd M, the probe's rows and configs, lane tails, M*N > 2^31, residual (+ rstd,
+   + fp32 residual_out) / bias / fp32 weight / no weight, the block regime, clusters of 2 to 16 (16 is
+   non-portable: _selftest() sets the function attribute, as ptxbuild.launch does), stages 2-4.
 2. The long rows (N >= 65536: 3 dtypes x 3 shapes x plain / residual) at their benchmark shapes:
    each ring config beside the locked rmsnorm@h200 winner of that row, CUDA events around each call
    with the L2 flushed before it, p50 of TIMED calls, % of the copy floor (bytes / a device copy's
@@ -16,6 +21,7 @@ slots, so that the next row part is in flight through this row's reduction and s
 
     python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py          # both, ~2 min on an H200
     python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py -k interleave   # 1b alone
+    python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py -k stream       # 1c alone
     RING_ROWS='float32[8192x262144]' python -m pytest -m gpu -s -q tests/test_rmsnorm_ring_gpu.py -k long
 
 RING_ROWS (comma-separated substrings of a row's label) narrows part 2, RING_BUDGET_S (default 100)
@@ -223,6 +229,90 @@ IL_CASES = [
     ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 8, **REG, "interleave": 8}),
 ]
 
+ST = {"stage": "stream", "load_hint": "none"}
+ST_CASES = [
+    # stage=stream (lab/rmsnorm_probe_long9.toml): persistent blocks / clusters, a ring of `stages` row
+    # parts in shared memory. M = 1 (one worker, rank 0 writes rstd), odd M (some workers one row more;
+    # the verifier's loop M is larger still), the probe's five rows at its configs (clusters of 8 and 16 x
+    # 512, stages 2-3), lane tails (2048 vectors over 384 lanes, 1536 over 1024), M*N > 2^31, residual
+    # (+ rstd, + fp32 residual_out with an fp32 weight and bias), no weight, the block regime (one and
+    # two CTAs an SM), a cluster of 2, stages 2 / 3 / 4, streaming stores, the precise rsqrt
+    (
+        "float32",
+        (1, 131072),
+        {"rstd": True},
+        {**C, "threads": 512, "cluster": 16, **ST, "stages": 3},
+    ),
+    ("float32", (203, 131072), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 3}),
+    ("float32", (203, 131072), {}, {**C, "threads": 512, "cluster": 8, **ST, "stages": 3}),
+    ("float32", (97, 262144), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 3}),
+    ("float32", (97, 262144), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 2}),
+    ("bfloat16", (517, 262144), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 3}),
+    ("bfloat16", (517, 262144), {}, {**C, "threads": 512, "cluster": 8, **ST, "stages": 3}),
+    ("float16", (331, 262144), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 2}),
+    ("float32", (1031, 65536), {}, {**C, "threads": 512, "cluster": 8, **ST, "stages": 4}),
+    (
+        "float32",
+        (203, 131072),
+        {"rstd": True},
+        {**C, "threads": 384, "cluster": 16, **ST, "stages": 3},
+    ),
+    (
+        "bfloat16",
+        (3, 98304),
+        {"residual": True},
+        {**C, "threads": 1024, "cluster": 8, **ST, "stages": 2},
+    ),
+    (
+        "bfloat16",
+        (331, 262144),
+        {"residual": True, "rstd": True},
+        {**C, "threads": 512, "cluster": 16, **ST, "stages": 2},
+    ),
+    (
+        "float32",
+        (203, 131072),
+        {"residual": True, "rstd": True},
+        {**C, "threads": 512, "cluster": 16, **ST, "stages": 2, "rsqrt": "precise"},
+    ),
+    (
+        "bfloat16",
+        (301, 65536),
+        {"residual": True, "residual_out_fp32": True, "weight": "fp32", "bias": True},
+        {**C, "threads": 512, "cluster": 8, **ST, "stages": 2},
+    ),
+    (
+        "float16",
+        (1031, 65536),
+        {"weight": "none", "bias": True},
+        {**C, "threads": 256, "cluster": 2, **ST, "stages": 2, "store_cs": True},
+    ),
+    ("bfloat16", (531, 32768), {}, {**B, "threads": 512, **ST, "stages": 3}),
+    (
+        "bfloat16",
+        (1031, 16384),
+        {"rstd": True},
+        {**B, "threads": 256, **ST, "stages": 3, "min_blocks": 2},
+    ),
+    ("bfloat16", (8193, 262144), {}, {**C, "threads": 512, "cluster": 16, **ST, "stages": 3}),
+]
+
+
+def _nonportable_launch(inner):
+    """The selftest's launch with the function's non-portable cluster size allowed first for clusters
+    above 8 (ptxbuild.launch.set_function_attributes does the same for every build's launch)."""
+
+    def launch(cp, driver, kern, L, args):
+        if L.cluster[0] > 8:
+            fn = driver.CUfunction(kern.kernel.ptr)
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            (err,) = driver.cuFuncSetAttribute(fn, attr, 1)
+            if int(err) != 0:
+                raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster): {err}")
+        return inner(cp, driver, kern, L, args)
+
+    return launch
+
 
 def _selftest():
     spec = importlib.util.spec_from_file_location(
@@ -231,6 +321,7 @@ def _selftest():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.op = load_op("lab/ops/rmsnorm_long", ROOT)  # run_case judges, renders and launches with it
+    mod.launch = _nonportable_launch(mod.launch)  # run_case's launch: clusters of 16 (stream cases)
     return mod
 
 
@@ -341,6 +432,10 @@ def test_ring_selftest_cases_match_the_reference():
 
 def test_interleave_selftest_cases_match_the_reference():
     _run_cases(IL_CASES, "interleave")
+
+
+def test_stream_selftest_cases_match_the_reference():
+    _run_cases(ST_CASES, "stream")
 
 
 def _check_rows(cp, op, problem, inputs, outputs, rows) -> str | None:

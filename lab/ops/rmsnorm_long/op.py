@@ -40,6 +40,10 @@ Regimes (param "regime"), see rmsnorm.cu for the code:
           ring_group (block regime): a row over 2/4/8 CTAs without a hardware cluster, summed
           through mailbox words in y (the grid takes whole groups of any SMs: 33 x 4 = 132);
           ring_skew: pass 1 of the next row before this row's sum completes (two parts in the ring).
+          stage="stream" (block/cluster; lab probe long9): the backward's stage=smem (ops/rmsnorm_bwd) on
+          the forward: persistent (as ring), a ring of `stages` buffers in shared memory, each one whole
+          row part of x (+ residual) filled by one bulk copy per stream, stages - 1 rows ahead; every warp
+          frees a buffer on an mbarrier; weight / bias held in registers; sums by row parity.
           interleave (cluster regime, stage="reg"; lab probe long7): the CTAs of a cluster take the row
           in chunks of `interleave` vectors dealt round-robin (chunk j to CTA j % cluster) instead of
           one contiguous 1/cluster each; 0 (the default) is the contiguous split.
@@ -72,10 +76,12 @@ SPACE = {
     "rows_per_group": [1, 2, 4],          # warp regime: rows per lane group, all loads issued first
     "cluster": [1, 2, 4, 8, 16],          # cluster regime: CTAs per row (16 is refused, see check)
     "exact": [True, False],               # N compile-time (register/smem resident) vs generic N
-    "stage": ["reg", "smem", "pipe", "chunk", "bulk", "ring"],  # exact: where the row is held (pipe:
-                                          # persistent, the next row fetched while this one finishes;
-                                          # chunk: two passes; bulk: bulk-copied into shared memory;
-                                          # ring: persistent, bulk-copied chunks through a ring of slots)
+    "stage": ["reg", "smem", "pipe", "chunk", "bulk", "ring", "stream"],  # exact: where the row is held
+                                          # (pipe: persistent, the next row fetched while this one
+                                          # finishes; chunk: two passes; bulk: bulk-copied into shared
+                                          # memory; ring: persistent, bulk-copied chunks through a ring of
+                                          # slots; stream: persistent, whole row parts bulk-copied into a
+                                          # ring of `stages` buffers, as the backward's stage=smem)
     "unroll": [1, 2, 4, 8],               # generic / smem / chunk / bulk stage: vectors per lane per batch;
                                           # ring: iterations per chunk (slot)
     "min_blocks": [1, 2, 3, 4, 8, 16, 32],  # __launch_bounds__ min blocks per SM (occupancy / register
@@ -94,6 +100,7 @@ SPACE = {
     "ring_skew": [False, True],           # ring: pass 1 of the next row before this row's sum completes
     "interleave": [0, 1, 2, 4, 8, 16, 32, 64],  # cluster regime, reg: 0 contiguous parts; g: chunks of g
                                           # vectors dealt round-robin over the cluster's CTAs (INTERLEAVE)
+    "stages": [1, 2, 3, 4, 6, 8],         # stream: row buffers in the ring (stages - 1 rows ahead; NSTAGE)
 }
 
 # Cluster dims > 8 need cudaFuncAttributeNonPortableClusterSizeAllowed on the function: ptxbuild.launch
@@ -105,6 +112,9 @@ MAX_SMS = 160              # verification shapes for persistent grids assume at 
 REG_OVERHEAD = 20          # registers a thread needs besides the row data (pointers, indices, ...)
 RING_SM_BYTES = 222 * 1024  # stage=ring: the slots of all min_blocks CTAs of an SM, less 2 KB per CTA
 RING_MAX_SLOTS = 64         # stage=ring: mbarriers (8 B of static shared memory each) and slots at most
+SMEM_SM_BYTES = 228 * 1024  # stage=stream (as ops/rmsnorm_bwd): per SM, 1 KB per block reserved by the system
+SMEM_STATIC = 2 * 1024      # stage=stream: that 1 KB + the static mbarriers and row-sum slots (< 1 KB)
+STREAM_MAX_VPT = 16         # stage=stream: vectors per lane (the weight part held: 16 x 4 words at most)
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2}
 LDH = {"none": 0, "nc": 1, "nc_na": 2, "nc_ef": 3, "l2": 4}
 SRC = Path(__file__).with_name("rmsnorm.cu")
@@ -161,6 +171,9 @@ def _data_regs(p: dict, problem: Problem) -> int:
     res = bool(o["residual"])
     per_vec = max(4 * (1 + res), _words(kh, vec))
     wwords = _words(kw, vec) * ((o["weight"] != "none") + bool(o["bias"]))
+    if p["exact"] and p["stage"] == "stream":               # the weight part held + one vector in use
+        _, vpt = _geometry(p, problem)
+        return vpt * wwords + 4 * (1 + res) + _words(kh, vec) + 4
     if p["exact"] and p["stage"] == "ring":                 # the weight part held + one chunk in use
         _, vpt = _geometry(p, problem)                      # (sm_90a: 8 x 4 held words at 1024 threads
         return vpt * wwords + p["unroll"] * (4 * (1 + res) + _words(kh, vec) + 4)   # compile to 54-61)
@@ -207,7 +220,16 @@ def _ring(p: dict, problem: Problem) -> tuple[int, int, int]:
     return nch, slots, sb
 
 
+def _stream_bytes(p: dict, problem: Problem) -> int:
+    """stage=stream: the ring of `stages` buffers, each one row part of every stream (x, residual),
+    as ops/rmsnorm_bwd's _smem_bytes for its stage=smem."""
+    streams = 1 + bool(_opts(problem)["residual"])
+    return p["stages"] * streams * (problem.shape[1] // p["cluster"]) * SIZE_BYTES[problem.dtype]
+
+
 def _smem_bytes(p: dict, problem: Problem) -> int:
+    if p["exact"] and p["stage"] == "stream":
+        return _stream_bytes(p, problem)
     if p["exact"] and p["stage"] == "ring":
         _, slots, sb = _ring(p, problem)
         return max(0, slots) * sb
@@ -242,7 +264,8 @@ def check(params: dict, problem: Problem) -> str | None:
             return f"{k}={v!r} is not one of {SPACE[k]}"
     if type(p["threads"]) is not int:
         return f"threads={p['threads']!r} must be an integer"
-    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks", "ring_group", "interleave"):
+    for k in ("cluster", "row_threads", "rows_per_group", "unroll", "min_blocks", "ring_group", "interleave",
+              "stages"):
         if type(p[k]) is not int or p[k] not in SPACE[k]:
             return f"{k}={p[k]!r} is not one of {SPACE[k]}"
     n = problem.shape[1]
@@ -268,6 +291,14 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stage=ring only applies to exact block/cluster variants"
     if p["stage"] == "ring" and (p["load_hint"], p["weight_load"]) != (canon["load_hint"], canon["weight_load"]):
         return "stage=ring bulk-copies x and holds the weight (leave load_hint, weight_load)"
+    if p["stage"] == "stream" and (not p["exact"] or regime == "warp"):
+        return "stage=stream only applies to exact block/cluster variants"
+    if p["stage"] == "stream" and (p["load_hint"], p["weight_load"]) != (canon["load_hint"], canon["weight_load"]):
+        return "stage=stream bulk-copies x and holds the weight (leave load_hint, weight_load)"
+    if p["stage"] == "stream" and p["unroll"] != canon["unroll"]:
+        return "stage=stream reads one vector at a time from shared memory (leave unroll 1)"
+    if p["stages"] != canon["stages"] and not (p["exact"] and p["stage"] == "stream"):
+        return "stages only applies to stage=stream (leave 1)"
     if (p["ring_group"], p["ring_skew"]) != (canon["ring_group"], canon["ring_skew"]) and not (
             p["exact"] and p["stage"] == "ring"):
         return "ring_group / ring_skew only apply to stage=ring (leave 1 / False)"
@@ -331,6 +362,16 @@ def check(params: dict, problem: Problem) -> str | None:
             need = _data_regs(p, problem) + REG_OVERHEAD
             if need > _reg_cap(p):
                 return f"ring needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
+        if p["stage"] == "stream":
+            if vpt > STREAM_MAX_VPT:
+                return f"stage=stream: {vpt} vectors per lane > {STREAM_MAX_VPT} (the weight part held): use more threads or CTAs"
+            smem = _stream_bytes(p, problem)
+            if smem + SMEM_STATIC - 1024 > SMEM_LIMIT_BYTES or p["min_blocks"] * (smem + SMEM_STATIC) > SMEM_SM_BYTES:
+                return (f"stage=stream: {p['stages']} row buffers of {smem // p['stages']} bytes x "
+                        f"{p['min_blocks']} CTAs do not fit an SM's shared memory")
+            need = _data_regs(p, problem) + REG_OVERHEAD
+            if need > _reg_cap(p):
+                return f"stream needs ~{need} registers per lane > {_reg_cap(p)} at {threads} threads x {p['min_blocks']}"
         if p["stage"] == "chunk":
             if p["unroll"] // 2 >= vpt:
                 return f"stage=chunk: unroll={p['unroll']} for {vpt} vectors per lane (half the chunk would hold them all: use a smaller unroll)"
@@ -340,7 +381,7 @@ def check(params: dict, problem: Problem) -> str | None:
         if _smem_bytes(p, problem):                  # smem, block pipe: rows staged in shared memory
             smem = _smem_bytes(p, problem)
             what = {"pipe": "two staged rows need", "bulk": "the bulk-copied row part needs",
-                    "ring": "the ring needs"}.get(p["stage"], "staged row part needs")
+                    "ring": "the ring needs", "stream": "the stream's buffers need"}.get(p["stage"], "staged row part needs")
             if smem > SMEM_LIMIT_BYTES:
                 return f"{what} {smem} bytes of shared memory > {SMEM_LIMIT_BYTES}"
             if smem * p["min_blocks"] > 228 * 1024:
@@ -464,6 +505,8 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
             defs["RING_GROUP"] = p["ring_group"]
         if p["ring_skew"]:
             defs["RING_SKEW"] = 1
+    if exact and p["stage"] == "stream":  # set only when on: every other stage renders as before
+        defs.update(STAGE_STREAM=1, NSTAGE=p["stages"])
     head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
     return Kernel(source=head + SRC.read_text(), entry="rmsnorm_fwd")
 
@@ -473,6 +516,13 @@ def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
     m = problem.shape[0]
     t = p["threads"]
     smem = _smem_bytes(p, problem)
+    if p["exact"] and p["stage"] == "stream":   # persistent, as ops/rmsnorm_bwd's _grid: SMs x min_blocks
+        sms = min(sm_count or 132, MAX_SMS)
+        c = p["cluster"]
+        if p["regime"] == "cluster":
+            grid = max(1, min(m, sms * p["min_blocks"] // c)) * c
+            return Launch(grid=(grid, 1, 1), block=(t, 1, 1), smem_bytes=smem, cluster=(c, 1, 1), persistent=True)
+        return Launch(grid=(max(1, min(m, sms * p["min_blocks"])), 1, 1), block=(t, 1, 1), smem_bytes=smem)
     if p["regime"] == "warp":
         rpb = t // p["row_threads"] * p["rows_per_group"]
         groups = -(-m // rpb)
@@ -536,6 +586,13 @@ def verify_problems(problem: Problem, params: dict | None = None) -> list[Proble
         nch, slots, _ = _ring(p, problem)
         rows = max(4, -(-3 * slots // nch) + 1)
         out.append(problem.with_shape((rows * MAX_SMS * p["min_blocks"] // (p["cluster"] * p["ring_group"]) + 3, n)))
+    if p is not None and p["exact"] and p["stage"] == "stream":
+        # persistent workers on up to 160 SMs: each loops over >= 2 x stages + 1 rows (every buffer
+        # refilled, both mbarrier parities and both row-sum slot sets), some one row more
+        workers = MAX_SMS * p["min_blocks"] // p["cluster"]
+        loop = (2 * p["stages"] + 1) * workers + 3
+        if loop * n <= (1 << 28):
+            out.append(problem.with_shape((loop, n)))
     if p is None or p["exact"]:
         return out
     extra = {n - 1, n + 3} if n > 8 else {n + 3}

@@ -45,6 +45,12 @@
 //   RING_SKEW   (op.py: ring_skew; defined only when on) STAGE_RING: pass 1 of row i + 1 runs, and its
 //               partial is pushed, before the wait for row i's total: the block / cluster / group sum of
 //               a row is in flight while the CTA sums the next (the ring holds two row parts and more)
+//   STAGE_STREAM, NSTAGE  (op.py: stage="stream", stages; defined only then) EXACT block/cluster: the
+//               backward's stage=smem (ops/rmsnorm_bwd, STAGE 2) on the forward: persistent (grid: SMs x
+//               MIN_BLOCKS blocks, or the clusters that can be resident); a ring of NSTAGE buffers in dynamic
+//               shared memory, each one whole row part of x (+ residual), filled by thread 0 with one
+//               cp.async.bulk per stream, NSTAGE - 1 rows ahead; every warp frees a buffer on its `empty`
+//               mbarrier; weight / bias held in registers; row sums with two slot sets by row parity
 //   INTERLEAVE  (op.py: interleave; defined only when > 0) EXACT register rows, cluster regime: the row is
 //               dealt out to the cluster's CTAs in chunks of INTERLEAVE vectors, chunk j to CTA j % CLUSTER
 //               (weight, residual and outputs indexed alike), instead of one contiguous 1/CLUSTER of the row
@@ -89,6 +95,9 @@ typedef long long i64;
 #endif
 #ifndef RING_GROUP
 #define RING_GROUP 1
+#endif
+#ifndef STAGE_STREAM
+#define STAGE_STREAM 0
 #endif
 #ifndef RING_SKEW
 #define RING_SKEW 0
@@ -389,7 +398,7 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 // parity (it / 2) % 2. A CTA pushes row it + 2 into set it % 2 only after its own wait for row it + 1,
 // which needs every CTA's push of row it + 1, which each CTA makes after its block_sum barrier of row
 // it + 1, i.e. after all of its threads read set it % 2 for row it and its mbarrier finished that phase.
-#define CL_SETS ((STAGE_PIPE || STAGE_RING) ? (RING_SKEW ? 4 : 2) : 1)   // persistent: sets by row (skew: 4)
+#define CL_SETS ((STAGE_PIPE || STAGE_RING || STAGE_STREAM) ? (RING_SKEW ? 4 : 2) : 1)   // persistent: sets by row (skew: 4)
 __shared__ __align__(8) unsigned long long cl_bar[CL_SETS];
 __shared__ float cl_part[CL_SETS][CLUSTER];
 
@@ -488,7 +497,7 @@ __device__ __forceinline__ float row_sum(float s, int it = 0) {
 #endif
 
 // ---------------------------------------------------------------- exact-N, register-resident
-#if EXACT && !STAGE_SMEM && !STAGE_CHUNK && !STAGE_BULK && !STAGE_RING
+#if EXACT && !STAGE_SMEM && !STAGE_CHUNK && !STAGE_BULK && !STAGE_RING && !STAGE_STREAM
 // Row worker holds RPG rows x VPT vectors; every load (x, residual, early weight) is issued
 // before the first use. Vector v = i*G + t of the worker's range [lo, lo + LEN).
 constexpr int EX_NV = NC / CLUSTER / VEC, EX_VPT = (EX_NV + G - 1) / G;
@@ -1318,6 +1327,201 @@ __device__ __forceinline__ void run_ring(const Args& a, i64 M, int t, i64 lo, i6
 }
 #endif
 
+// ---------------------------------------------------------------- exact-N, persistent smem stream
+#if EXACT && STAGE_STREAM
+#if __CUDA_ARCH__ < 900
+#error "stage=stream is for sm_90 or newer (cp.async.bulk, mbarrier)"
+#endif
+// Block/cluster only (RPG == 1): the backward's stage=smem (ops/rmsnorm_bwd/rmsnorm_bwd.cu, STAGE 2) on
+// the forward. Worker w (a block, or a cluster) of W handles rows w, w + W, ...; a ring of NSTAGE buffers
+// in dynamic shared memory, each holding one row's part of the ST_NSTR streams (x, then residual),
+// [NSTAGE][ST_NSTR][ST_NP] elements. Thread 0 fills a buffer with one bulk copy per stream
+// (cp.async.bulk, completing on the buffer's `full` mbarrier: ST_NSTR x ST_PB bytes of transactions);
+// every thread waits on `full` (phase parity (k / NSTAGE) & 1 for the worker's k-th row), reads its
+// vectors twice from shared memory (pass 1: h, residual_out and the sum of squares; pass 2: the same h
+// again, y), and each warp arrives on the buffer's `empty` mbarrier when done; thread 0 waits there and
+// refills the buffer with the row NSTAGE rows on. Up to NSTAGE - 1 rows are in flight while one row is
+// computed. Lane t owns vectors i x THREADS + t of the CTA's part (the backward's vcol); the weight /
+// bias part is loaded once into registers. The row sum: st_block_sum (two slot sets by row parity, one
+// barrier a row, as the backward's block_sum2: a warp that runs ahead into the next row writes the other
+// set) and, in a cluster, the persistent clusters' two slot sets and mbarriers by row (cluster_sum's
+// comment: the barrier of st_block_sum orders them as block_sum's did there).
+constexpr int ST_NP = NC / CLUSTER;                                  // elements of a CTA's row part
+constexpr int ST_NV = ST_NP / VEC, ST_VPT = (ST_NV + THREADS - 1) / THREADS;
+constexpr bool ST_FULL = ST_NV % THREADS == 0;                       // every lane holds ST_VPT vectors
+constexpr int ST_NSTR = 1 + HAS_RES;                                 // streams: x (+ residual)
+constexpr unsigned ST_PB = (unsigned)ST_NP * Kind<DT>::bytes;        // bytes of one stream's part
+static_assert(ST_PB % 16 == 0, "bulk copies need 16-byte parts");
+constexpr int ST_NWARP = THREADS / 32;
+__shared__ __align__(8) unsigned long long st_full[NSTAGE];
+__shared__ __align__(8) unsigned long long st_empty[NSTAGE];
+__shared__ float st_red[2][ST_NWARP];
+
+__device__ __forceinline__ bool st_ok(int i, int t) {
+  return ST_FULL || (i + 1) * THREADS <= ST_NV || i * THREADS + t < ST_NV;
+}
+
+__device__ __forceinline__ void st_wait(u32 bar, u32 parity) {
+  asm volatile("{\n .reg .pred P1;\n ST_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra ST_DONE;\n bra ST_WAIT;\n ST_DONE:\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+
+// thread 0: buffer s (shared address buf + s x ST_NSTR x ST_PB) <- row `row`'s part (offset lo) of every stream
+__device__ __forceinline__ void st_fill(const Args& a, i64 row, i64 lo, int s, u32 buf) {
+  const u32 bar = smem_u32(&st_full[s]);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((u32)(ST_NSTR * ST_PB)) : "memory");
+  const i64 off = (row * (i64)NC + lo) * Kind<DT>::bytes;
+  const u32 d = buf + (u32)s * (u32)(ST_NSTR * ST_PB);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d), "l"((const char*)a.x + off), "r"(ST_PB), "r"(bar) : "memory");
+#if HAS_RES
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d + ST_PB), "l"((const char*)a.r + off), "r"(ST_PB), "r"(bar) : "memory");
+#endif
+}
+
+// 16 bytes from shared address p (volatile: pass 2 reads shared memory again, never pass 1's registers)
+__device__ __forceinline__ void st_lds(u32 p, u32* w) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(p));
+}
+
+// Block sum of row iteration `it`; every thread gets the same bits (the warp totals added in warp order)
+__device__ __forceinline__ float st_block_sum(float s, int it) {
+  s = group_sum(s, 32);
+  if constexpr (ST_NWARP == 1) return s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) st_red[it & 1][warp] = s;
+  __syncthreads();
+  float v = st_red[it & 1][0];
+#pragma unroll
+  for (int w = 1; w < ST_NWARP; ++w) v += st_red[it & 1][w];
+  return v;
+}
+
+#if REGIME == 2
+static_assert(CL_SETS == 2, "persistent clusters: two slot sets by row");
+// cluster_sum (see there) with st_block_sum in place of block_sum
+__device__ __forceinline__ float st_row_sum(float s, int it) {
+  s = st_block_sum(s, it);
+  if (it == 0) cluster_wait_acquire();          // every CTA's mbarriers are initialized
+  const u32 rank = cluster_rank();
+  const int k = it & 1;
+  const u32 parity = (u32)(it >> 1) & 1u;
+  if (threadIdx.x == 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_u32(&cl_bar[k])), "r"((u32)(CLUSTER * 4)) : "memory");
+  if (threadIdx.x < CLUSTER) {
+    u32 slot, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(slot) : "r"(smem_u32(&cl_part[k][rank])), "r"(threadIdx.x));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_u32(&cl_bar[k])), "r"(threadIdx.x));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(slot), "r"(__float_as_uint(s)), "r"(bar) : "memory");
+  }
+  asm volatile("{\n .reg .pred P1;\n CL_WAIT:\n"
+               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra CL_DONE;\n bra CL_WAIT;\n CL_DONE:\n}" ::"r"(smem_u32(&cl_bar[k])), "r"(parity) : "memory");
+  float v = 0.f;
+#pragma unroll
+  for (int r = 0; r < CLUSTER; ++r) v += cl_part[k][r];
+  return v;
+}
+#else
+__device__ __forceinline__ float st_row_sum(float s, int it) { return st_block_sum(s, it); }
+#endif
+
+__device__ __forceinline__ void run_stream(const Args& a, i64 M, int t, i64 lo, i64 first, i64 Q, float eps) {
+  constexpr int HWN = Kind<KH>::words, WWN = Kind<KW>::words;
+  extern __shared__ __align__(128) unsigned char sbuf[];
+  const u32 buf = smem_u32(sbuf);
+  if (t == 0) {
+#pragma unroll
+    for (int s = 0; s < NSTAGE; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&st_full[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&st_empty[s])), "r"((u32)ST_NWARP) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#pragma unroll 1
+    for (int s = 0; s < NSTAGE; ++s)
+      if (first + s * Q < M) st_fill(a, first + s * Q, lo, s, buf);
+  }
+  u32 ww[WT != 0 ? ST_VPT : 1][WWN], bw[HAS_BIAS ? ST_VPT : 1][WWN];   // read once, kept across rows
+#pragma unroll
+  for (int i = 0; i < ST_VPT; ++i) {
+    const i64 idx = lo + (i64)(i * THREADS + t) * VEC;
+    const bool ok = st_ok(i, t);
+    if (WT != 0) { if (ok) vload<KW, false>(a.w, idx, ww[WT != 0 ? i : 0]); else zero<KW>(ww[WT != 0 ? i : 0]); }
+    if (HAS_BIAS) { if (ok) vload<KW, false>(a.b, idx, bw[HAS_BIAS ? i : 0]); else zero<KW>(bw[HAS_BIAS ? i : 0]); }
+  }
+  __syncthreads();                       // the mbarriers are initialized before anyone waits on them
+  int it = 0;
+#pragma unroll 1
+  for (i64 row = first; row < M; row += Q, ++it) {   // every CTA of a cluster runs the same rows
+    const int s = it % NSTAGE;
+    const u32 ph = (u32)(it / NSTAGE) & 1u;
+    const u32 xs = buf + (u32)s * (u32)(ST_NSTR * ST_PB);
+    const i64 rowoff = row * (i64)NC + lo;
+    st_wait(smem_u32(&st_full[s]), ph);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < ST_VPT; ++i) {
+      if (!st_ok(i, t)) continue;
+      const int v = i * THREADS + t;
+      u32 xw[4], rw[4], hw[HWN];
+      st_lds(xs + (u32)v * 16u, xw);
+#if HAS_RES
+      st_lds(xs + ST_PB + (u32)v * 16u, rw);
+      ss += combine(xw, rw, hw);
+      vstore<KH>(a.ro, rowoff + (i64)v * VEC, hw);
+#else
+      (void)rw;
+      ss += combine(xw, nullptr, hw);
+#endif
+    }
+    const float rs = rstd_of(st_row_sum(ss, (int)it), (float)NC, eps);
+#if HAS_RSTD
+    if (t == 0 && lo == 0) a.rstd[row] = rs;
+#endif
+    // the held words are opaque to the compiler each row (as the ring's: no unpacking hoisted out of
+    // the row loop)
+#pragma unroll
+    for (int i = 0; i < ST_VPT; ++i)
+#pragma unroll
+      for (int q = 0; q < WWN; ++q) {
+        if (WT != 0) asm volatile("" : "+r"(ww[WT != 0 ? i : 0][q]));
+        if (HAS_BIAS) asm volatile("" : "+r"(bw[HAS_BIAS ? i : 0][q]));
+      }
+#pragma unroll
+    for (int i = 0; i < ST_VPT; ++i) {
+      if (!st_ok(i, t)) continue;
+      const int v = i * THREADS + t;
+      u32 xw[4], rw[4], hw[HWN], yw[4];
+      st_lds(xs + (u32)v * 16u, xw);
+#if HAS_RES
+      st_lds(xs + ST_PB + (u32)v * 16u, rw);
+      combine(xw, rw, hw);               // the identical h of pass 1
+#else
+      (void)rw;
+      combine(xw, nullptr, hw);
+#endif
+      normalize(hw, ww[WT != 0 ? i : 0], bw[HAS_BIAS ? i : 0], rs, yw);
+      vstore<DT>(a.y, rowoff + (i64)v * VEC, yw);
+    }
+    // buffer s is free once every warp has read it; thread 0 refills it with the row NSTAGE on (the
+    // proxy fence orders the warps' generic reads before the bulk copy's async writes)
+    __syncwarp();
+    if ((t & 31) == 0)
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&st_empty[s])) : "memory");
+    if (t == 0 && row + NSTAGE * Q < M) {
+      st_wait(smem_u32(&st_empty[s]), ph);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      st_fill(a, row + NSTAGE * Q, lo, s, buf);
+    }
+  }
+}
+#endif
+
 // ---------------------------------------------------------------- exact-N, persistent and pipelined
 #if EXACT && STAGE_PIPE && REGIME == 1
 #if __CUDA_ARCH__ < 900
@@ -1541,6 +1745,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
            (i64)(gridDim.x / RING_GROUP), eps);
 #elif EXACT && STAGE_RING
   run_ring(a, M, t, 0, (i64)blockIdx.x, (i64)gridDim.x, eps);
+#elif EXACT && STAGE_STREAM
+  run_stream(a, M, t, 0, (i64)blockIdx.x, (i64)gridDim.x, eps);
 #elif EXACT && STAGE_PIPE
   run_pipe(a, M, t, eps);
 #elif EXACT && STAGE_SMEM
@@ -1565,6 +1771,8 @@ ENTRY(const void* __restrict__ x, const void* __restrict__ residual, const void*
   const i64 lo = (i64)rank * (NC / CLUSTER);
 #if STAGE_RING
   run_ring(a, M, t, lo, row, (i64)(gridDim.x / CLUSTER), eps);
+#elif STAGE_STREAM
+  run_stream(a, M, t, lo, row, (i64)(gridDim.x / CLUSTER), eps);
 #elif STAGE_SMEM
   run_staged(a, row, t, lo, eps);
 #elif STAGE_CHUNK
