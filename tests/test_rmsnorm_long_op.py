@@ -444,17 +444,17 @@ def test_interleave_renders_only_when_on_and_is_refused_where_not_built():
     assert "is not one of" in op.check({**on, "interleave": True}, big)
 
 
-def _probe_long7():
-    """(section, problem, candidate merged over the op's default) of lab/rmsnorm_probe_long7.toml."""
-    kf = tomllib.loads((ROOT / "lab/rmsnorm_probe_long7.toml").read_text())
-    for name, spec in kf["ops"].items():
+def _probe(name):
+    """(section, problem, candidate merged over the op's default) of lab/<name>."""
+    kf = tomllib.loads((ROOT / "lab" / name).read_text())
+    for sec, spec in kf["ops"].items():
         assert spec["template"] == "ops/rmsnorm_long"
         for dt in spec["dtypes"]:
             for shape in spec["shapes"]:
                 p = prob(dt, tuple(shape))
                 assert spec["search"]["budget"] == len(spec["search"]["candidates"])
                 for c in spec["search"]["candidates"]:
-                    yield name, p, {**op.default_params(p), **c}
+                    yield sec, p, {**op.default_params(p), **c}
 
 
 @pytest.mark.compile
@@ -468,7 +468,7 @@ def test_interleave_probe_candidates_compile_like_the_locked_winner_and_selftest
     lock = json.loads((ROOT / "kernelfile.lock").read_text())
     locked = {e["label"]: e for e in lock["targets"]["rmsnorm@h200"]["dispatch"]}
     control: dict = {}
-    for _, p, cfg in _probe_long7():
+    for _, p, cfg in _probe("rmsnorm_probe_long7.toml"):
         assert op.check(cfg, p) is None, (p.label(), cfg)
         b = compile_kernel(op.render(cfg, p, "sm_90a"), "sm_90a")
         assert b.spill_bytes == 0, (p.label(), cfg)
@@ -603,19 +603,6 @@ def test_stream_renders_only_when_on_and_launches_persistent_workers():
     assert [v.shape[0] for v in op.verify_problems(q, blk)] == [1, 199, 7 * 320 + 3]
     # bytes moved and the reference are the op's (the stage changes neither)
     assert op.bytes_moved(big) == base.bytes_moved(big)
-
-
-def _probe(name):
-    """(section, problem, candidate merged over the op's default) of lab/<name>."""
-    kf = tomllib.loads((ROOT / "lab" / name).read_text())
-    for sec, spec in kf["ops"].items():
-        assert spec["template"] == "ops/rmsnorm_long"
-        for dt in spec["dtypes"]:
-            for shape in spec["shapes"]:
-                p = prob(dt, tuple(shape))
-                assert spec["search"]["budget"] == len(spec["search"]["candidates"])
-                for c in spec["search"]["candidates"]:
-                    yield sec, p, {**op.default_params(p), **c}
 
 
 def test_stream_probe_long9_rows_and_controls():
