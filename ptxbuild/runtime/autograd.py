@@ -72,11 +72,15 @@ def _bwd_op(bwd, mode):
     """ptxbuild::<target>_m<i>: the backward mode's inputs -> its outputs (dx, dweight?, dbias?).
     The real call runs the built kernels (the per-call fast path); a call they refuse at run time
     (LoaderError: a shape outside what the build covers) gets the closed form, with a warning."""
+    i = bwd.modes().index(mode)
+    if (qual := _registered.get(("bwd", id(bwd), i))) is not None:  # every later backward call
+        _registered["serving"][qual] = bwd
+        return _registered[qual]
     outs, schema = torch_ops._op_schema(bwd, mode, single=False)
     opts, kwargs = {**dict(bwd.op.OPTIONS), **mode.options}, _option_kwargs(bwd, mode.options)
-    name = f"{bwd.target.replace('@', '_')}_m{bwd.modes().index(mode)}"
-    qual = torch_ops.qualified(name, schema, kwargs)
+    qual = torch_ops.qualified(f"{bwd.target.replace('@', '_')}_m{i}", schema, kwargs)
     _registered.setdefault("serving", {})[qual] = bwd
+    _registered[("bwd", id(bwd), i)] = qual
     if qual in _registered:
         return _registered[qual]
 
