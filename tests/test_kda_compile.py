@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -179,24 +180,45 @@ def test_the_fused_kernel_compiles_without_spills_and_fits_its_block(op, opts, s
     assert threads == 128 // split // 16 * 32 + 128 and -(-b.registers // 8) * 8 * threads <= 65536
 
 
-def test_the_kernels_measured_on_the_h200_still_build_from_this_source(op):
-    """kernelfile.lock's kda@h200 winners were verified and timed on an H200; the current source,
-    compiled with the same wheels, must give byte-identical cubins (a refactor of the .cu files that
-    changes none of them needs no new GPU run). Skipped with another compiler build."""
-    import json
+KDA_LOCKS = sorted(
+    t
+    for t, e in json.loads((ROOT / "kernelfile.lock").read_text())["targets"].items()
+    if e["template"] in ("kda", "kda_prepare", "kda_recurrence")
+)
 
+
+@pytest.mark.parametrize("target", KDA_LOCKS)
+def test_the_locked_kda_kernels_still_build_from_this_source(target):
+    """Every KDA-family lock entry (kda, kda_heads, kda_prepare, kda_recurrence on h200, h100 and
+    b200): its configs, rendered from today's sources and compiled with the same wheels, give the
+    locked cubins byte for byte, and the main entry's launch is the locked one. So a change that adds
+    a variant (prep_variant 4) leaves every locked config as it was measured or compile-checked; the
+    locks are stale only because their op files' digests changed. Skipped with another compiler build."""
     from ptxbuild.compile.compiler import compile_kernel, toolchain
+    from ptxbuild.oploader import load_op
 
-    lock = json.loads((ROOT / "kernelfile.lock").read_text())["targets"]["kda@h200"]
+    lock = json.loads((ROOT / "kernelfile.lock").read_text())["targets"][target]
     if {k: v for k, v in toolchain().__dict__.items() if k in lock["toolchain"]} != lock[
         "toolchain"
     ]:
         pytest.skip(f"the lock was built with {lock['toolchain']}, this machine has {toolchain()}")
+    op = load_op(lock["template"], ROOT)
+    built: dict = {}
     for d in lock["dispatch"]:
         pr = d["problem"]
         problem = Problem.make(pr["op"], pr["dtype"], pr["shape"], pr["options"])
-        b = compile_kernel(op.render(d["params"], problem, lock["arch"]), lock["arch"])
-        assert b.digest == d["binary"], (d["label"], d["params"])
+        assert op.check(d["params"], problem) is None, (d["label"], d["params"])
+        k = op.render(d["params"], problem, lock["arch"])
+        if (k.source, k.entry) not in built:
+            built[(k.source, k.entry)] = compile_kernel(k, lock["arch"]).digest
+        assert built[(k.source, k.entry)] == d["binary"], (d["label"], d["params"])
+        geom = op.launch(d["params"], problem, lock["gpu"]["sm_count"])
+        want = d["launch"]
+        assert (list(geom.grid), list(geom.block), geom.smem_bytes) == (
+            want["grid"],
+            want["block"],
+            want["smem_bytes"],
+        ), (d["label"], geom, want)
 
 
 @pytest.mark.parametrize(
