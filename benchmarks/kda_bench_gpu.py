@@ -12,7 +12,8 @@ alone on a CPU-encoded workspace; the full pipeline compared with the recurrent 
 (relative RMS <= 5e-3 on o and the final state, all finite, all written); two runs bit-identical;
 inputs unmodified. Timing: CUDA events, L2 flushed before every call, median / p20 / p80.
 Both prepare variants (prep_variant 0: kda_prepare.cu, 1: kda_prepare_fast.cu, safe gate only) are
-verified and timed by default, each as its own row; --prep-variant 0 or 1 keeps one.
+verified and timed by default, each as its own row; --prep-variant 0, 1 or 4 (the persistent
+x1w prepare, kda_prepare_x1w.cu, safe gate with the L2 norm) keeps one.
 
     python3 benchmarks/kda_bench_gpu.py --quick                 # < 3 minutes per prepare variant
     python3 benchmarks/kda_bench_gpu.py --prep-variant 1        # kda.md's whole case list (T up to 131072, H 1-96)
@@ -383,7 +384,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--prep-variant",
-        choices=("0", "1", "both"),
+        choices=("0", "1", "4", "both"),
         default="both",
         help="prepare kernel(s) to verify and time (default: both, one row each)",
     )

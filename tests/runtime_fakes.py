@@ -75,10 +75,11 @@ def ptr(launch: dict, j: int) -> int:
 
 
 def fake_kda_build(
-    dest: Path, problems: list[tuple[tuple, dict]], target: str = "kda@h200"
+    dest: Path, problems: list[tuple[tuple, dict]], target: str = "kda@h200", params_of=None
 ) -> Path:
-    """A build directory of the kda op with one fake binary per problem (its default config): the
-    manifest, dispatch table and artifacts the loader checks, without a compiler."""
+    """A build directory of the kda op with one fake binary per problem (params_of(op, problem), by
+    default its default config): the manifest, dispatch table and artifacts the loader checks,
+    without a compiler."""
     from ptxbuild.oploader import load_op
     from ptxbuild.problem import Problem
 
@@ -97,7 +98,7 @@ def fake_kda_build(
         p = Problem.make("kda", "bfloat16", shape, options)
         dispatch.append(dict(problem=dict(op="kda", dtype="bfloat16", shape=list(shape),
                                           options=json.loads(json.dumps(options))),
-                             params=op.default_params(p), binary=digest, label=p.label()))  # fmt: skip
+                             params=(params_of or (lambda op, p: op.default_params(p)))(op, p), binary=digest, label=p.label()))  # fmt: skip
     manifest = dict(target=target, arch="sm_90a", op="kda", op_version=op.VERSION, template="kda",
                     gpu={}, measured_on_hardware=False, kernelfile_digest="", toolchain={},
                     hardware=None, variants=variants, dispatch=dispatch)  # fmt: skip

@@ -111,6 +111,18 @@ class FakeModule:
         )
         flags.view(np.uint32)[...] = 1
 
+    def kda_prepare_x1w(self, grid, block, args, shared_mem=0):
+        """variant 4's persistent prepare (one warp per block, grid <= 7 per SM): every (chunk, head)."""
+        q, k, v, a, b, A_log, dt_bias, cs, cl, ws, scale, nc, mask = args
+        d = bench_gpu.kda.dims(self.problem)
+        assert nc == d["NC"] == len(cs) and 0 < grid[0] <= nc * d["HV"] and block == (32, 1, 1)
+        assert mask == 0x7FFFFFFF and isinstance(nc, np.int32) and isinstance(mask, np.int32)
+        self.kda_prepare(
+            (d["NC"], d["HV"], 1),
+            (128, 1, 1),
+            (q, k, v, a, np.zeros(1, np.float32), b, A_log, dt_bias, cs, cl, ws, scale),
+        )
+
     def kda_recurrence(self, grid, block, args, shared_mem=0):
         if len(args) == 8:  # variant 3: every flag published before the recurrence reads a blob
             *args, flags = args
@@ -212,7 +224,7 @@ def test_verify_catches_a_wrong_state(monkeypatch):
     assert not res["ok"] and res["hT_rms"] > 0.1
 
 
-@pytest.mark.parametrize("variant", [1, 2, 3])
+@pytest.mark.parametrize("variant", [1, 2, 3, 4])
 @pytest.mark.parametrize("corrupt,outcome", [(False, "ok"), (True, "wrong_result")])
 def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome, variant):
     """runs.Gpu.verify on ops/kda: both entries launched in order with the op's geometry and
@@ -270,6 +282,7 @@ def test_the_gpu_worker_verifies_the_two_kernel_op(monkeypatch, corrupt, outcome
             1: ["kda_prepare", "kda_recurrence"],
             2: ["kda_fused", "kda_fused"],
             3: ["kda_prepare_ovl", "kda_recurrence+pdl"],
+            4: ["kda_prepare_x1w", "kda_recurrence"],
         }[variant]
     )
     if corrupt:

@@ -44,17 +44,30 @@ def test_compiles_without_spills(op, opts, split, stages, op_dtype):
     assert ".entry kda_prepare" in full.ptx and ".entry kda_recurrence" in full.ptx
 
 
+def variant1(op, pr):
+    """The default before prep_variant 4 (variant 1 with the compact layout), which the tests below
+    that are about the recurrence or variant 1 were written on; as is where x1w does not apply."""
+    p = op.default_params(pr)
+    return {**p, "prep_variant": 1, "prep_compact": 1} if p["prep_variant"] == 4 else p
+
+
 def test_default_params_and_checks(op):
     pr = Problem.make("kda", "bfloat16", (8192, 96))
-    # two kernels by default: V-split for ~2 blocks per SM (the recurrence is instruction-latency-bound)
+    # two kernels by default: V-split for ~2 blocks per SM (the recurrence is instruction-latency-bound);
+    # the persistent x1w prepare (variant 4) where it applies
     assert op.default_params(pr) == {
         "split": 4,
         "stages": 4,
         "op_dtype": "f16",
         "prep_threads": 128,
-        "prep_variant": 1,
+        "prep_variant": 4,
         "rec_copy": "bulk",
         "o_store": "rows",
+    }
+    # where x1w does not apply (no L2 norm: it would spill), variant 1 with its compact layout
+    assert op.default_params(Problem.make("kda", "bfloat16", (8192, 96), {"l2norm": False})) == {
+        **op.default_params(pr),
+        "prep_variant": 1,
         "prep_compact": 1,
     }
     # prep_compact is variant 1's layout: the canonical gate (variant 0) goes without it
@@ -232,7 +245,7 @@ def test_the_bulk_copy_and_row_store_recurrence_compiles(op, opts, split, stages
     from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
-    params = {**op.default_params(pr), "split": split, "stages": stages}
+    params = {**variant1(op, pr), "split": split, "stages": stages}
     assert (
         params["rec_copy"] == "bulk"
         and params["o_store"] == "rows"
@@ -308,7 +321,7 @@ def test_the_compact_prepare_fits_six_blocks_per_sm(op, opts):
     from ptxbuild.problem import Kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
-    base = op.default_params(pr)
+    base = variant1(op, pr)
 
     def prep(**kw):
         return compile_kernel(
@@ -339,7 +352,7 @@ def test_the_ksplit_recurrence_compiles_with_half_the_mma_per_warp(op, opts, spl
     from ptxbuild.compile.compiler import compile_kernel
 
     pr = Problem.make("kda", "bfloat16", (8192, 96), opts)
-    base = {**op.default_params(pr), "split": split, "stages": 3}
+    base = {**variant1(op, pr), "split": split, "stages": 3}
     ks = {**base, "ksplit": 2}
     assert op.check(ks, pr) is None
     b = compile_kernel(op.render(ks, pr, "sm_90a"), "sm_90a")

@@ -120,11 +120,52 @@ H, K = 64, 128
 MIXED = [1300, 547, 2048, 963, 271, 3063]
 
 
+def variant1(op, problem):
+    """The locked kda@h200 configs' prepare (variant 1, compact): the argument layout checked below."""
+    return {**op.with_prep_variant(op.default_params(problem), 1), "prep_compact": 1}
+
+
 @pytest.fixture
 def kda(tmp_path, monkeypatch):
-    build_dir = fakes.fake_kda_build(tmp_path, [((8192, H), {}), ((8192, H), {"lengths": MIXED})])
+    build_dir = fakes.fake_kda_build(
+        tmp_path, [((8192, H), {}), ((8192, H), {"lengths": MIXED})], params_of=variant1
+    )
     launches = fakes.install(monkeypatch)
     return load(build_dir, op_folder=fakes.ROOT / "ops" / "kda"), launches
+
+
+def test_kda_with_the_persistent_x1w_prepare(tmp_path, monkeypatch):
+    """prep_variant 4 (the op's default where it applies): kda_prepare_x1w's persistent grid and its
+    own argument list, then the same recurrence on the workspace it wrote."""
+    build_dir = fakes.fake_kda_build(tmp_path, [((8192, H), {})])
+    launches = fakes.install(monkeypatch)
+    k = load(build_dir, op_folder=fakes.ROOT / "ops" / "kda")
+    t = _inputs(1, 40)
+    o, hT = k(**t, output_final_state=True, state_v_first=True, **FLAGS)
+    prep, rec = launches
+    problem = Problem.make("kda", "bfloat16", (40, H))
+    params = k.select(problem).params
+    assert params["prep_variant"] == k.op.X1W
+    geoms = k.op.launches(params, problem, fakes.DEV.sm_count)
+    assert list(geoms) == ["kda_prepare_x1w", "kda_recurrence"]
+    assert (
+        prep["grid"] == (3 * H, 1, 1) == tuple(geoms["kda_prepare_x1w"].grid)
+    )  # 3 chunks x 64 heads
+    assert prep["smem"] == 29504 and rec["grid"] == tuple(geoms["kda_recurrence"].grid)
+    # kda_prepare_x1w(q, k, v, a, b, A_log, dt_bias, chunk_start, chunk_len, ws, scale, nc, mask)
+    for j, name in [
+        (0, "q"),
+        (1, "k"),
+        (2, "v"),
+        (3, "g"),
+        (4, "beta"),
+        (5, "A_log"),
+        (6, "dt_bias"),
+    ]:
+        assert fakes.ptr(prep, j) == t[name].data_ptr(), name
+    assert struct.unpack("<f", fakes.arg(prep, 10, 4))[0] == np.float32(K**-0.5)
+    assert struct.unpack("<ii", fakes.arg(prep, 11, 4) + fakes.arg(prep, 12, 4)) == (3, 0x7FFFFFFF)
+    assert fakes.ptr(rec, 0) == fakes.ptr(prep, 9) and fakes.ptr(rec, 1) == o.data_ptr()
 
 
 def _inputs(B, T, HV=H, N=None, v_first=True, seed=0):

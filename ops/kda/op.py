@@ -13,13 +13,17 @@ bench_gpu.py) runs in order on one stream:
 ws is an output only because the worker allocates outputs: SCRATCH, never checked (its bytes may
 legitimately be 0xFF, the poison). prep_variant 2 is one launch instead, kda_fused (grid as the
 recurrence, +128 producer threads per block; kda_fused.cu), the entry of its render(); it leaves ws
-untouched. Measured slower than the two kernels on the H200, it is in the space, not the default. Verified against the float64 token recurrence by compare():
+untouched. Measured slower than the two kernels on the H200, it is in the space, not the default.
+prep_variant 4 (kda_prepare_x1w.cu, "x1w" from lab/kda) is a persistent prepare of one warp per block,
+grid (min(NC * HV, 7 * SMs)), writing the same workspace in whole 32-byte sectors; the default where
+check() allows it. Verified against the float64 token recurrence by compare():
 relative RMS of o and hT each <= 5e-3 (kda.md), all finite. Baselines (FLA chunk_kda): baselines.py.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 
 from ptxbuild.oploader import load_module
 from ptxbuild.problem import Kernel, Launch, Problem
@@ -34,11 +38,11 @@ workspace = host.workspace
 NAME = "kda"
 VERSION = "0.4"   # 0.4: rec_copy, o_store, prep_variant 3 (FLA re-timed beside it); 0.3: verified only on cases its binary was built for (runs.same_binary); 0.2: relative RMS, ws scratch
 SOURCES = ["kda_common.cuh", "kda_prepare.cu", "kda_prepare_fast.cu", "kda_recurrence.cu", "kda_fused.cu",
-           "kda_prepare_ovl.cu", "reference.py", "workspace.py", "kda_host.py"]
+           "kda_prepare_ovl.cu", "kda_prepare_x1w.cu", "reference.py", "workspace.py", "kda_host.py"]
 DTYPES = ["bfloat16"]
 OPTIONS = dict(host.OPTIONS)
 SPACE = {"split": [1, 2, 4, 8], "stages": [2, 3, 4, 5], "op_dtype": ["f16", "bf16"], "prep_threads": [128, 256],
-         "prep_variant": [0, 1, 2, 3], "rec_copy": ["cp_async", "bulk"], "o_store": ["cols", "rows"],
+         "prep_variant": [0, 1, 2, 3, 4], "rec_copy": ["cp_async", "bulk"], "o_store": ["cols", "rows"],
          "prep_compact": [0, 1], "ksplit": [1, 2]}
 SPILL_BUDGET_BYTES = 0
 KERNELS = host.KERNELS
@@ -48,10 +52,17 @@ GATES = host.GATES
 dims = host.dims
 smem_bytes = host.smem_bytes
 _defines = host.defines
-render_stage = host.render_stage
-launches = host.launches
 case_for = host.case_for
 inputs_from_case = host.inputs_from_case
+
+# prep_variant 4 ("x1w", kda_prepare_x1w.cu): ops/kda's own, so its host side lives here and not in
+# kda_host.py, which ops/kda_prepare and ops/kda_recurrence list in their SOURCES too (an edit there
+# would make their locks stale although none of their kernels changes)
+X1W = 4
+X1W_FILES = ("kda_prepare_x1w.cu", "kda_recurrence.cu")   # rendered in this order
+X1W_SMEM = 29504          # dynamic shared memory per block of one warp: sizeof(X1wWarp) (static_assert'ed)
+X1W_WARPS_PER_SM = 7      # its launch bound: 7 x (29,504 + 1,024) B <= 233,472 B of an SM; 255 registers
+X1W_MASK = 0x7FFFFFFF     # its blob_mask argument: all ones (the stores' runtime condition, see X1W_ST)
 
 
 # ---------------------------------------------------------------- problem geometry
@@ -70,16 +81,24 @@ def default_params(problem: Problem) -> dict:
     with prep_compact=1 (Km laid over the dead k and a rows: 6 prepare blocks per SM instead of 5;
     H200 run 12a, bench_gpu.py scenarios: H96 1.276/1.289/1.255 -> 1.233/1.207/1.206 ms, H64 1 x 8192
     0.874 -> 0.852, 8 x 1024 0.858 -> 0.834, six mixed 0.922 -> 0.964 ms; kda_profile.py H96: prepare
-    781 -> 762 us, forward 1286 -> 1229 us). Configs that omit prep_compact keep meaning 0."""
+    781 -> 762 us, forward 1286 -> 1229 us). Configs that omit prep_compact keep meaning 0.
+    Ahead of variant 1: prepare variant 4 (kda_prepare_x1w.cu, lab/kda's x1w) where check() allows it (safe
+    gate, K = V = 128, the L2 norm on): H200 run 30a (lab/kda/probe_s29.py, 40 verifications passed),
+    prepare 0.753 (variant 1, compact) / 0.702 (x1p) -> 0.605 ms at H96 1 x 8192 and forward 1.247 ->
+    1.098 ms with this recurrence; H64 mixed6 prepare 0.486 (x1p) -> 0.450, forward 0.913 -> 0.825 ms.
+    The 8 x 1024 scenarios and H16 / H32 were not timed: `ptxbuild build` times this default beside
+    the lessons' winners (variant 1) and keeps the faster per problem."""
     d = dims(problem)
     split = next((s for s in (1, 2, 4, 8) if d["N"] * d["HV"] * s >= 250 and d["V"] % (16 * s) == 0), 8)
     while d["V"] % (16 * split):
         split //= 2
     params = {"split": split, "stages": 4, "op_dtype": "f16", "prep_threads": 128, "prep_variant": 1,
               "rec_copy": "bulk", "o_store": "rows", "prep_compact": 1}
+    if check(x1w := with_prep_variant(params, X1W), problem) is None:
+        return x1w
     if check(params, problem) is None:
         return params
-    return with_prep_variant(params, 0)   # variant 1: safe gate only
+    return with_prep_variant(params, 0)   # variants 1 and 4: safe gate only
 
 
 def with_prep_variant(params: dict, variant: int) -> dict:
@@ -113,7 +132,31 @@ def check(params: dict, problem: Problem) -> str | None:
         return "stages < 2"
     if smem_bytes(params, problem) > 227 * 1024:
         return f"shared memory {smem_bytes(params, problem)} B > 227 KiB"
+    if (pv := params.get("prep_variant", 0)) not in SPACE["prep_variant"]:
+        return f"prep_variant={pv}: use one of {SPACE['prep_variant']}"
+    if pv == X1W:
+        return x1w_error(params, problem)
     return host.prepare_variant_error(params, problem)
+
+
+def x1w_error(params: dict, problem: Problem) -> str | None:
+    """Why kda_prepare_x1w cannot take this problem, or None: what lab/kda's x1w assumes (the
+    factored exponentials of variant 1: the safe gate; K = V = 128, C = 16; one warp per block, so
+    prep_threads is unused and asked to be 128, one config of it in the space), and no L2-norm-off
+    case: the kernel sits at 255 registers and ptxas 13.0 spills 56 B there (the spill budget is 0).
+    The recurrence's own rules (o_store, rec_copy, ksplit) as for the other two-kernel variants."""
+    d = dims(problem)
+    if params.get("prep_compact", 0):
+        return "prep_compact=1 is a layout of prepare variant 1 (kda_prepare_fast.cu) only"
+    if reason := host.prepare_variant_error(with_prep_variant(params, 0), problem):
+        return reason
+    if d["gate"] != "safe" or ref.LOWER_BOUND < -5.0:
+        return f"prep_variant=4 needs the safe gate with lower bound >= -5 (gate={d['gate']!r})"
+    if (d["K"], d["V"]) != (128, 128) or params["prep_threads"] != 128:
+        return "prep_variant=4 is built for K = V = 128 and prep_threads=128"
+    if not d["l2norm"]:
+        return "prep_variant=4 spills at 255 registers without the L2 norm (l2norm=False)"
+    return None
 
 
 # ---------------------------------------------------------------- rendering and launching
@@ -124,11 +167,37 @@ def render(params: dict, problem: Problem, arch: str) -> Kernel:
         files = host.FUSED_FILES
     elif params.get("prep_variant", 0) == host.OVERLAP:   # the persistent prepare reuses pf_chunk
         files = host.OVERLAP_FILES
+    elif params.get("prep_variant", 0) == X1W:   # its own file, nothing shared with the other prepares
+        files = X1W_FILES
     else:
         files = (host.stage_file(params, "kda_prepare"), "kda_recurrence.cu")
     src = _defines(params, problem) + (_HERE / "kda_common.cuh").read_text() + "".join((_HERE / f).read_text() for f in files)
     return Kernel(src, host.main_entry(params))
 
+
+
+def render_stage(params: dict, problem: Problem, arch: str, stage: str) -> Kernel:
+    """One kernel alone (kda_host.render_stage), kda_prepare_x1w included."""
+    if stage != "kda_prepare_x1w":
+        return host.render_stage(params, problem, arch, stage)
+    return Kernel(_defines(params, problem) + (_HERE / "kda_common.cuh").read_text()
+                  + (_HERE / "kda_prepare_x1w.cu").read_text(), stage)
+
+
+def x1w_grid(problem: Problem, sm_count: int) -> int:
+    """kda_prepare_x1w's blocks of one warp: 7 per SM, fewer where there are fewer chunk-heads."""
+    d = dims(problem)
+    return max(1, min(d["NC"] * d["HV"], X1W_WARPS_PER_SM * sm_count))
+
+
+def launches(params: dict, problem: Problem, sm_count: int) -> dict[str, Launch]:
+    """kda_host.launches, and for variant 4 its persistent prepare (grid from the SM count alone; each
+    warp loops over chunk-heads with stride gridDim.x) then variant 1's recurrence."""
+    if params.get("prep_variant", 0) != X1W:
+        return host.launches(params, problem, sm_count)
+    rec = host.launches(with_prep_variant(params, 1), problem, sm_count)["kda_recurrence"]
+    prep = Launch((x1w_grid(problem, sm_count), 1, 1), (32, 1, 1), X1W_SMEM, persistent=True)
+    return {"kda_prepare_x1w": prep, "kda_recurrence": rec}
 
 
 def launch(params: dict, problem: Problem, sm_count: int) -> Launch:
@@ -166,6 +235,10 @@ def make_outputs(problem: Problem, xp) -> dict:
 
 
 def stage_args(stage: str, params: dict, problem: Problem, inputs: dict, outputs: dict) -> list:
+    if stage == "kda_prepare_x1w":
+        i, d = inputs, dims(problem)
+        return [i["q"], i["k"], i["v"], i["a"], i["b"], i["A_log"], i["dt_bias"], i["chunk_start"], i["chunk_len"],
+                outputs["ws"], np.float32(d["K"] ** -0.5), np.int32(d["NC"]), np.int32(X1W_MASK)]
     outs = outputs if "hT" in outputs else {**outputs, "hT": inputs["hT_unused"]}
     return host.stage_args(stage, problem, inputs, outputs["ws"], outs,
                            overlap=params.get("prep_variant", 0) == host.OVERLAP)
