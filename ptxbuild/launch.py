@@ -14,6 +14,12 @@ SMEM_DEFAULT_BYTES = 48 * 1024  # dynamic shared memory beyond this needs the fu
 PORTABLE_CLUSTER = 8  # larger clusters need the non-portable cluster size attribute
 
 
+class NotResident(RuntimeError):
+    """A launch shape of which not one cluster (or block) can be resident on this GPU: the candidate's
+    resources (threads, registers, shared memory, cluster size) do not fit, so it is a failed
+    candidate (Outcome.RESOURCE), not a failed tool."""
+
+
 def param(arg) -> np.ndarray:
     """One parameter (cupy's rules: Python int -> int64, float -> float64, numpy scalars as they are)."""
     if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
@@ -58,7 +64,7 @@ def resident_grid(cu, fn, cfg, geom) -> int:
     """cfg.gridDimX for `geom`: as given, or for a persistent cluster launch (geom.persistent) at most the clusters that
     can be resident at once (cuOccupancyMaxActiveClusters on cfg, which already carries the block, shared memory and
     cluster attribute), times the cluster size. Cached per function handle, its registers and static shared memory (a
-    handle may be reused by a later module), and the launch shape; RuntimeError if no cluster of the shape fits."""
+    handle may be reused by a later module), and the launch shape; NotResident if no cluster of the shape fits."""
     grid = int(cfg.gridDimX)
     if not getattr(geom, "persistent", False):
         return grid
@@ -86,8 +92,8 @@ def resident_grid(cu, fn, cfg, geom) -> int:
             _RESIDENT.clear()
         _RESIDENT[key] = int(n)
     if _RESIDENT[key] < 1:
-        raise RuntimeError(
-            f"no cluster of {size} CTAs x {tuple(geom.block)} threads can be resident on this GPU"
+        raise NotResident(
+            f"no cluster of {size} CTAs x {tuple(geom.block)} threads ({regs} regs) can be resident"
         )
     return min(grid, _RESIDENT[key] * size)
 

@@ -17,6 +17,7 @@ import time
 from ptxbuild.gpu import stats
 from ptxbuild.gpu.fingerprint import Fingerprint
 from ptxbuild.gpu.worker import serve
+from ptxbuild.launch import NotResident
 
 
 class CUDARuntimeError(RuntimeError):
@@ -96,6 +97,10 @@ class FakeGpu:
         if mode == "resources":
             raise CUDARuntimeError(
                 "cudaErrorLaunchOutOfResources: too many resources requested for launch"
+            )
+        if mode == "not_resident":  # as launch.resident_grid says it of a cluster too large to fit
+            raise NotResident(
+                "no cluster of 16 CTAs x (512, 1, 1) threads can be resident on this GPU"
             )
         if mode == "bug":
             raise ValueError("the op's reference raised")

@@ -440,6 +440,11 @@ def test_crashes_and_hangs_become_outcomes_and_the_session_goes_on(session):
     pid = verify(session, "ok").detail
     assert verify(session, "resources").outcome is Outcome.RESOURCE  # not sticky: same worker
     assert verify(session, "ok").detail == pid and session.restarts == 4
+    # a launch shape that cannot be resident (a cluster of 16 too large for any GPC) is the
+    # candidate's failure, stored as data; it once stopped a whole build ("verify failed in the GPU worker")
+    too_big = verify(session, "not_resident")
+    assert too_big.outcome is Outcome.RESOURCE and "can be resident" in too_big.detail
+    assert verify(session, "ok").detail == pid and session.restarts == 4
     with pytest.raises(GpuError, match="reference raised"):
         verify(session, "bug")  # the tool failing is an exception
     assert verify(session, "ok").detail == pid

@@ -392,7 +392,7 @@ def test_resident_grid_lowers_a_persistent_cluster_grid_to_the_clusters_resident
     state.update(fits=16, regs=64)  # the same handle, another module's kernel
     assert kernel_params.resident_grid(cu, 7, cfg, geom) == 16 * 8 and len(calls) == 2
     state["fits"] = 0
-    with pytest.raises(RuntimeError, match="can be resident"):
+    with pytest.raises(kernel_params.NotResident, match="64 regs. can be resident"):
         kernel_params.resident_grid(cu, 9, cfg, geom)
     with pytest.raises(ValueError, match="one-dimensional"):
         kernel_params.resident_grid(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from ..launch import NotResident
 from ..outcome import Outcome
 
 # (pattern over the error text, outcome, sticky: the process must die and be restarted)
@@ -23,7 +24,7 @@ _RULES = [
         True,
     ),
     (
-        r"OUT_OF_RESOURCES|LaunchOutOfResources|too many resources|COOPERATIVE_LAUNCH_TOO_LARGE|"
+        r"OUT_OF_RESOURCES|LaunchOutOfResources|too many resources|can be resident|COOPERATIVE_LAUNCH_TOO_LARGE|"
         r"CooperativeLaunchTooLarge",
         Outcome.RESOURCE,
         False,
@@ -40,9 +41,10 @@ _RULES = [
 
 
 def is_cuda_error(exc: BaseException) -> bool:
-    """CUDA errors from cupy, cuda-bindings or our own launcher (CudaError)."""
-    name = type(exc).__name__
-    return "CUDA" in name.upper() or isinstance(exc, CudaError) or "OutOfMemory" in name
+    """CUDA errors from cupy, cuda-bindings or our own launcher (CudaError; NotResident, its finding
+    that not one cluster of the shape fits, which is the candidate's failure as OUT_OF_RESOURCES is)."""
+    n = type(exc).__name__
+    return "CUDA" in n.upper() or isinstance(exc, CudaError | NotResident) or "OutOfMemory" in n
 
 
 class CudaError(RuntimeError):
