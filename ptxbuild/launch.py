@@ -127,11 +127,13 @@ def load_module(cu, images, entries, ok) -> tuple:
 
 
 def set_function_attributes(cu, fn, geom, ok) -> None:
-    """What a launch of `geom` needs set on its function first: dynamic shared memory beyond the
-    default, and the non-portable cluster size for clusters above 8."""
+    """What a launch of `geom` needs set on its function first: dynamic shared memory where it and
+    the static shared memory together pass the default 48 KB (the static part counts: 48 KB of
+    dynamic plus a few mbarriers does not launch, nor fit one cluster, without it), and the
+    non-portable cluster size for clusters above 8."""
     attr = cu.CUfunction_attribute
     smem = int(geom.smem_bytes)
-    if smem > SMEM_DEFAULT_BYTES:
+    if smem and smem + _attr(cu, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) > SMEM_DEFAULT_BYTES:
         ok(
             cu.cuFuncSetAttribute(fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
             "cuFuncSetAttribute(max dynamic shared memory)",

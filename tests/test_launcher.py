@@ -26,8 +26,13 @@ class FakeDriver:
     CUlaunchConfig, CUstream = cu_real.CUlaunchConfig, cu_real.CUstream
     OK, BAD = cu_real.CUresult.CUDA_SUCCESS, cu_real.CUresult.CUDA_ERROR_INVALID_IMAGE
 
-    def __init__(self, refuse=(), missing=()):
+    def __init__(self, refuse=(), missing=(), static_smem=0):
         self.calls, self.refuse, self.missing, self.next = [], set(refuse), set(missing), 100
+        self.static_smem = static_smem
+
+    def cuFuncGetAttribute(self, attr, fn):
+        assert attr == self.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+        return self.OK, self.static_smem
 
     def cuModuleLoadData(self, addr):
         head = ctypes.string_at(addr, 5)
@@ -104,6 +109,19 @@ def test_a_plain_launch_packs_its_arguments_and_sets_what_it_needs():
     assert struct.unpack("<f", x[:4])[0] == 2.5
     cu.calls.clear()
     shared.launch(cu, "fn", Launch((0, 1, 1), (256, 1, 1)), [], 77, _ok)  # M = 0: nothing
+    assert cu.calls == []
+
+
+def test_dynamic_shared_memory_is_opted_in_where_the_static_part_takes_it_past_48_kb():
+    """Run 31d: a stream stage of exactly 48 KB of dynamic shared memory (3 x 16 KB) and ~200 B of
+    mbarriers was launched without the opt-in, so not one cluster of it fit ("not resident")."""
+    smem = FakeDriver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    geom = Launch((7, 1, 1), (512, 1, 1), 48 * 1024)
+    cu = FakeDriver(static_smem=208)
+    shared.set_function_attributes(cu, "fn", geom, _ok)
+    assert cu.calls == [("attribute", "fn", smem, 48 * 1024)]
+    cu = FakeDriver(static_smem=0)  # 48 KB in all: the default holds it, nothing to set
+    shared.set_function_attributes(cu, "fn", geom, _ok)
     assert cu.calls == []
 
 
