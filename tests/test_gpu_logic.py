@@ -459,6 +459,18 @@ def test_a_worker_that_cannot_start_is_a_tool_error():
         )
 
 
+def test_closing_a_worker_still_busy_with_a_stopped_call_does_not_wait_for_it():
+    """Ctrl-C during a baseline's minute of autotune: the build saved its work, then waited 10 s for
+    the busy worker to read "exit", and `timeout -s INT -k 10` killed it first (run 31b, rc 137)."""
+    from ptxbuild.gpu.process import Child
+
+    child = Child([sys.executable, "-c", "import time; time.sleep(60)"])  # never reads its stdin
+    child.start()
+    t0 = time.monotonic()
+    child.close()
+    assert time.monotonic() - t0 < 5 and child.proc is None
+
+
 def test_planted_op_honours_the_contract_on_cpu():
     from ptxbuild.oploader import load_op
 

@@ -99,7 +99,11 @@ class Child:
             self.proc.stdin.close()
         return rc
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Ask the child to exit; kill it if it has not within `timeout_s`. An idle worker exits in
+        well under a second; one still busy is a stopped build's call in flight (a baseline's
+        autotune can run a minute), and waiting for it made Ctrl-C take 10 s: long enough that
+        `timeout -s INT -k 10` killed the build before it said it had stopped (run 31b, rc 137)."""
         if self.alive:
             with contextlib.suppress(Exception):
                 self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
