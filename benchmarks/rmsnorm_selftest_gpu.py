@@ -363,8 +363,15 @@ def launch(cp, driver, kern, L, args):
         else:
             types.append(ctypes.c_void_p)
             values.append(int(a))
-    if L.smem_bytes > 48 * 1024:
+    # opt in past 48 KB of static + dynamic shared memory (48 KB of dynamic plus a few mbarriers does
+    # not launch without it), and allow clusters above 8: as ptxbuild.launch.set_function_attributes
+    if L.smem_bytes and L.smem_bytes + kern.attributes["shared_size_bytes"] > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = L.smem_bytes
+    if L.cluster[0] > 8:
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        (err,) = driver.cuFuncSetAttribute(driver.CUfunction(kern.kernel.ptr), attr, 1)
+        if int(err) != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster): {err}")
     cfg = driver.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = L.grid
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = L.block

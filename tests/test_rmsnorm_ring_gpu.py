@@ -13,7 +13,8 @@ slots, so that the next row part is in flight through this row's reduction and s
    row groups, a ring of `stages` whole row parts in shared memory, lab/rmsnorm_probe_long9.toml), the
    same way: M = 1, odd M, the probe's rows and configs, lane tails, M*N > 2^31, residual (+ rstd,
    + fp32 residual_out) / bias / fp32 weight / no weight, the block regime, clusters of 2 to 16 (16 is
-   non-portable: _selftest() sets the function attribute, as ptxbuild.launch does), stages 2-4.
+   non-portable: the selftest's launcher sets the function attribute, as ptxbuild.launch does),
+   stages 2-4.
 2. The long rows (N >= 65536: 3 dtypes x 3 shapes x plain / residual) at their benchmark shapes:
    each ring config beside the locked rmsnorm@h200 winner of that row, CUDA events around each call
    with the L2 flushed before it, p50 of TIMED calls, % of the copy floor (bytes / a device copy's
@@ -298,22 +299,6 @@ ST_CASES = [
 ]
 
 
-def _nonportable_launch(inner):
-    """The selftest's launch with the function's non-portable cluster size allowed first for clusters
-    above 8 (ptxbuild.launch.set_function_attributes does the same for every build's launch)."""
-
-    def launch(cp, driver, kern, L, args):
-        if L.cluster[0] > 8:
-            fn = driver.CUfunction(kern.kernel.ptr)
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-            (err,) = driver.cuFuncSetAttribute(fn, attr, 1)
-            if int(err) != 0:
-                raise RuntimeError(f"cuFuncSetAttribute(non-portable cluster): {err}")
-        return inner(cp, driver, kern, L, args)
-
-    return launch
-
-
 def _selftest():
     spec = importlib.util.spec_from_file_location(
         "rmsnorm_selftest_gpu", ROOT / "benchmarks" / "rmsnorm_selftest_gpu.py"
@@ -321,7 +306,6 @@ def _selftest():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.op = load_op("lab/ops/rmsnorm_long", ROOT)  # run_case judges, renders and launches with it
-    mod.launch = _nonportable_launch(mod.launch)  # run_case's launch: clusters of 16 (stream cases)
     return mod
 
 
