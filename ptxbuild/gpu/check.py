@@ -52,9 +52,14 @@ def _quiet(xp):
     return contextlib.nullcontext()
 
 
+# elements compared at once: float64 temporaries of a 2^31-element output would not fit
+CHUNK = 1 << 26
+
+
 def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
     """Elementwise |out-ref| <= atol + rtol*|ref|; a NaN/inf where ref is finite (or finite where ref is
-    NaN) always fails. Returns bad count, worst index, got/want there and max abs/rel error."""
+    NaN) always fails. Returns bad count, worst index, got/want there and max abs/rel error. The
+    flattened arrays are compared CHUNK elements at a time by _compare() (bounded memory)."""
     if tuple(out.shape) != tuple(ref.shape):
         return {
             "bad": max(out.size, 1),
@@ -63,28 +68,19 @@ def compare(out, ref, dtype: str, atol: float, rtol: float, xp) -> dict:
             "max_abs": float("inf"),
             "max_rel": float("inf"),
         }
-    with _quiet(xp):  # one path for every size: small outputs are one chunk
-        return _compare_chunked(out, ref, dtype, atol, rtol, xp)
-
-
-# elements compared at once: float64 temporaries of a 2^31-element output would not fit
-CHUNK = 1 << 26
-
-
-def _compare_chunked(out, ref, dtype, atol, rtol, xp) -> dict:
-    """_compare() over CHUNK-element slices of the flattened arrays (bounded memory)."""
     o, r = xp.ascontiguousarray(out).reshape(-1), xp.ascontiguousarray(ref).reshape(-1)
     total = {"bad": 0, "worst": None, "max_abs": 0.0, "max_rel": 0.0}
     worst_score = -math.inf
-    for start in range(0, o.size, CHUNK):
-        c = _compare(o[start : start + CHUNK], r[start : start + CHUNK], dtype, atol, rtol, xp)
-        total["bad"] += c["bad"]
-        total["max_abs"] = max(total["max_abs"], c["max_abs"])
-        total["max_rel"] = max(total["max_rel"], c["max_rel"])
-        if c["bad"] and (total["worst"] is None or c["score"] > worst_score):
-            worst_score = c["score"]
-            total["worst"] = tuple(map(int, np.unravel_index(start + c["worst"][0], out.shape)))
-            total["got"], total["want"] = c["got"], c["want"]
+    with _quiet(xp):  # one path for every size: small outputs are one chunk
+        for start in range(0, o.size, CHUNK):
+            c = _compare(o[start : start + CHUNK], r[start : start + CHUNK], dtype, atol, rtol, xp)
+            total["bad"] += c["bad"]
+            total["max_abs"] = max(total["max_abs"], c["max_abs"])
+            total["max_rel"] = max(total["max_rel"], c["max_rel"])
+            if c["bad"] and (total["worst"] is None or c["score"] > worst_score):
+                worst_score = c["score"]
+                total["worst"] = tuple(map(int, np.unravel_index(start + c["worst"][0], out.shape)))
+                total["got"], total["want"] = c["got"], c["want"]
     return total
 
 
