@@ -1,0 +1,171 @@
+// KDA forward, stage 2 with wgmma (lab, issue 30): the recurrence of ops/kda/kda_recurrence.cu with its
+// three products per chunk as warpgroup MMAs, the workspace's B operands read from shared memory:
+//   [V_new^T | O^T] = [U^T | 0] + S [-W | Qg]^T     8 x m64n32k16  (k = channel, n = 16 W + 16 Qg tokens)
+//   O^T            += V_new^T A_qk^T                 1 x m64n16k16  (k = token s, n = token r)
+//   S               = S * gamma_last + V_new^T Kd    1 x m64n128k16 (k = token, n = channel)
+// against 200 mma.sync per 64 state rows and chunk. A operands (S, V_new^T) stay in registers in the
+// m16n8k16 A-fragment order (one warp per 16 rows, as wgmma wants them); S is the accumulator of the
+// third product in place. One warpgroup per 64 state rows, WG_SPLIT blocks per (segment, value head).
+//
+// Needs workspace "v2" (lab/kda/wg/probe_wg.py patches the x1w prepare's stores): WQ, KD and AQ with
+// each fragment register of the 32 lanes stored together, [block][reg][lane] words instead of
+// [block][lane][reg]. Lane (g, t)'s B-fragment word holds (n = g, k = 2t, 2t + 1), so one register of
+// 32 lanes is one 8 x 8 core matrix of wgmma's K-major no-swizzle layout (rows n, 16 bytes of k each),
+// and in every region core (n-block nb, k-block kb) sits at (2 nb + kb) * 128 bytes: k-adjacent cores
+// 128 bytes apart, n-adjacent ones 256. GAM and U are unchanged.
+//
+// Defines from ops/kda (op.py's render): KDIM VDIM CH HV HAS_H0 HAS_HT OP_BF16, and kda_recurrence.cu's
+// rec_load_state / rec_store_state; here: WG_SPLIT, WG_STAGES, WG_LBO_IS_K (the descriptor's leading
+// byte offset holds the k-direction stride: lab/kda/wgmma_probe.py decides).
+
+#ifndef WG_SPLIT
+#define WG_SPLIT 2
+#endif
+#ifndef WG_STAGES
+#define WG_STAGES 3
+#endif
+#ifndef WG_LBO_IS_K
+#define WG_LBO_IS_K 1
+#endif
+#if KDIM != 128 || VDIM % (64 * WG_SPLIT)
+#error "the wgmma recurrence is written for KDIM = 128 and 64-row warpgroups"
+#endif
+#define WG_VS (VDIM / WG_SPLIT)            // state rows per block
+#define WG_NWARP (WG_VS / 16)
+#define WG_THREADS (WG_NWARP * 32)
+#define WG_NT (KDIM / 8)
+#define WG_STAGE_U (WG_NWARP * 32 * 32)    // this block's U^T rows per chunk
+#define WG_STAGE_BYTES (WS_U + WG_STAGE_U)
+#define WG_LBO (WG_LBO_IS_K ? 128 : 256)
+#define WG_SBO (WG_LBO_IS_K ? 256 : 128)
+#if OP_BF16
+#define WG_AB "bf16.bf16"
+#else
+#define WG_AB "f16.f16"
+#endif
+
+__device__ __forceinline__ u32 wg_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// no swizzle: start >> 4 (bits 0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4 (32-45)
+__device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(WG_LBO >> 4) << 16) |
+         ((unsigned long long)(WG_SBO >> 4) << 32);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// WG_MMA_INC: wg_n16, wg_n32, wg_n128 (wg_mma.inc, pasted here by probe_wg.py)
+
+__device__ __forceinline__ void wg_bulk_issue(unsigned char* dst, const unsigned char* blob, int vg0,
+                                              unsigned long long* bar) {
+  const u32 b = wg_smem(bar), d = wg_smem(dst);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(WG_STAGE_BYTES) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d), "l"(blob), "r"(WS_U), "r"(b) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d + WS_U), "l"(blob + WS_U + vg0 * 32 * 32), "r"(WG_STAGE_U), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void wg_bulk_wait(unsigned long long* bar, u32 parity) {
+  asm volatile("{\n .reg .pred P1;\n WG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               " @P1 bra WG_DONE;\n bra WG_WAIT;\n WG_DONE:\n}" ::"r"(wg_smem(bar)), "r"(parity) : "memory");
+}
+
+// One chunk for this warp's 16 state rows (v0 ..) of its warpgroup's 64: st is the chunk's stage in
+// shared memory, us this warp's U^T (8 floats per lane), tok0 the chunk's first token.
+__device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned char* st, const F4* us,
+                                         bf16_t* __restrict__ o, long long tok0, const long long* seg_end,
+                                         int hv, int v0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float d1[16];                                    // n-tiles 0-1: V_new^T (tokens 0-15), 2-3: O^T
+  {
+    const F4 u0 = us[0], u1 = us[1];
+    d1[0] = u0.x; d1[1] = u0.y; d1[2] = u0.z; d1[3] = u0.w;
+    d1[4] = u1.x; d1[5] = u1.y; d1[6] = u1.z; d1[7] = u1.w;
+#pragma unroll
+    for (int i = 8; i < 16; ++i) d1[i] = 0.f;
+  }
+  u32 a[KDIM / 16][4];                             // S as the A operand, k-step ks = channels 16 ks ..
+#pragma unroll
+  for (int ks = 0; ks < KDIM / 16; ++ks) {
+    a[ks][0] = pack2(S[2 * ks][0], S[2 * ks][1]);
+    a[ks][1] = pack2(S[2 * ks][2], S[2 * ks][3]);
+    a[ks][2] = pack2(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+    a[ks][3] = pack2(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+  }
+  const unsigned long long d0 = wg_desc(wg_smem(st));   // + (byte offset >> 4): the start field, no carry
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < KDIM / 16; ++ks) wg_n32(d1, a[ks][0], a[ks][1], a[ks][2], a[ks][3], d0 + ((WS_WQ + 1024 * ks) >> 4));
+  wg_commit();
+  {                                                // S * gamma_last while the group runs (S is not its operand)
+    const float* gam = (const float*)(st + WS_GAM);
+#pragma unroll
+    for (int nt = 0; nt < WG_NT; ++nt) {
+      const F2 gg = *(const F2*)(gam + 8 * nt + 2 * t);
+      S[nt][0] *= gg.x; S[nt][1] *= gg.y; S[nt][2] *= gg.x; S[nt][3] *= gg.y;
+    }
+  }
+  wg_wait0();
+  const u32 p0 = pack2(d1[0], d1[1]), p1 = pack2(d1[2], d1[3]);
+  const u32 p2 = pack2(d1[4], d1[5]), p3 = pack2(d1[6], d1[7]);
+  float* oc = d1 + 8;
+  wg_fence();
+  wg_n16(oc, p0, p1, p2, p3, d0 + (WS_AQ >> 4));
+  wg_n128(&S[0][0], p0, p1, p2, p3, d0 + (WS_KD >> 4));
+  wg_commit();
+  wg_wait0();
+  // O^T: oc[4 j + q] = (state row v0 + g + 8 (q >> 1), token 8 j + 2 t + (q & 1))
+  const int m = (int)min((long long)CH, *seg_end - tok0);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int r = 8 * j + 2 * t + (q & 1);
+      if (r < m) o[((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + g + 8 * (q >> 1)] = f32_to_bf16(oc[4 * j + q]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS)
+kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, const float* __restrict__ h0,
+                  float* __restrict__ hT, const long long* __restrict__ cu_seqlens,
+                  const int* __restrict__ chunk_offsets, const int* __restrict__ seq_order) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bars[WG_STAGES];   // the k-th fill of a stage is phase k
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int sp = blockIdx.x % WG_SPLIT, hv = (blockIdx.x / WG_SPLIT) % HV;
+  const int n = seq_order[blockIdx.x / (WG_SPLIT * HV)];
+  const int vg0 = sp * WG_NWARP;                   // first 16-row group of this block
+  const int v0 = 16 * (vg0 + warp);
+  const long long bos = cu_seqlens[n];
+  const int c0 = chunk_offsets[n], nc = chunk_offsets[n + 1] - c0;
+
+  float S[WG_NT][4];
+  const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
+  rec_load_state(S, h0, sbase, v0, g, t, 0);
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < WG_STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(wg_smem(&bars[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < WG_STAGES - 1; ++i)
+      if (i < nc) wg_bulk_issue(smem + i * WG_STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, &bars[i]);
+  }
+  __syncthreads();
+  for (int i = 0; i < nc; ++i) {
+    wg_bulk_wait(&bars[i % WG_STAGES], (i / WG_STAGES) & 1);
+    __syncthreads();                               // every warp is done with chunk i - 1's stage
+    const int j = i + WG_STAGES - 1;
+    if (tid == 0 && j < nc)
+      wg_bulk_issue(smem + (j % WG_STAGES) * WG_STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0,
+                    &bars[j % WG_STAGES]);
+    const unsigned char* st = smem + (i % WG_STAGES) * WG_STAGE_BYTES;
+    wg_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
+             hv, v0, lane);
+  }
+  rec_store_state(S, hT, sbase, v0, g, t, 0);
+}

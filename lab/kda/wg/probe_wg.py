@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""The wgmma recurrence (kda_recurrence_wg.cu) beside ops/kda's locked path, on one GPU (issue 30).
+
+Builds ops/kda's default config for each problem (x1w prepare + the mma.sync recurrence), and beside
+it the same prepare with its WQ / KD / AQ stores in the register-major "v2" order (a text patch of
+kda_prepare_x1w.cu's four store sites, counted) followed by kda_recurrence_wg. Then:
+
+1. verification: each case of a list (odd lengths, empty segments, varlen, the scenarios) through
+   both paths against the float64 token recurrence (relative RMS of o and the final state, gate
+   5e-3), outputs poisoned first, run twice for determinism;
+2. timing (L2 flushed, median of 30): prepare v1 / v2, recurrence v1 / wg variants, and the forward
+   of each path, on kda.md's six scenarios.
+
+    python3 lab/kda/wg/probe_wg.py                   # needs an sm_90 GPU, cupy, ptxbuild's compiler
+    python3 lab/kda/wg/probe_wg.py --compile-only    # any machine with the compiler wheels
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from ptxbuild.oploader import load_op  # noqa: E402
+from ptxbuild.problem import Kernel, Launch, Problem  # noqa: E402
+
+kda = load_op(str(ROOT / "ops" / "kda"), ROOT)
+ref = kda.ref
+
+L8 = (1024,) * 8
+MIXED = (1300, 547, 2048, 963, 271, 3063)
+SCENARIOS = [(h, lens) for h in (96, 64) for lens in ((8192,), MIXED, L8)]
+CASES = [
+    (4, (37,)),
+    (4, (17, 33, 65)),
+    (4, (0, 31, 96, 160)),
+    (32, (1000,)),
+    (64, L8),
+    (96, MIXED),
+    (96, (8192,)),
+]
+
+# (old, new, how many times): the x1w prepare's WQ / KD / AQ stores in register-major order. WS2REF's
+# index is the v1 U4 index (block * 32 + lane); it stores word r of the U4 at block * 128 + 32 r + lane.
+PATCHES = [
+    ("((U4*)(blob + WS_KD))[ks * 32 + lane] =", "WS2REF(blob + WS_KD, ks * 32 + lane) =", 1),
+    ("((U4*)(blob + WS_AQ))[lane] =", "WS2REF(blob + WS_AQ, lane) =", 1),
+    ("st[x1w_wsw(2 * lane)] = U4{pack2(-acc", "WS2REF(st, lane) = U4{pack2(-acc", 1),
+    ("st[x1w_wsw(2 * lane + 1)] = U4{qgs", "WS2REF(st, 32 + lane) = U4{qgs", 1),
+    ("wq[64 * ks + lane] = st[x1w_wsw(lane)];", "wq[64 * ks + lane] = st[lane];", 1),
+    (
+        "wq[64 * ks + 32 + lane] = st[x1w_wsw(32 + lane)];",
+        "wq[64 * ks + 32 + lane] = st[32 + lane];",
+        1,
+    ),
+]
+WS2REF = """
+// workspace v2 (lab/kda/wg): a U4 of lane l in block b stored as words b * 128 + 32 r + l, r = 0..3
+struct Ws2Ref {
+  u32* p;
+  __device__ __forceinline__ void operator=(const U4& v) const { p[0] = v.x; p[32] = v.y; p[64] = v.z; p[96] = v.w; }
+};
+#define WS2REF(base, idx) Ws2Ref{(u32*)(base) + ((idx) >> 5) * 128 + ((idx) & 31)}
+"""
+
+
+def v2_source(params: dict, problem: Problem, wg: dict) -> str:
+    src = kda.render(params, problem, "sm_90a").source
+    anchor = "#define WS_BLOB"
+    at = src.index("\n", src.index(anchor)) + 1
+    src = src[:at] + WS2REF + src[at:]
+    for old, new, count in PATCHES:
+        if src.count(old) != count:
+            raise SystemExit(f"patch site {old!r} found {src.count(old)} times, expected {count}")
+        src = src.replace(old, new)
+    defs = "".join(f"#define {k} {v}\n" for k, v in wg.items())
+    body = (HERE / "kda_recurrence_wg.cu").read_text()
+    marker = "// WG_MMA_INC: wg_n16, wg_n32, wg_n128 (wg_mma.inc, pasted here by probe_wg.py)\n"
+    body = body.replace(marker, (HERE / "wg_mma.inc").read_text(), 1)
+    return src + defs + body
+
+
+def wg_launch(problem: Problem, wg: dict) -> Launch:
+    d = kda.dims(problem)
+    sizes = kda.workspace.sizes(d["K"], d["V"])
+    vs = d["V"] // wg["WG_SPLIT"]
+    stage = sizes["U"] + (vs // 16) * 32 * 32
+    return Launch(
+        (d["N"] * d["HV"] * wg["WG_SPLIT"], 1, 1), (vs // 16 * 32, 1, 1), wg["WG_STAGES"] * stage
+    )
+
+
+_BUILT: dict = {}  # source -> (cupy module, info)
+
+
+class V2:
+    """The v2 prepare and one wgmma recurrence variant of (params, problem), loaded into cupy."""
+
+    def __init__(self, cp, params: dict, problem: Problem, wg: dict, compile_only: bool = False):
+        from ptxbuild.compile.compiler import compile_kernel
+
+        self.cp, self.params, self.problem, self.wg = cp, params, problem, wg
+        src = v2_source(params, problem, wg)
+        if src not in _BUILT:  # lengths do not enter the source: one compile per (H, variant)
+            b = compile_kernel(
+                Kernel(src, "kda_recurrence_wg"), "sm_90a"
+            )  # the cubin holds both kernels
+            info = f"wg {b.registers} regs / {b.spill_bytes} B spill"
+            if compile_only:
+                _BUILT[src] = (None, info)
+            else:
+                with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                    f.write(b.cubin)
+                _BUILT[src] = (cp.RawModule(path=f.name), info)
+        self.mod, self.info = _BUILT[src]
+        if compile_only:
+            return
+        self.fp = self.mod.get_function("kda_prepare_x1w")
+        self.fr = self.mod.get_function("kda_recurrence_wg")
+        self.lp = kda.launches(params, problem, 132)["kda_prepare_x1w"]
+        self.lr = wg_launch(problem, wg)
+
+    def prepare(self, inputs, outputs):
+        from ptxbuild.gpu import device
+
+        args = kda.stage_args("kda_prepare_x1w", self.params, self.problem, inputs, outputs)
+        device.launch(self.fp, self.lp, args, self.cp.cuda.get_current_stream())
+
+    def recurrence(self, inputs, outputs):
+        from ptxbuild.gpu import device
+
+        args = kda.stage_args("kda_recurrence", self.params, self.problem, inputs, outputs)
+        device.launch(self.fr, self.lr, args, self.cp.cuda.get_current_stream())
+
+    def forward(self, inputs, outputs):
+        self.prepare(inputs, outputs)
+        self.recurrence(inputs, outputs)
+
+
+def problem_of(H: int, lengths) -> Problem:
+    return Problem.make("kda", "bfloat16", (sum(lengths), H), {"lengths": tuple(lengths)})
+
+
+def variants(spec: str) -> list[dict]:
+    out = []
+    for item in spec.split(";"):
+        split, stages, lbo = (int(x) for x in item.split(","))
+        out.append({"WG_SPLIT": split, "WG_STAGES": stages, "WG_LBO_IS_K": lbo})
+    return out
+
+
+def check(cp, bench, v2s: list, H: int, lengths, seed: int) -> list[dict]:
+    problem = problem_of(H, lengths)
+    d = kda.dims(problem)
+    case = kda.host.case_for(problem, seed)
+    inputs = kda.inputs_from_case(case, cp)
+    p = ref.preprocess(case)
+    args = {n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")}
+    o_ref, h_ref = ref.recurrent(**args)
+    rows = []
+    runners = [("v1", bench.Built(cp, kda.default_params(problem), problem).forward)]
+    runners += [(name(v.wg), v.forward) for v in v2s(problem)]
+    for label, fwd in runners:
+        outs = []
+        for _ in range(2):
+            o = bench.make_outputs(cp, problem)
+            bench.poison(cp, o)
+            fwd(inputs, o)
+            cp.cuda.runtime.deviceSynchronize()
+            outs.append(o)
+        o1, o2 = outs
+        row = {
+            "H": H,
+            "lengths": list(lengths),
+            "path": label,
+            "o_rms": ref.rel_rms(bench.host_o(cp, o1["o"]), o_ref),
+            "hT_rms": ref.rel_rms(cp.asnumpy(o1["hT"]), h_ref) if d["hT"] else 0.0,
+            "deterministic": bool(cp.array_equal(o1["o"], o2["o"]))
+            and bool(cp.array_equal(o1["hT"], o2["hT"])),
+        }
+        row["ok"] = row["o_rms"] <= 5e-3 and row["hT_rms"] <= 5e-3 and row["deterministic"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def name(wg: dict) -> str:
+    return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--variants",
+        default="2,3,1;2,4,1;1,3,1;2,3,0",
+        help="split,stages,lbo_is_k;... (lbo_is_k 1: the descriptor's LBO is the k stride)",
+    )
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json", default="", help="write every row here")
+    a = ap.parse_args(argv)
+    wgs = variants(a.variants)
+    if a.compile_only:
+        for H, lens in SCENARIOS[:1]:
+            pr = problem_of(H, lens)
+            for wg in wgs:
+                print(name(wg), V2(None, kda.default_params(pr), pr, wg, compile_only=True).info)
+        return 0
+    import cupy as cp
+    import kda_bench_gpu as bench
+
+    cache: dict = {}
+
+    def v2s_for(problem):
+        key = (problem.shape, problem.opts.get("lengths"))
+        if key not in cache:
+            cache[key] = []
+            for wg in wgs:
+                try:
+                    cache[key].append(V2(cp, kda.default_params(problem), problem, wg))
+                except (
+                    Exception
+                ) as e:  # a variant that does not compile or load is a row, not the end
+                    print(json.dumps({"path": name(wg), "error": str(e)[:400]}), flush=True)
+        return cache[key]
+
+    rows: list[dict] = []
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
+    if not a.no_check:
+        for i, (H, lens) in enumerate(CASES):
+            rows += check(cp, bench, v2s_for, H, lens, seed=100 + i)
+        good = {r["path"] for r in rows if r["path"] != "v1"} - {
+            r["path"] for r in rows if not r.get("ok", True)
+        }
+        print(f"verified variants: {sorted(good)}", flush=True)
+        wgs_ok = [wg for wg in wgs if name(wg) in good]
+    else:
+        wgs_ok = wgs
+    if not a.no_time:
+        for H, lens in SCENARIOS:
+            problem = problem_of(H, lens)
+            params = kda.default_params(problem)
+            built = bench.Built(cp, params, problem)
+            inputs, outputs = bench.gpu_inputs(cp, problem, 0), bench.make_outputs(cp, problem)
+            timed = [
+                ("prepare v1", lambda: built.run("kda_prepare", inputs, outputs)),
+                ("rec v1", lambda: built.run("kda_recurrence", inputs, outputs)),
+                ("forward v1", lambda: built.forward(inputs, outputs)),
+            ]
+            out2 = bench.make_outputs(cp, problem)
+            for v in v2s_for(problem):
+                if name(v.wg) not in {name(w) for w in wgs_ok}:
+                    continue
+                v.prepare(inputs, out2)
+                timed += [
+                    (f"rec {name(v.wg)}", lambda v=v: v.recurrence(inputs, out2)),
+                    (f"forward {name(v.wg)}", lambda v=v: v.forward(inputs, out2)),
+                ]
+                timed.insert(1, ("prepare v2", lambda v=v: v.prepare(inputs, out2)))
+            label = f"H{H} {'x'.join(map(str, lens)) if len(set(lens)) > 1 else f'{len(lens)}x{lens[0]}'}"
+            for what, fn in timed:
+                med, p20, p80, n = bench.bench_ms(cp, fn, reps=a.reps)
+                row = {
+                    "scenario": label,
+                    "what": what,
+                    "us": round(med * 1e3, 1),
+                    "p20": round(p20 * 1e3, 1),
+                    "p80": round(p80 * 1e3, 1),
+                    "n": n,
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if a.json:
+        Path(a.json).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"done in {time.time() - t0:.0f} s")
+    sys.exit(rc)
