@@ -27,6 +27,11 @@
 #ifndef WG_LBO_IS_K
 #define WG_LBO_IS_K 1
 #endif
+#ifndef WG_OSTAGE
+#define WG_OSTAGE 0                        // 1: O^T through shared memory (stmatrix.trans), 16-byte stores
+#endif
+#define WG_OSTR 144                        // bytes per token row of a warpgroup's O tile (64 values + pad)
+#define WG_OTILE (16 * WG_OSTR)
 #if KDIM != 128 || VDIM % (64 * WG_SPLIT)
 #error "the wgmma recurrence is written for KDIM = 128 and 64-row warpgroups"
 #endif
@@ -50,6 +55,13 @@ __device__ __forceinline__ u32 wg_smem(const void* p) { return (u32)__cvta_gener
 __device__ __forceinline__ unsigned long long wg_desc(u32 addr) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(WG_LBO >> 4) << 16) |
          ((unsigned long long)(WG_SBO >> 4) << 32);
+}
+
+// two floats -> bf16x2, `lo` at the lower address
+__device__ __forceinline__ u32 wg_bf16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -78,7 +90,7 @@ __device__ __forceinline__ void wg_bulk_wait(unsigned long long* bar, u32 parity
 // shared memory, us this warp's U^T (8 floats per lane), tok0 the chunk's first token.
 __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned char* st, const F4* us,
                                          bf16_t* __restrict__ o, long long tok0, const long long* seg_end,
-                                         int hv, int v0, int lane) {
+                                         int hv, int v0, int lane, const unsigned char* otile, int tok_par) {
   const int g = lane >> 2, t = lane & 3;
   float d1[16];                                    // n-tiles 0-1: V_new^T (tokens 0-15), 2-3: O^T
   {
@@ -118,6 +130,28 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   wg_n128(&S[0][0], p0, p1, p2, p3, d0 + (WS_KD >> 4));
   wg_commit();
   wg_wait0();
+#if WG_OSTAGE
+  // O^T -> O: the four 8 x 8 bf16 blocks (value block vb, token block j) stored transposed (rows = tokens)
+  // into this warpgroup's tile (the chunk's parity picks one of two; the loop's block barrier orders
+  // a tile's reads before its next writes), then one 16-byte store per thread: token row tid / 8
+  {
+    const int w = (threadIdx.x >> 5) & 3, wgi = threadIdx.x >> 7, i = lane >> 3, r = lane & 7;
+    const u32 tile = wg_smem(otile) + wgi * 2 * WG_OTILE + (tok_par & 1) * WG_OTILE;
+    const u32 addr = tile + (8 * (i >> 1) + r) * WG_OSTR + (16 * w + 8 * (i & 1)) * 2;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(addr), "r"(wg_bf16x2(oc[0], oc[1])), "r"(wg_bf16x2(oc[2], oc[3])),
+                 "r"(wg_bf16x2(oc[4], oc[5])), "r"(wg_bf16x2(oc[6], oc[7])) : "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wgi) : "memory");
+    const int tw = (threadIdx.x & 127), tok = tw >> 3, seg = tw & 7;
+    const int m = (int)min((long long)CH, *seg_end - tok0);
+    if (tok < m) {
+      U4 val;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(tile + tok * WG_OSTR + seg * 16));
+      *(U4*)(o + ((size_t)(tok0 + tok) * HV + hv) * VDIM + (v0 & ~63) + seg * 8) = val;
+    }
+  }
+#else
   // O^T: oc[4 j + q] = (state row v0 + g + 8 (q >> 1), token 8 j + 2 t + (q & 1))
   const int m = (int)min((long long)CH, *seg_end - tok0);
 #pragma unroll
@@ -127,6 +161,7 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
       const int r = 8 * j + 2 * t + (q & 1);
       if (r < m) o[((size_t)(tok0 + r) * HV + hv) * VDIM + v0 + g + 8 * (q >> 1)] = f32_to_bf16(oc[4 * j + q]);
     }
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS)
@@ -165,7 +200,7 @@ kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, 
                     &bars[j % WG_STAGES]);
     const unsigned char* st = smem + (i % WG_STAGES) * WG_STAGE_BYTES;
     wg_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
-             hv, v0, lane);
+             hv, v0, lane, smem + WG_STAGES * WG_STAGE_BYTES, i);
   }
   rec_store_state(S, hT, sbase, v0, g, t, 0);
 }

@@ -152,8 +152,10 @@ def problem_of(H: int, lengths) -> Problem:
 def variants(spec: str) -> list[dict]:
     out = []
     for item in spec.split(";"):
-        split, stages, lbo = (int(x) for x in item.split(","))
-        out.append({"WG_SPLIT": split, "WG_STAGES": stages, "WG_LBO_IS_K": lbo})
+        split, stages, lbo, ostage = (int(x) for x in (item + ",0").split(",")[:4])
+        out.append(
+            {"WG_SPLIT": split, "WG_STAGES": stages, "WG_LBO_IS_K": lbo, "WG_OSTAGE": ostage}
+        )
     return out
 
 
@@ -193,15 +195,16 @@ def check(cp, bench, v2s: list, H: int, lengths, seed: int) -> list[dict]:
 
 
 def name(wg: dict) -> str:
-    return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}"
+    o = " ostage" if wg.get("WG_OSTAGE") else ""
+    return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}{o}"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--variants",
-        default="2,3,1;2,4,1;1,3,1;2,3,0",
-        help="split,stages,lbo_is_k;... (lbo_is_k 1: the descriptor's LBO is the k stride)",
+        default="2,3,1;2,3,1,1;2,4,1,1;1,3,1,1;2,3,0",
+        help="split,stages,lbo_is_k[,ostage];... (lbo_is_k 1: the descriptor's LBO is the k stride; ostage 1: O through shared memory)",
     )
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-check", action="store_true")
