@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ptxbuild.problem import Kernel  # noqa: E402
+from ptxbuild.problem import Kernel, Launch  # noqa: E402
 
 NS = (16, 32, 128)
 CORE = 128  # bytes of one 8 x 8 f16 core matrix
@@ -119,6 +119,12 @@ def compile_all(arch: str = "sm_90a") -> list[tuple]:
     return built
 
 
+def stream():
+    import cupy as cp
+
+    return cp.cuda.get_current_stream()
+
+
 def run(built) -> int:
     import cupy as cp
 
@@ -133,7 +139,7 @@ def run(built) -> int:
         fn = device.load("wgmma_probe", b.cubin, b.ptx)
         dA, dB = cp.asarray(A), cp.asarray(B)
         dD, cyc = cp.zeros((64, n), cp.float32), cp.zeros(1, cp.int64)
-        fn((1,), (128,), (dA, dB, dD, cyc, cp.int32(1)))
+        device.launch(fn, Launch((1, 1, 1), (128, 1, 1)), [dA, dB, dD, cyc, np.int32(1)], stream())
         err = float(np.abs(dD.get() - want).max())
         ok = err < 1e-2
         right += [(n, major, order, lbo_is)] if ok else []
@@ -157,7 +163,9 @@ def time_chains(arch: str, reps: int = 1024) -> None:
         dD = cp.zeros((sms, 64, n), cp.float32)
         cyc = cp.zeros(sms, cp.int64)
         for _ in range(2):
-            fn((sms,), (128,), (dA, dB, dD, cyc, cp.int32(1)))
+            device.launch(
+                fn, Launch((sms, 1, 1), (128, 1, 1)), [dA, dB, dD, cyc, np.int32(1)], stream()
+            )
         cp.cuda.runtime.deviceSynchronize()
         per = float(np.median(cyc.get())) / reps
         print(f"m64n{n}k16, {reps} dependent, one warpgroup an SM: {per:.1f} cycles each "

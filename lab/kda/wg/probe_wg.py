@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
@@ -194,6 +196,49 @@ def check(cp, bench, v2s: list, H: int, lengths, seed: int) -> list[dict]:
     return rows
 
 
+def debug(cp, bench, wg: dict) -> int:
+    """One small case step by step, synchronizing after each kernel (run it under compute-sanitizer):
+    the v2 prepare's workspace against the v1 one permuted on the CPU (bit for bit), then the wgmma
+    recurrence on it."""
+    problem = problem_of(4, (37,))
+    d = kda.dims(problem)
+    params = kda.default_params(problem)
+    inputs = kda.inputs_from_case(kda.host.case_for(problem, 5), cp)
+    built, v2 = bench.Built(cp, params, problem), V2(cp, params, problem, wg)
+    print("built", v2.info, v2.lr, flush=True)
+    o1, o2 = bench.make_outputs(cp, problem), bench.make_outputs(cp, problem)
+    built.run("kda_prepare", inputs, o1)
+    cp.cuda.runtime.deviceSynchronize()
+    print("prepare v1 ok", flush=True)
+    v2.prepare(inputs, o2)
+    cp.cuda.runtime.deviceSynchronize()
+    print("prepare v2 ok", flush=True)
+    sz = kda.workspace.sizes(d["K"], d["V"])
+    nb = d["NC"] * d["HV"]
+    w1 = cp.asnumpy(o1["ws"])[: nb * sz["BLOB"]].reshape(nb, sz["BLOB"])
+    w2 = cp.asnumpy(o2["ws"])[: nb * sz["BLOB"]].reshape(nb, sz["BLOB"])
+    want = w1.copy()
+    for lo, hi in (("WQ", "KD"), ("KD", "AQ"), ("AQ", "GAM")):
+        words = np.ascontiguousarray(w1[:, sz[lo] : sz[hi]]).view(np.uint32).reshape(nb, -1, 32, 4)
+        want[:, sz[lo] : sz[hi]] = (
+            np.ascontiguousarray(words.transpose(0, 1, 3, 2)).reshape(nb, -1).view(np.uint8)
+        )
+    for lo, hi in (("WQ", "KD"), ("KD", "AQ"), ("AQ", "GAM"), ("GAM", "U"), ("U", "BLOB")):
+        bad = int((w2[:, sz[lo] : sz[hi]] != want[:, sz[lo] : sz[hi]]).sum())
+        print(f"workspace v2 {lo}: {bad} bytes differ from v1 permuted", flush=True)
+    v2.recurrence(inputs, o2)
+    cp.cuda.runtime.deviceSynchronize()
+    print("recurrence wg ok", flush=True)
+    built.run("kda_recurrence", inputs, o1)
+    cp.cuda.runtime.deviceSynchronize()
+    a, b = bench.host_o(cp, o1["o"]), bench.host_o(cp, o2["o"])
+    print(f"o: wg vs v1 relative RMS {ref.rel_rms(b, a):.3e}", flush=True)
+    print(
+        f"hT: wg vs v1 relative RMS {ref.rel_rms(cp.asnumpy(o2['hT']), cp.asnumpy(o1['hT'])):.3e}"
+    )
+    return 0
+
+
 def name(wg: dict) -> str:
     o = " ostage" if wg.get("WG_OSTAGE") else ""
     return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}{o}"
@@ -208,6 +253,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument(
+        "--debug", action="store_true", help="one small case step by step (first variant)"
+    )
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--json", default="", help="write every row here")
@@ -222,6 +270,8 @@ def main(argv=None) -> int:
     import cupy as cp
     import kda_bench_gpu as bench
 
+    if a.debug:
+        return debug(cp, bench, wgs[0])
     cache: dict = {}
 
     def v2s_for(problem):
