@@ -196,12 +196,13 @@ def check(cp, bench, v2s: list, H: int, lengths, seed: int) -> list[dict]:
     return rows
 
 
-def debug(cp, bench, wg: dict) -> int:
+def debug(cp, bench, wg: dict, dump: str = "", lengths=(37,)) -> int:
     """One small case step by step, synchronizing after each kernel (run it under compute-sanitizer):
     the v2 prepare's workspace against the v1 one permuted on the CPU (bit for bit), then the wgmma
     recurrence on it."""
-    problem = problem_of(4, (37,))
+    problem = problem_of(4, lengths)
     d = kda.dims(problem)
+    tag = "x".join(map(str, lengths))
     params = kda.default_params(problem)
     inputs = kda.inputs_from_case(kda.host.case_for(problem, 5), cp)
     built, v2 = bench.Built(cp, params, problem), V2(cp, params, problem, wg)
@@ -219,23 +220,41 @@ def debug(cp, bench, wg: dict) -> int:
     w2 = cp.asnumpy(o2["ws"])[: nb * sz["BLOB"]].reshape(nb, sz["BLOB"])
     want = w1.copy()
     for lo, hi in (("WQ", "KD"), ("KD", "AQ"), ("AQ", "GAM")):
-        words = np.ascontiguousarray(w1[:, sz[lo] : sz[hi]]).view(np.uint32).reshape(nb, -1, 32, 4)
-        want[:, sz[lo] : sz[hi]] = (
-            np.ascontiguousarray(words.transpose(0, 1, 3, 2)).reshape(nb, -1).view(np.uint8)
-        )
+        words = np.ascontiguousarray(w1[:, sz[lo] : sz[hi]]).view(np.uint32)
+        if lo == "WQ":  # [ks][lane][W or Qg][reg] -> [ks][W or Qg][reg][lane]
+            v2w = words.reshape(nb, -1, 32, 2, 4).transpose(0, 1, 3, 4, 2)
+        else:  # [block][lane][reg] -> [block][reg][lane]
+            v2w = words.reshape(nb, -1, 32, 4).transpose(0, 1, 3, 2)
+        want[:, sz[lo] : sz[hi]] = np.ascontiguousarray(v2w).reshape(nb, -1).view(np.uint8)
     for lo, hi in (("WQ", "KD"), ("KD", "AQ"), ("AQ", "GAM"), ("GAM", "U"), ("U", "BLOB")):
         bad = int((w2[:, sz[lo] : sz[hi]] != want[:, sz[lo] : sz[hi]]).sum())
         print(f"workspace v2 {lo}: {bad} bytes differ from v1 permuted", flush=True)
-    v2.recurrence(inputs, o2)
-    cp.cuda.runtime.deviceSynchronize()
-    print("recurrence wg ok", flush=True)
+    if dump:
+        np.savez(Path(dump) / f"ws_{tag}.npz", v1=w1[:4], v2=w2[:4])
     built.run("kda_recurrence", inputs, o1)
     cp.cuda.runtime.deviceSynchronize()
-    a, b = bench.host_o(cp, o1["o"]), bench.host_o(cp, o2["o"])
-    print(f"o: wg vs v1 relative RMS {ref.rel_rms(b, a):.3e}", flush=True)
-    print(
-        f"hT: wg vs v1 relative RMS {ref.rel_rms(cp.asnumpy(o2['hT']), cp.asnumpy(o1['hT'])):.3e}"
-    )
+    a = bench.host_o(cp, o1["o"])
+    for label, ws in (("v2 prepare", None), ("v1 permuted on the CPU", want)):
+        o2 = bench.make_outputs(cp, problem) if ws is not None else o2
+        if ws is not None:
+            o2["ws"][: ws.size] = cp.asarray(ws.reshape(-1))
+        o2["o"].fill(0xFFFF)  # poison o and hT, not the workspace
+        o2["hT"].fill(cp.nan)
+        v2.recurrence(inputs, o2)
+        cp.cuda.runtime.deviceSynchronize()
+        b = bench.host_o(cp, o2["o"])
+        h = ref.rel_rms(cp.asnumpy(o2["hT"]), cp.asnumpy(o1["hT"]))
+        print(
+            f"wg recurrence on the {label} workspace, vs v1: o {ref.rel_rms(b, a):.3e}, hT {h:.3e}"
+        )
+        if dump:
+            np.savez(
+                Path(dump) / f"out_{tag}_{'cpu' if ws is not None else 'v2'}.npz",
+                o_v1=a,
+                o_wg=b,
+                h_v1=cp.asnumpy(o1["hT"]),
+                h_wg=cp.asnumpy(o2["hT"]),
+            )
     return 0
 
 
@@ -271,7 +290,9 @@ def main(argv=None) -> int:
     import kda_bench_gpu as bench
 
     if a.debug:
-        return debug(cp, bench, wgs[0])
+        for lens in ((16,), (37,)):
+            debug(cp, bench, wgs[0], a.dump, lens)
+        return 0
     cache: dict = {}
 
     def v2s_for(problem):
