@@ -32,6 +32,11 @@
 #endif
 #define WG_OSTR 144                        // bytes per token row of a warpgroup's O tile (64 values + pad)
 #define WG_OTILE (16 * WG_OSTR)
+#if WG_OSTAGE
+#define WG_OTILES (WG_NWARP / 4 * 2 * WG_OTILE)   // two O tiles per warpgroup
+#else
+#define WG_OTILES 0
+#endif
 #if KDIM != 128 || VDIM % (64 * WG_SPLIT)
 #error "the wgmma recurrence is written for KDIM = 128 and 64-row warpgroups"
 #endif
@@ -108,6 +113,11 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
     a[ks][2] = pack2(S[2 * ks + 1][0], S[2 * ks + 1][1]);
     a[ks][3] = pack2(S[2 * ks + 1][2], S[2 * ks + 1][3]);
   }
+  // every pack before the group: without this the compiler sinks each k-step's packs between the
+  // wgmmas, and ptxas then waits for each wgmma before the next (8 serialized, seen in the SASS)
+#pragma unroll
+  for (int ks = 0; ks < KDIM / 16; ++ks)
+    asm volatile("" : "+r"(a[ks][0]), "+r"(a[ks][1]), "+r"(a[ks][2]), "+r"(a[ks][3]));
   const unsigned long long d0 = wg_desc(wg_smem(st));   // + (byte offset >> 4): the start field, no carry
   wg_fence();
 #pragma unroll
@@ -124,12 +134,19 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   wg_wait0();
   const u32 p0 = pack2(d1[0], d1[1]), p1 = pack2(d1[2], d1[3]);
   const u32 p2 = pack2(d1[4], d1[5]), p3 = pack2(d1[6], d1[7]);
-  float* oc = d1 + 8;
+  // A_qk V_new into fresh accumulators, added to d1's O^T half after the group: with a slice of d1 as
+  // its accumulator ptxas serializes every wgmma of the chunk (C7511, seen in run 2's SASS)
+  float oq[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) oq[e] = 0.f;
   wg_fence();
-  wg_n16(oc, p0, p1, p2, p3, d0 + (WS_AQ >> 4));
+  wg_n16(oq, p0, p1, p2, p3, d0 + (WS_AQ >> 4));
   wg_n128(&S[0][0], p0, p1, p2, p3, d0 + (WS_KD >> 4));
   wg_commit();
   wg_wait0();
+  float oc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) oc[e] = d1[8 + e] + oq[e];
 #if WG_OSTAGE
   // O^T -> O: the four 8 x 8 bf16 blocks (value block vb, token block j) stored transposed (rows = tokens)
   // into this warpgroup's tile (the chunk's parity picks one of two; the loop's block barrier orders
@@ -164,12 +181,17 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, const float* __restrict__ h0,
                   float* __restrict__ hT, const long long* __restrict__ cu_seqlens,
                   const int* __restrict__ chunk_offsets, const int* __restrict__ seq_order) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) unsigned long long bars[WG_STAGES];   // the k-th fill of a stage is phase k
+  // No static shared memory: the dynamic part would start after it, 32-byte aligned (0x420 in run 2's
+  // SASS), while the compiler trusts __align__(128) and masks the descriptor's start address with
+  // ~127. The stages start at the first 128-byte boundary (the launch gives 128 bytes of slack), the
+  // mbarriers after the stages and O tiles.
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((128 - (wg_smem(smem_raw) & 127)) & 127);
+  unsigned long long* bars = (unsigned long long*)(smem + WG_STAGES * WG_STAGE_BYTES + WG_OTILES);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int sp = blockIdx.x % WG_SPLIT, hv = (blockIdx.x / WG_SPLIT) % HV;
   const int n = seq_order[blockIdx.x / (WG_SPLIT * HV)];

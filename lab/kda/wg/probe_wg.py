@@ -95,9 +95,9 @@ def wg_launch(problem: Problem, wg: dict) -> Launch:
     sizes = kda.workspace.sizes(d["K"], d["V"])
     vs = d["V"] // wg["WG_SPLIT"]
     stage = sizes["U"] + (vs // 16) * 32 * 32
-    return Launch(
-        (d["N"] * d["HV"] * wg["WG_SPLIT"], 1, 1), (vs // 16 * 32, 1, 1), wg["WG_STAGES"] * stage
-    )
+    otiles = (vs // 64) * 2 * 16 * 144 if wg.get("WG_OSTAGE") else 0  # two O tiles per warpgroup
+    smem = wg["WG_STAGES"] * (stage + 8) + otiles + 128  # + mbarriers, alignment slack
+    return Launch((d["N"] * d["HV"] * wg["WG_SPLIT"], 1, 1), (vs // 16 * 32, 1, 1), smem)
 
 
 _BUILT: dict = {}  # source -> (cupy module, info)
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--variants",
-        default="2,3,1;2,3,1,1;2,4,1,1;1,3,1,1;2,3,0",
+        default="2,3,1;2,3,1,1;2,4,1,1;1,3,1,1;2,2,1,1",
         help="split,stages,lbo_is_k[,ostage];... (lbo_is_k 1: the descriptor's LBO is the k stride; ostage 1: O through shared memory)",
     )
     ap.add_argument("--compile-only", action="store_true")
