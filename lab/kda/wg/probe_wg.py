@@ -277,6 +277,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--cases", default="", help="indices into CASES to verify (default: all)")
+    ap.add_argument("--scenarios", default="", help="indices into SCENARIOS to time (default: all)")
     ap.add_argument("--json", default="", help="write every row here")
     a = ap.parse_args(argv)
     wgs = variants(a.variants)
@@ -311,7 +313,8 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
     if not a.no_check:
-        for i, (H, lens) in enumerate(CASES):
+        pick = [int(x) for x in a.cases.split(",")] if a.cases else range(len(CASES))
+        for i, (H, lens) in ((i, CASES[i]) for i in pick):
             rows += check(cp, bench, v2s_for, H, lens, seed=100 + i)
         good = {r["path"] for r in rows if r["path"] != "v1"} - {
             r["path"] for r in rows if not r.get("ok", True)
@@ -321,7 +324,8 @@ def main(argv=None) -> int:
     else:
         wgs_ok = wgs
     if not a.no_time:
-        for H, lens in SCENARIOS:
+        pick = [int(x) for x in a.scenarios.split(",")] if a.scenarios else range(len(SCENARIOS))
+        for H, lens in (SCENARIOS[i] for i in pick):
             problem = problem_of(H, lens)
             params = kda.default_params(problem)
             built = bench.Built(cp, params, problem)
