@@ -275,6 +275,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--debug", action="store_true", help="one small case step by step (first variant)"
     )
+    ap.add_argument("--dump", default="", help="with --debug: save workspaces and outputs here")
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--cases", default="", help="indices into CASES to verify (default: all)")
