@@ -30,6 +30,9 @@
 #ifndef WG_OSTAGE
 #define WG_OSTAGE 0                        // 1: O^T through shared memory (stmatrix.trans), 16-byte stores
 #endif
+#ifndef WG_UF16
+#define WG_UF16 0                          // 1: U^T stored as f16 pairs (4 KB a chunk-head, not 8; probe_wg.py's uf16)
+#endif
 #define WG_OSTR 144                        // bytes per token row of a warpgroup's O tile (64 values + pad)
 #define WG_OTILE (16 * WG_OSTR)
 #if WG_OSTAGE
@@ -44,7 +47,8 @@
 #define WG_NWARP (WG_VS / 16)
 #define WG_THREADS (WG_NWARP * 32)
 #define WG_NT (KDIM / 8)
-#define WG_STAGE_U (WG_NWARP * 32 * 32)    // this block's U^T rows per chunk
+#define WG_U_LANE (WG_UF16 ? 16 : 32)      // bytes of U^T per lane and 16-row group
+#define WG_STAGE_U (WG_NWARP * 32 * WG_U_LANE)   // this block's U^T rows per chunk
 #define WG_STAGE_BYTES (WS_U + WG_STAGE_U)
 #define WG_LBO (WG_LBO_IS_K ? 128 : 256)
 #define WG_SBO (WG_LBO_IS_K ? 256 : 128)
@@ -82,7 +86,7 @@ __device__ __forceinline__ void wg_bulk_issue(unsigned char* dst, const unsigned
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(d), "l"(blob), "r"(WS_U), "r"(b) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(d + WS_U), "l"(blob + WS_U + vg0 * 32 * 32), "r"(WG_STAGE_U), "r"(b) : "memory");
+               ::"r"(d + WS_U), "l"(blob + WS_U + vg0 * 32 * WG_U_LANE), "r"(WG_STAGE_U), "r"(b) : "memory");
 }
 
 __device__ __forceinline__ void wg_bulk_wait(unsigned long long* bar, u32 parity) {
@@ -99,9 +103,20 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   const int g = lane >> 2, t = lane & 3;
   float d1[16];                                    // n-tiles 0-1: V_new^T (tokens 0-15), 2-3: O^T
   {
+#if WG_UF16
+    const U4 uu = *(const U4*)us;                  // f16 pairs, in the fp32 layout's order
+    const u32 w4[4] = {uu.x, uu.y, uu.z, uu.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      unsigned short lo = (unsigned short)(w4[e] & 0xFFFF), hi = (unsigned short)(w4[e] >> 16);
+      asm("cvt.f32.f16 %0, %1;" : "=f"(d1[2 * e]) : "h"(lo));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(d1[2 * e + 1]) : "h"(hi));
+    }
+#else
     const F4 u0 = us[0], u1 = us[1];
     d1[0] = u0.x; d1[1] = u0.y; d1[2] = u0.z; d1[3] = u0.w;
     d1[4] = u1.x; d1[5] = u1.y; d1[6] = u1.z; d1[7] = u1.w;
+#endif
 #pragma unroll
     for (int i = 8; i < 16; ++i) d1[i] = 0.f;
   }
@@ -221,7 +236,7 @@ kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, 
       wg_bulk_issue(smem + (j % WG_STAGES) * WG_STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0,
                     &bars[j % WG_STAGES]);
     const unsigned char* st = smem + (i % WG_STAGES) * WG_STAGE_BYTES;
-    wg_chunk(S, st, (const F4*)(st + WS_U) + (warp * 32 + lane) * 2, o, bos + (long long)i * CH, cu_seqlens + n + 1,
+    wg_chunk(S, st, (const F4*)(st + WS_U + (warp * 32 + lane) * WG_U_LANE), o, bos + (long long)i * CH, cu_seqlens + n + 1,
              hv, v0, lane, smem + WG_STAGES * WG_STAGE_BYTES, i);
   }
   rec_store_state(S, hT, sbase, v0, g, t, 0);

@@ -74,8 +74,44 @@ struct Ws2Ref {
 """
 
 
+# uf16: U^T stored as f16 pairs (one U4 a lane and 16-row group, straight out of the registers; the
+# blob shrinks by VDIM / 16 * 512 bytes, for the prepare and the recurrence alike)
+PATCHES_UF16 = [
+    (
+        "#define WS_BLOB (WS_U + (VDIM / 16) * 32 * 32)",
+        "#define WS_BLOB (WS_U + (VDIM / 16) * 32 * 16)",
+        1,
+    ),
+    (
+        "      F4* st = reinterpret_cast<F4*>(&sm.u.kpt[256 * vg]);",
+        "      ((U4*)(blob + WS_U))[vg * 32 + lane] = U4{x1w_f16x2(acc[0][0], acc[0][1]), "
+        "x1w_f16x2(acc[0][2], acc[0][3]), x1w_f16x2(acc[1][0], acc[1][1]), x1w_f16x2(acc[1][2], acc[1][3])};\n"
+        "    }\n    if (0) {\n"
+        "      F4* st = reinterpret_cast<F4*>(&sm.u.kpt[256 * vg]);",
+        1,
+    ),
+]
+F16X2 = """
+__device__ __forceinline__ u32 x1w_f16x2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+"""
+
+
 def v2_source(params: dict, problem: Problem, wg: dict) -> str:
     src = kda.render(params, problem, "sm_90a").source
+    if wg.get("WG_UF16"):
+        for old, new, count in PATCHES_UF16:
+            if src.count(old) != count:
+                raise SystemExit(
+                    f"uf16 patch site {old!r} found {src.count(old)} times, expected {count}"
+                )
+            src = src.replace(old, new)
+        anchor = "#define WS_BLOB"
+        at = src.index("\n", src.index(anchor)) + 1
+        src = src[:at] + F16X2 + src[at:]
     anchor = "#define WS_BLOB"
     at = src.index("\n", src.index(anchor)) + 1
     src = src[:at] + WS2REF + src[at:]
@@ -94,7 +130,7 @@ def wg_launch(problem: Problem, wg: dict) -> Launch:
     d = kda.dims(problem)
     sizes = kda.workspace.sizes(d["K"], d["V"])
     vs = d["V"] // wg["WG_SPLIT"]
-    stage = sizes["U"] + (vs // 16) * 32 * 32
+    stage = sizes["U"] + (vs // 16) * 32 * (16 if wg.get("WG_UF16") else 32)
     otiles = (vs // 64) * 2 * 16 * 144 if wg.get("WG_OSTAGE") else 0  # two O tiles per warpgroup
     smem = wg["WG_STAGES"] * (stage + 8) + otiles + 128  # + mbarriers, alignment slack
     return Launch((d["N"] * d["HV"] * wg["WG_SPLIT"], 1, 1), (vs // 16 * 32, 1, 1), smem)
@@ -154,9 +190,15 @@ def problem_of(H: int, lengths) -> Problem:
 def variants(spec: str) -> list[dict]:
     out = []
     for item in spec.split(";"):
-        split, stages, lbo, ostage = (int(x) for x in (item + ",0").split(",")[:4])
+        split, stages, lbo, ostage, uf16 = (int(x) for x in (item + ",0,0").split(",")[:5])
         out.append(
-            {"WG_SPLIT": split, "WG_STAGES": stages, "WG_LBO_IS_K": lbo, "WG_OSTAGE": ostage}
+            {
+                "WG_SPLIT": split,
+                "WG_STAGES": stages,
+                "WG_LBO_IS_K": lbo,
+                "WG_OSTAGE": ostage,
+                "WG_UF16": uf16,
+            }
         )
     return out
 
@@ -259,7 +301,7 @@ def debug(cp, bench, wg: dict, dump: str = "", lengths=(37,)) -> int:
 
 
 def name(wg: dict) -> str:
-    o = " ostage" if wg.get("WG_OSTAGE") else ""
+    o = (" ostage" if wg.get("WG_OSTAGE") else "") + (" uf16" if wg.get("WG_UF16") else "")
     return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}{o}"
 
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""CPU: what storing U^T in f16 (instead of fp32) in the workspace costs in accuracy, before any kernel
+is written. The recurrence is emulated from the workspace by ops/kda/workspace.simulate (operands
+rounded as the kernel rounds them, float64 accumulation); U is rounded to f16 in the blob, everything
+else as today, and both are compared with the float64 token recurrence (the op's gate: relative RMS
+of o and hT <= 5e-3; the locked kernels measure ~1.7e-3 / 3.6e-4).
+
+    python3 lab/kda/wg/u_f16_error.py [--T 2048] [--H 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "ops" / "kda"))
+
+import reference as ref  # noqa: E402
+import workspace as wsl  # noqa: E402
+
+
+def u_to_f16(ws: np.ndarray, K: int, V: int) -> np.ndarray:
+    """The blob with its U^T region (fp32) rounded to f16 and back."""
+    sz = wsl.sizes(K, V)
+    out = ws.copy()
+    u = np.ascontiguousarray(out[..., sz["U"] : sz["BLOB"]]).view(np.float32)
+    out[..., sz["U"] : sz["BLOB"]] = u.astype(np.float16).astype(np.float32).view(np.uint8)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--lengths", default="", help="comma-separated segments (default: one of T)")
+    ap.add_argument(
+        "--v-scale", type=float, default=1.0, help="scale of v (larger values: f16 range)"
+    )
+    a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else [a.T]
+    print("| case | U stored as | o rel RMS | hT rel RMS |")
+    print("|---|---|---:|---:|")
+    for seed in (0, 1):
+        case = ref.make_case(lengths, a.H, seed=seed, v_scale=a.v_scale)
+        p = ref.preprocess(case)
+        args = {n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")}
+        o_ref, h_ref = ref.recurrent(**args)
+        ch = ref.chunked(**args)
+        ws = wsl.encode(ch, "f16")
+        K, V = ch.hT.shape[3], ch.hT.shape[2]
+        for label, blob in (("fp32 (today)", ws), ("f16", u_to_f16(ws, K, V))):
+            o, hT = wsl.simulate(blob, ch, p["h0"], p["cu_seqlens"], "f16")
+            name = f"H{a.H} {'+'.join(map(str, lengths))} v x{a.v_scale:g} seed {seed}"
+            print(
+                f"| {name} | {label} | {ref.rel_rms(o, o_ref):.3e} | {ref.rel_rms(hT, h_ref):.3e} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
