@@ -11,6 +11,7 @@ of o and hT <= 5e-3; the locked kernels measure ~1.7e-3 / 3.6e-4).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -30,6 +31,28 @@ def u_to_f16(ws: np.ndarray, K: int, V: int) -> np.ndarray:
     u = np.ascontiguousarray(out[..., sz["U"] : sz["BLOB"]]).view(np.float32)
     out[..., sz["U"] : sz["BLOB"]] = u.astype(np.float16).astype(np.float32).view(np.uint8)
     return out
+
+
+def u_from_v(ch, p: dict, dtype) -> np.ndarray:
+    """U^T as the recurrence would form it from v (bf16, exact in the case) and T_inv diag(beta)
+    stored in `dtype` (np.float16, or bf16 emulated by truncating to 8 mantissa bits with rounding),
+    accumulated in float64: U [T, HV, V]."""
+    U = np.zeros_like(ch.U)
+    for t0, m in zip(ch.chunk_start, ch.chunk_len):
+        sl = slice(int(t0), int(t0 + m))
+        Ti = ch.T_inv[sl][:, :, :m].transpose(1, 0, 2)  # [HV, r, s]
+        Tb = Ti * p["beta"][sl].T[:, None, :]  # T_inv diag(beta)
+        Tb = round_to(Tb, dtype)
+        U[sl] = np.einsum("hrs,shv->rhv", Tb, p["v"][sl])
+    return U
+
+
+def round_to(x: np.ndarray, dtype) -> np.ndarray:
+    if dtype == "bf16":
+        b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        b = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)  # round to nearest even
+        return b.view(np.float32).astype(np.float64)
+    return x.astype(dtype).astype(np.float64)
 
 
 def main() -> int:
@@ -52,7 +75,14 @@ def main() -> int:
         ch = ref.chunked(**args)
         ws = wsl.encode(ch, "f16")
         K, V = ch.hT.shape[3], ch.hT.shape[2]
-        for label, blob in (("fp32 (today)", ws), ("f16", u_to_f16(ws, K, V))):
+        from_v = {
+            f"from v, T_inv diag(beta) in {n}": wsl.encode(
+                dataclasses.replace(ch, U=u_from_v(ch, p, dt)), "f16"
+            )
+            for n, dt in (("f16", np.float16), ("bf16", "bf16"))
+        }
+        variants = {"fp32 (today)": ws, "f16": u_to_f16(ws, K, V), **from_v}
+        for label, blob in variants.items():
             o, hT = wsl.simulate(blob, ch, p["h0"], p["cu_seqlens"], "f16")
             name = f"H{a.H} {'+'.join(map(str, lengths))} v x{a.v_scale:g} seed {seed}"
             print(
