@@ -47,9 +47,27 @@
 #define WG_NWARP (WG_VS / 16)
 #define WG_THREADS (WG_NWARP * 32)
 #define WG_NT (KDIM / 8)
+#ifndef WG_UFROMV
+#define WG_UFROMV 0   // 1: U^T = V^T (T_inv diag(beta))^T formed here from v; the blob holds T_inv diag(beta)
+#endif
+#if WG_UFROMV
+// Stage: WQ..GAM (WS_U bytes) and T_inv diag(beta) (512 B, f16, the B operand [k = s][n = r] in core
+// order) by one bulk copy, then 512 B of zeros (written once: the n = 16..31 half of the first k-step's
+// B, whose A is V^T), then the chunk's v rows of this block, one bulk copy a token, rows padded by 16 B
+// so that ldmatrix reads them without bank conflicts.
+#if OP_BF16 || WG_UF16
+#error "ufromv is written for op_dtype f16 and no uf16"
+#endif
+#define WG_U_LANE 0
+#define WG_STAGE_U 0
+#define WG_VROW (2 * WG_VS + 16)
+#define WG_VTILE (WS_U + 1024)
+#define WG_STAGE_BYTES (WG_VTILE + CH * WG_VROW)
+#else
 #define WG_U_LANE (WG_UF16 ? 16 : 32)      // bytes of U^T per lane and 16-row group
 #define WG_STAGE_U (WG_NWARP * 32 * WG_U_LANE)   // this block's U^T rows per chunk
 #define WG_STAGE_BYTES (WS_U + WG_STAGE_U)
+#endif
 #define WG_LBO (WG_LBO_IS_K ? 128 : 256)
 #define WG_SBO (WG_LBO_IS_K ? 256 : 128)
 #if OP_BF16
@@ -89,6 +107,31 @@ __device__ __forceinline__ void wg_bulk_issue(unsigned char* dst, const unsigned
                ::"r"(d + WS_U), "l"(blob + WS_U + vg0 * 32 * WG_U_LANE), "r"(WG_STAGE_U), "r"(b) : "memory");
 }
 
+#if WG_UFROMV
+// the blob's WQ..GAM and T_inv diag(beta), then `rows` v rows (tokens tok0 ..) of this block's values
+__device__ __forceinline__ void wg_bulk_issue_v(unsigned char* dst, const unsigned char* blob, const bf16_t* v,
+                                                long long tok0, int rows, int hv, int vs0, unsigned long long* bar) {
+  const u32 b = wg_smem(bar), d = wg_smem(dst);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(WS_U + 512 + rows * 2 * WG_VS)
+               : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(d), "l"(blob), "r"(WS_U + 512), "r"(b) : "memory");
+  for (int r = 0; r < rows; ++r)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(d + WG_VTILE + r * WG_VROW), "l"(v + ((size_t)(tok0 + r) * HV + hv) * VDIM + vs0),
+                 "r"(2 * WG_VS), "r"(b) : "memory");
+}
+
+// bf16x2 -> f16x2 (exact for values in f16's range), the token halves at or past m zeroed
+__device__ __forceinline__ u32 wg_bf2h(u32 x, int tok_lo, int m) {
+  const float lo = tok_lo < m ? __uint_as_float(x << 16) : 0.f;
+  const float hi = tok_lo + 1 < m ? __uint_as_float(x & 0xFFFF0000u) : 0.f;
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#endif
+
 __device__ __forceinline__ void wg_bulk_wait(unsigned long long* bar, u32 parity) {
   asm volatile("{\n .reg .pred P1;\n WG_WAIT:\n"
                " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
@@ -103,7 +146,11 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   const int g = lane >> 2, t = lane & 3;
   float d1[16];                                    // n-tiles 0-1: V_new^T (tokens 0-15), 2-3: O^T
   {
-#if WG_UF16
+#if WG_UFROMV
+#pragma unroll
+    for (int i = 0; i < 8; ++i) d1[i] = 0.f;
+    (void)us;
+#elif WG_UF16
     const U4 uu = *(const U4*)us;                  // f16 pairs, in the fp32 layout's order
     const u32 w4[4] = {uu.x, uu.y, uu.z, uu.w};
 #pragma unroll
@@ -134,7 +181,27 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   for (int ks = 0; ks < KDIM / 16; ++ks)
     asm volatile("" : "+r"(a[ks][0]), "+r"(a[ks][1]), "+r"(a[ks][2]), "+r"(a[ks][3]));
   const unsigned long long d0 = wg_desc(wg_smem(st));   // + (byte offset >> 4): the start field, no carry
+#if WG_UFROMV
+  // V^T as the A operand of one more k-step (k = the chunk's tokens), by ldmatrix.trans from the v rows:
+  // matrix i = (token block i >> 1, value block i & 1), row lane & 7 of it from lane 8 i + (lane & 7)
+  u32 av[4];
+  {
+    const int i = lane >> 3, r = lane & 7, wv = (threadIdx.x >> 5) * 16;   // this warp's values in the block
+    const u32 addr = wg_smem(st) + WG_VTILE + (8 * (i >> 1) + r) * WG_VROW + (wv + 8 * (i & 1)) * 2;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(av[0]), "=r"(av[1]), "=r"(av[2]), "=r"(av[3]) : "r"(addr));
+    const int m = (int)min((long long)CH, *seg_end - tok0);
+    av[0] = wg_bf2h(av[0], 2 * t, m);
+    av[1] = wg_bf2h(av[1], 2 * t, m);
+    av[2] = wg_bf2h(av[2], 2 * t + 8, m);
+    av[3] = wg_bf2h(av[3], 2 * t + 8, m);
+  }
+  asm volatile("" : "+r"(av[0]), "+r"(av[1]), "+r"(av[2]), "+r"(av[3]));
+#endif
   wg_fence();
+#if WG_UFROMV
+  wg_n32(d1, av[0], av[1], av[2], av[3], d0 + (WS_U >> 4));   // [U^T | 0] = V^T [(T_inv diag(beta))^T | 0]
+#endif
 #pragma unroll
   for (int ks = 0; ks < KDIM / 16; ++ks) wg_n32(d1, a[ks][0], a[ks][1], a[ks][2], a[ks][3], d0 + ((WS_WQ + 1024 * ks) >> 4));
   wg_commit();
@@ -199,7 +266,11 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, const float* __restrict__ h0,
                   float* __restrict__ hT, const long long* __restrict__ cu_seqlens,
-                  const int* __restrict__ chunk_offsets, const int* __restrict__ seq_order) {
+                  const int* __restrict__ chunk_offsets, const int* __restrict__ seq_order
+#if WG_UFROMV
+                  , const bf16_t* __restrict__ v
+#endif
+                  ) {
   // No static shared memory: the dynamic part would start after it, 32-byte aligned (0x420 in run 2's
   // SASS), while the compiler trusts __align__(128) and masks the descriptor's start address with
   // ~127. The stages start at the first 128-byte boundary (the launch gives 128 bytes of slack), the
@@ -219,13 +290,28 @@ kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, 
   const size_t sbase = ((size_t)n * HV + hv) * VDIM * KDIM;
   rec_load_state(S, h0, sbase, v0, g, t, 0);
 
+#if WG_UFROMV
+  const long long seg_len = cu_seqlens[n + 1] - bos;
+#define WG_ISSUE(j)                                                                                          \
+  wg_bulk_issue_v(smem + ((j) % WG_STAGES) * WG_STAGE_BYTES, ws + ((size_t)(c0 + (j)) * HV + hv) * WS_BLOB, v, \
+                  bos + (long long)(j) * CH, (int)min((long long)CH, seg_len - (long long)(j) * CH), hv, 16 * vg0,  \
+                  &bars[(j) % WG_STAGES])
+  // the zero half of the first k-step's B, in every stage (generic writes, read by wgmma: proxy fence)
+  for (int s = 0; s < WG_STAGES; ++s)
+    for (int e = tid; e < 128; e += WG_THREADS) ((u32*)(smem + s * WG_STAGE_BYTES + WS_U + 512))[e] = 0u;
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+#define WG_ISSUE(j) \
+  wg_bulk_issue(smem + ((j) % WG_STAGES) * WG_STAGE_BYTES, ws + ((size_t)(c0 + (j)) * HV + hv) * WS_BLOB, vg0, \
+                &bars[(j) % WG_STAGES])
+#endif
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < WG_STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(wg_smem(&bars[s])));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < WG_STAGES - 1; ++i)
-      if (i < nc) wg_bulk_issue(smem + i * WG_STAGE_BYTES, ws + ((size_t)(c0 + i) * HV + hv) * WS_BLOB, vg0, &bars[i]);
+      if (i < nc) WG_ISSUE(i);
   }
   __syncthreads();
   for (int i = 0; i < nc; ++i) {
@@ -233,8 +319,7 @@ kda_recurrence_wg(const unsigned char* __restrict__ ws, bf16_t* __restrict__ o, 
     __syncthreads();                               // every warp is done with chunk i - 1's stage
     const int j = i + WG_STAGES - 1;
     if (tid == 0 && j < nc)
-      wg_bulk_issue(smem + (j % WG_STAGES) * WG_STAGE_BYTES, ws + ((size_t)(c0 + j) * HV + hv) * WS_BLOB, vg0,
-                    &bars[j % WG_STAGES]);
+      WG_ISSUE(j);
     const unsigned char* st = smem + (i % WG_STAGES) * WG_STAGE_BYTES;
     wg_chunk(S, st, (const F4*)(st + WS_U + (warp * 32 + lane) * WG_U_LANE), o, bos + (long long)i * CH, cu_seqlens + n + 1,
              hv, v0, lane, smem + WG_STAGES * WG_STAGE_BYTES, i);

@@ -91,6 +91,37 @@ PATCHES_UF16 = [
         1,
     ),
 ]
+# ufromv: the blob ends after T_inv diag(beta) (f16, B-operand core order, 512 B where U^T began), the
+# prepare neither loads v nor forms U^T; the recurrence forms U^T from v
+PATCHES_UFROMV = [
+    (
+        "#define WS_BLOB (WS_U + (VDIM / 16) * 32 * 32)",
+        "#define WS_BLOB (WS_U + 512)",
+        1,
+    ),
+    (
+        "  __syncwarp();                                          // Tb and Kp^T visible\n",
+        "  __syncwarp();                                          // Tb and Kp^T visible\n"
+        "  if (X1W_ST) {  // lab/kda/wg ufromv: Tb [r][s] as B[k = s][n = r], core (r / 8, s / 8)\n"
+        "#pragma unroll\n"
+        "    for (int c = 0; c < 4; ++c)\n"
+        "      ((u32*)(blob + WS_U))[32 * c + lane] = x1w_f16x2(sm.tb[8 * (c >> 1) + g][8 * (c & 1) + 2 * t],\n"
+        "                                                         sm.tb[8 * (c >> 1) + g][8 * (c & 1) + 2 * t + 1]);\n"
+        "  }\n",
+        1,
+    ),
+    (
+        "  const bf16_t* vbase = v + ((size_t)t0 * HV + hv) * VDIM + 8 * (lane & 15);",
+        "  return;  // lab/kda/wg ufromv: the recurrence reads v\n"
+        "  const bf16_t* vbase = v + ((size_t)t0 * HV + hv) * VDIM + 8 * (lane & 15);",
+        1,
+    ),
+    (
+        "  for (int vg = 0; vg < VDIM / 16; ++vg) {",
+        "  for (int vg = 0; vg < 0; ++vg) {  // lab/kda/wg ufromv: no U^T here",
+        1,
+    ),
+]
 F16X2 = """
 __device__ __forceinline__ u32 x1w_f16x2(float lo, float hi) {
   u32 r;
@@ -102,8 +133,9 @@ __device__ __forceinline__ u32 x1w_f16x2(float lo, float hi) {
 
 def v2_source(params: dict, problem: Problem, wg: dict) -> str:
     src = kda.render(params, problem, "sm_90a").source
-    if wg.get("WG_UF16"):
-        for old, new, count in PATCHES_UF16:
+    extra = PATCHES_UF16 if wg.get("WG_UF16") else PATCHES_UFROMV if wg.get("WG_UFROMV") else []
+    if extra:
+        for old, new, count in extra:
             if src.count(old) != count:
                 raise SystemExit(
                     f"uf16 patch site {old!r} found {src.count(old)} times, expected {count}"
@@ -131,6 +163,8 @@ def wg_launch(problem: Problem, wg: dict) -> Launch:
     sizes = kda.workspace.sizes(d["K"], d["V"])
     vs = d["V"] // wg["WG_SPLIT"]
     stage = sizes["U"] + (vs // 16) * 32 * (16 if wg.get("WG_UF16") else 32)
+    if wg.get("WG_UFROMV"):  # WQ..GAM, T_inv diag(beta), 512 B of zeros, 16 padded v rows
+        stage = sizes["U"] + 1024 + 16 * (2 * vs + 16)
     otiles = (vs // 64) * 2 * 16 * 144 if wg.get("WG_OSTAGE") else 0  # two O tiles per warpgroup
     smem = wg["WG_STAGES"] * (stage + 8) + otiles + 128  # + mbarriers, alignment slack
     return Launch((d["N"] * d["HV"] * wg["WG_SPLIT"], 1, 1), (vs // 16 * 32, 1, 1), smem)
@@ -176,6 +210,8 @@ class V2:
         from ptxbuild.gpu import device
 
         args = kda.stage_args("kda_recurrence", self.params, self.problem, inputs, outputs)
+        if self.wg.get("WG_UFROMV"):
+            args = [*args, inputs["v"]]
         device.launch(self.fr, self.lr, args, self.cp.cuda.get_current_stream())
 
     def forward(self, inputs, outputs):
@@ -190,7 +226,9 @@ def problem_of(H: int, lengths) -> Problem:
 def variants(spec: str) -> list[dict]:
     out = []
     for item in spec.split(";"):
-        split, stages, lbo, ostage, uf16 = (int(x) for x in (item + ",0,0").split(",")[:5])
+        split, stages, lbo, ostage, uf16, ufromv = (
+            int(x) for x in (item + ",0,0,0").split(",")[:6]
+        )
         out.append(
             {
                 "WG_SPLIT": split,
@@ -198,6 +236,7 @@ def variants(spec: str) -> list[dict]:
                 "WG_LBO_IS_K": lbo,
                 "WG_OSTAGE": ostage,
                 "WG_UF16": uf16,
+                "WG_UFROMV": ufromv,
             }
         )
     return out
@@ -302,6 +341,7 @@ def debug(cp, bench, wg: dict, dump: str = "", lengths=(37,)) -> int:
 
 def name(wg: dict) -> str:
     o = (" ostage" if wg.get("WG_OSTAGE") else "") + (" uf16" if wg.get("WG_UF16") else "")
+    o += " ufromv" if wg.get("WG_UFROMV") else ""
     return f"wg s{wg['WG_SPLIT']} st{wg['WG_STAGES']} lbo{'k' if wg['WG_LBO_IS_K'] else 'n'}{o}"
 
 
