@@ -2,7 +2,8 @@
 """CPU check of workspace v2 (kda_recurrence_wg.cu's header): the v1 fragment order of
 ops/kda/workspace.py, permuted as probe_wg.py's WS2REF stores it, read back the way wgmma reads a
 K-major, no-swizzle B operand (core matrix (n-block nb, k-block kb) at (2 nb + kb) * 128 bytes, row n
-at 16 bytes, element k at 2 bytes), gives [-W | Qg]^T, Kd and A_qk^T exactly.
+at 16 bytes, element k at 2 bytes), gives [-W | Qg]^T, Kd and A_qk^T exactly;
+and the ufromv prepare's T_inv diag(beta) store gives (T_inv diag(beta))^T.
 
     python3 lab/kda/wg/layout_check.py
 """
@@ -64,10 +65,21 @@ def main() -> int:
     r, s = wsl.aq_index()
     aq_v2 = v2_words(np.ascontiguousarray(A[r, s]).reshape(-1).view(np.uint32)).view(np.uint16)
     bad_aq = int((read_b(aq_v2, 16) != A.T).sum())
+    # ufromv: the prepare's T_inv diag(beta) store, word 32 c + lane = (Tb[8 (c >> 1) + g][8 (c & 1) + 2 t],
+    # the next column), read as B[k = s][n = r] = Tb[r][s]
+    Tb = rng.integers(1, 60000, (16, 16)).astype(np.uint16)
+    words = np.zeros((4, 32, 2), np.uint16)
+    for c in range(4):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            r, s0 = 8 * (c >> 1) + g, 8 * (c & 1) + 2 * t
+            words[c, lane] = Tb[r, s0], Tb[r, s0 + 1]
+    bad_tb = int((read_b(words.reshape(-1), 16) != Tb.T).sum())
     print(
-        f"mismatches: WQ {bad} of {16 * 32 * K // 16}, KD {bad_kd} of {16 * K}, AQ {bad_aq} of 256"
+        f"mismatches: WQ {bad} of {16 * 32 * K // 16}, KD {bad_kd} of {16 * K}, AQ {bad_aq} of 256, "
+        f"Tb {bad_tb} of 256"
     )
-    return 1 if bad or bad_kd or bad_aq else 0
+    return 1 if bad or bad_kd or bad_aq or bad_tb else 0
 
 
 if __name__ == "__main__":
