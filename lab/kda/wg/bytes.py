@@ -40,11 +40,8 @@ def designs(K: int, V: int) -> dict[str, int]:
         "U^T in f16": sz["BLOB"] - u32 // 2,
         # the recurrence forms U^T = V^T (T_inv diag(beta))^T itself: v moves from the prepare's
         # reads to the recurrence's (no change in the fused bytes), the blob keeps T_inv diag(beta)
-        "U^T from v in the recurrence": sz["U"] + CH * CH * 2,
+        "U^T from v in the recurrence": sz["U"] + kda.CH * kda.CH * 2,
     }
-
-
-CH = 16
 
 
 def main() -> int:

@@ -144,6 +144,7 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
                                          bf16_t* __restrict__ o, long long tok0, const long long* seg_end,
                                          int hv, int v0, int lane, const unsigned char* otile, int tok_par) {
   const int g = lane >> 2, t = lane & 3;
+  const int m = (int)min((long long)CH, *seg_end - tok0);   // the chunk's tokens (short at a segment's end)
   float d1[16];                                    // n-tiles 0-1: V_new^T (tokens 0-15), 2-3: O^T
   {
 #if WG_UFROMV
@@ -190,7 +191,6 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
     const u32 addr = wg_smem(st) + WG_VTILE + (8 * (i >> 1) + r) * WG_VROW + (wv + 8 * (i & 1)) * 2;
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(av[0]), "=r"(av[1]), "=r"(av[2]), "=r"(av[3]) : "r"(addr));
-    const int m = (int)min((long long)CH, *seg_end - tok0);
     av[0] = wg_bf2h(av[0], 2 * t, m);
     av[1] = wg_bf2h(av[1], 2 * t, m);
     av[2] = wg_bf2h(av[2], 2 * t + 8, m);
@@ -242,7 +242,6 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
                  "r"(wg_bf16x2(oc[4], oc[5])), "r"(wg_bf16x2(oc[6], oc[7])) : "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wgi) : "memory");
     const int tw = (threadIdx.x & 127), tok = tw >> 3, seg = tw & 7;
-    const int m = (int)min((long long)CH, *seg_end - tok0);
     if (tok < m) {
       U4 val;
       asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
@@ -252,7 +251,6 @@ __device__ __forceinline__ void wg_chunk(float (&S)[WG_NT][4], const unsigned ch
   }
 #else
   // O^T: oc[4 j + q] = (state row v0 + g + 8 (q >> 1), token 8 j + 2 t + (q & 1))
-  const int m = (int)min((long long)CH, *seg_end - tok0);
 #pragma unroll
   for (int j = 0; j < 2; ++j)
 #pragma unroll

@@ -131,26 +131,22 @@ __device__ __forceinline__ u32 x1w_f16x2(float lo, float hi) {
 """
 
 
-def v2_source(params: dict, problem: Problem, wg: dict) -> str:
-    src = kda.render(params, problem, "sm_90a").source
-    extra = PATCHES_UF16 if wg.get("WG_UF16") else PATCHES_UFROMV if wg.get("WG_UFROMV") else []
-    if extra:
-        for old, new, count in extra:
-            if src.count(old) != count:
-                raise SystemExit(
-                    f"uf16 patch site {old!r} found {src.count(old)} times, expected {count}"
-                )
-            src = src.replace(old, new)
-        anchor = "#define WS_BLOB"
-        at = src.index("\n", src.index(anchor)) + 1
-        src = src[:at] + F16X2 + src[at:]
-    anchor = "#define WS_BLOB"
-    at = src.index("\n", src.index(anchor)) + 1
-    src = src[:at] + WS2REF + src[at:]
-    for old, new, count in PATCHES:
+def patched(src: str, patches: list) -> str:
+    """`src` with each (old, new, count) applied, every site found exactly `count` times."""
+    for old, new, count in patches:
         if src.count(old) != count:
             raise SystemExit(f"patch site {old!r} found {src.count(old)} times, expected {count}")
         src = src.replace(old, new)
+    return src
+
+
+def v2_source(params: dict, problem: Problem, wg: dict) -> str:
+    src = kda.render(params, problem, "sm_90a").source
+    extra = PATCHES_UF16 if wg.get("WG_UF16") else PATCHES_UFROMV if wg.get("WG_UFROMV") else []
+    src = patched(src, extra)  # the WS_BLOB define first: the helpers go after it
+    at = src.index("\n", src.index("#define WS_BLOB")) + 1
+    src = src[:at] + WS2REF + (F16X2 if extra else "") + src[at:]
+    src = patched(src, PATCHES)
     defs = "".join(f"#define {k} {v}\n" for k, v in wg.items())
     body = (HERE / "kda_recurrence_wg.cu").read_text()
     marker = "// WG_MMA_INC: wg_n16, wg_n32, wg_n128 (wg_mma.inc, pasted here by probe_wg.py)\n"
@@ -350,7 +346,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--variants",
         default="2,3,1;2,3,1,1;2,4,1,1;1,3,1,1;2,2,1,1",
-        help="split,stages,lbo_is_k[,ostage];... (lbo_is_k 1: the descriptor's LBO is the k stride; ostage 1: O through shared memory)",
+        help="split,stages,lbo_is_k[,ostage[,uf16[,ufromv]]];... (lbo_is_k 1: the descriptor's LBO is the k stride; ostage 1: O through shared memory; uf16 1: U^T stored in f16; ufromv 1: U^T formed from v in the recurrence)",
     )
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--no-check", action="store_true")
@@ -427,7 +423,7 @@ def main(argv=None) -> int:
                     (f"rec {name(v.wg)}", lambda v=v: v.recurrence(inputs, out2)),
                     (f"forward {name(v.wg)}", lambda v=v: v.forward(inputs, out2)),
                 ]
-                timed.insert(1, ("prepare v2", lambda v=v: v.prepare(inputs, out2)))
+                timed.insert(1, (f"prepare v2 ({name(v.wg)})", lambda v=v: v.prepare(inputs, out2)))
             label = f"H{H} {'x'.join(map(str, lens)) if len(set(lens)) > 1 else f'{len(lens)}x{lens[0]}'}"
             for what, fn in timed:
                 med, p20, p80, n = bench.bench_ms(cp, fn, reps=a.reps)
