@@ -17,7 +17,6 @@ or is refused.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -54,8 +53,7 @@ def main(argv=None) -> int:
         problem = Problem.make(**d["problem"])
         if why := op.check(d["params"], problem):
             return name, d["label"], f"refused: {why}"
-        cubin = compile_kernel(op.render(d["params"], problem, arch), arch).cubin
-        got = hashlib.sha256(cubin).hexdigest()
+        got = compile_kernel(op.render(d["params"], problem, arch), arch).digest
         return name, d["label"], "same" if got == d["binary"] else f"differs ({got[:12]})"
 
     with ThreadPoolExecutor(a.jobs) as ex:
