@@ -60,8 +60,8 @@ def main() -> int:
         fits = [(bar * 1e-3 * bw * eff - fused) / (2 * heads) for eff in (1.0, 0.85)]
         floors = {n: (fused + 2 * heads * b) / bw * 1e3 for n, b in designs(d["K"], d["V"]).items()}
         rows.append((label, fused, floors, bar, fits))
-    names = list(designs(128, 128))
     sizes = designs(128, 128)
+    names = list(sizes)
     print(
         f"Two-kernel traffic floor (ms) at {a.tbps} TB/s: (fused bytes + 2 x blob x chunk-heads) / bandwidth"
     )
