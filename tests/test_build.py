@@ -803,6 +803,23 @@ def test_declared_candidates_change_the_declaration_and_are_labelled_in_compile_
     assert notes == []
 
 
+def test_a_compile_only_build_prefers_a_transferred_lesson_to_a_declared_candidate(proj):
+    """Declared candidates are timed first where a GPU measures them; without one, a lesson (another
+    GPU's measured winner) is evidence and a declaration is a guess: the lesson decides, and the
+    declared candidate serves only the problems no lesson covers."""
+    _declare_candidates(proj, "[{ threads = 64, vec = 2 }]")
+    build(make_ctx(proj, gpu=FakeGpu(), gpu_match=fake_match), [Target("scale", "h100")])
+    measured = json.loads((proj / "build/scale@h100/manifest.json").read_text())["dispatch"]
+    build(make_ctx(proj), [Target("scale", "b200")])
+    guessed = json.loads((proj / "build/scale@b200/manifest.json").read_text())["dispatch"]
+    h100 = {d["label"]: d["params"] for d in measured}
+    assert any(
+        p != {"threads": 64, "vec": 2} for p in h100.values()
+    )  # the candidate lost somewhere
+    for d in guessed:
+        assert d["source"] == "lesson" and d["params"] == h100[d["label"]], d
+
+
 def test_a_declared_candidate_the_op_rejects_is_skipped_with_its_reason(proj):
     _declare_candidates(proj, "[{ vec = 4 }]")
     kf = proj / "kernelfile.toml"

@@ -23,10 +23,11 @@ PKG = Path(__file__).resolve().parents[1] / "ptxbuild"
 # for torch_ops.qualified, the backward's custom op keyed on its schema, +4 for its memo per kernel
 # and mode, so a backward call does not build the schema again (session 30); +2 for
 # launch.NotResident, so a cluster that cannot be resident fails its candidate, not the build (session 32);
-# -2 for gpu/check's compare inlining its one-caller chunked loop (session 32).
+# -2 for gpu/check's compare inlining its one-caller chunked loop (session 32); +1 for
+# build/solve.py's compile-only seed order, transferred lessons before declared candidates (session 35).
 # This budget holds the package where it now stands; a change that needs more says why here.
 ISSUE_LIMIT = 10_000
-TOTAL_CODE_LINES = 9_997
+TOTAL_CODE_LINES = 9_998
 MODULE_CODE_LINES = 450
 # modules still to be split by job (issue 26); each leaves this set when it is split
 SPLIT_PENDING: set[str] = set()

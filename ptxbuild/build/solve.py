@@ -37,12 +37,13 @@ def solve(ctx: Context, t, op, spec, problem, hw, pool, index: int, total: int, 
     seeds, used = lessons.seeds(ctx.cache, op, problem, gpu, run=ctx.run if run_seeds else None)
     used_lessons = list(used)
     default = op.default_params(problem)
-    # compile-only: transferred lessons before the default; measured: see lessons.order_seeds
-    seeds = seeds + [default] if hw is None else lessons.order_seeds(seeds, used, default)
     mine = declared_candidates(
         spec, op, problem, default, note=lambda m: ctx.report("note", message=m)
     )
-    seeds = mine + seeds
+    # compile-only: measured evidence (lessons) before declared guesses; measured: all are timed
+    seeds = (
+        seeds + mine + [default] if hw is None else mine + lessons.order_seeds(seeds, used, default)
+    )
     ev = Evaluator(ctx, t, op, problem, hw, pool)
 
     # configs a failure lesson covers leave the search space; seeds they cover are recorded as pruned
