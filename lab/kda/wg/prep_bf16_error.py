@@ -27,9 +27,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "ops" / "kda"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reference as ref  # noqa: E402
 import workspace as wsl  # noqa: E402
+from u_f16_error import case_args, lengths_of, round_to  # noqa: E402
 
 
 def tf32(x: np.ndarray) -> np.ndarray:
@@ -41,17 +43,13 @@ def tf32(x: np.ndarray) -> np.ndarray:
 
 def bf16(x: np.ndarray) -> np.ndarray:
     """Round to nearest even bf16 (cvt.rn.bf16x2.f32)."""
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    b = ((b + np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)).astype(
-        np.uint32
-    )
-    return b.view(np.float32).astype(np.float64)
+    return round_to(x, "bf16")
 
 
 def f16(x: np.ndarray) -> np.ndarray:
     """Round to nearest even f16 (cvt.rn.f16x2.f32): 10 mantissa bits as tf32, range +-65504."""
     with np.errstate(over="ignore"):
-        return np.asarray(x, np.float32).astype(np.float16).astype(np.float64)
+        return round_to(x, np.float16)
 
 
 def exact(x: np.ndarray) -> np.ndarray:
@@ -112,16 +110,13 @@ def prepare(p: dict, ch: ref.Chunked, r_la, r_w) -> ref.Chunked:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--T", type=int, default=2048)
-    ap.add_argument("--H", type=int, default=2)
-    ap.add_argument("--lengths", default="", help="comma-separated segments (default: one of T)")
+    case_args(ap, H=2)
     ap.add_argument(
         "--a-scale", type=float, default=1.0, help="scale of the gate logits (x 8: stress)"
     )
-    ap.add_argument("--v-scale", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, default=2)
     a = ap.parse_args()
-    lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else [a.T]
+    lengths = lengths_of(a)
     print("| case | operands | o rel RMS | hT rel RMS |")
     print("|---|---|---:|---:|")
     for seed in range(a.seeds):

@@ -55,16 +55,25 @@ def round_to(x: np.ndarray, dtype) -> np.ndarray:
     return x.astype(dtype).astype(np.float64)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def case_args(ap: argparse.ArgumentParser, H: int) -> None:
+    """The case options both emulations take (prep_bf16_error.py too): --T, --H, --lengths, --v-scale."""
     ap.add_argument("--T", type=int, default=2048)
-    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--H", type=int, default=H)
     ap.add_argument("--lengths", default="", help="comma-separated segments (default: one of T)")
     ap.add_argument(
         "--v-scale", type=float, default=1.0, help="scale of v (larger values: f16 range)"
     )
+
+
+def lengths_of(a: argparse.Namespace) -> list[int]:
+    return [int(x) for x in a.lengths.split(",")] if a.lengths else [a.T]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    case_args(ap, H=4)
     a = ap.parse_args()
-    lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else [a.T]
+    lengths = lengths_of(a)
     print("| case | U stored as | o rel RMS | hT rel RMS |")
     print("|---|---|---:|---:|")
     for seed in (0, 1):
