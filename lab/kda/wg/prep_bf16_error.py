@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CPU: what the prepare's operands in bf16 (instead of tf32) would cost in accuracy, before any kernel
-is written (and f16, whose 10 mantissa bits are tf32's, in the range it has). A leaner prepare is the fused forward's precondition (NOTES.md, "Session 37"): bf16 packs
-two operands a register (the x1w prepare keeps Kp's tf32 words, 64 registers a lane, for W) and
-feeds m16n8k16 MMAs (half the m16n8k8 tf32 count for L, A_qk and W).
+is written (and f16, whose 10 mantissa bits are tf32's, in the range it has). A leaner prepare is
+the fused forward's precondition (NOTES.md, "Session 37"): bf16 packs two operands a register (the
+x1w prepare keeps Kp's tf32 words, 64 registers a lane, for W) and feeds m16n8k16 MMAs (half the
+m16n8k8 tf32 count for L, A_qk and W).
 
 The prepare is emulated as x1w computes it: D = G - G_ref (G_ref: the chunk's row 7, or its last row
 if shorter), Kp = k 2^D, Km = k 2^-D, Qp = scale q 2^D rounded to the MMA operand type, L = diag(beta)
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reference as ref  # noqa: E402
 import workspace as wsl  # noqa: E402
-from u_f16_error import case_args, lengths_of, round_to  # noqa: E402
+from u_f16_error import case_args, lengths_of, reference_case, round_to  # noqa: E402
 
 
 def tf32(x: np.ndarray) -> np.ndarray:
@@ -76,9 +77,9 @@ def _tok(x: np.ndarray) -> np.ndarray:
 def prepare(p: dict, ch: ref.Chunked, r_la, r_w) -> ref.Chunked:
     """The chunked intermediates as the prepare would write them with operands rounded by r_la (L,
     A_qk) and r_w (W, U); the rest of `ch` (layout, gamma_last) kept."""
-    q, k, v, g, beta = (np.asarray(p[n], np.float64) for n in ("q", "k", "v", "g", "beta"))
+    q, k, v, beta = (np.asarray(p[n], np.float64) for n in ("q", "k", "v", "beta"))
     scale = float(p["scale"])
-    T, H, K = q.shape
+    H = q.shape[1]
     HV = v.shape[1]
     hidx = np.arange(HV) // (HV // H)
     W, Qg, Kd, U = (np.zeros_like(x) for x in (ch.W, ch.Qg, ch.Kd, ch.U))
@@ -90,9 +91,11 @@ def prepare(p: dict, ch: ref.Chunked, r_la, r_w) -> ref.Chunked:
         qc = scale * q[sl][:, hidx].transpose(1, 0, 2)
         vc = v[sl].transpose(1, 0, 2)
         bc = beta[sl].T  # [HV, m]
-        G = np.cumsum(g[sl].transpose(1, 0, 2), axis=1)  # [HV, m, K], natural log units
+        G = ch.G[sl].transpose(
+            1, 0, 2
+        )  # [HV, m, K]: the gates' cumsum in the chunk, natural log units
         Gref = G[:, min(7, m - 1) : min(7, m - 1) + 1, :]
-        ep, em = np.exp(G - Gref), np.exp(Gref - G)
+        ep, em, cg = np.exp(G - Gref), np.exp(Gref - G), np.exp(Gref)
         kp, km, qp = kc * ep, kc * em, qc * ep  # fp32 products in the kernel
         Kp, Km, Qp = r_la(kp), r_la(km), r_la(qp)
         low = np.tril(np.ones((m, m)), -1)
@@ -100,9 +103,9 @@ def prepare(p: dict, ch: ref.Chunked, r_la, r_w) -> ref.Chunked:
         Aqk = np.einsum("hrd,hsd->hrs", Qp, Km) * np.tril(np.ones((m, m)))
         Tb = np.tril(np.linalg.inv(np.eye(m)[None] + L)) * bc[:, None, :]  # T_inv diag(beta)
         Tw = r_w(Tb)
-        Wc = np.einsum("hrs,hsd->hrd", Tw, r_w(kp)) * np.exp(Gref)
+        Wc = np.einsum("hrs,hsd->hrd", Tw, r_w(kp)) * cg
         Uc = np.einsum("hrs,hsv->hrv", Tw, vc)  # v is bf16, exact in either operand type
-        W[sl], U[sl], Qg[sl] = _tok(Wc), _tok(Uc), _tok(qp * np.exp(Gref))
+        W[sl], U[sl], Qg[sl] = _tok(Wc), _tok(Uc), _tok(qp * cg)
         Kd[sl] = _tok(km * np.exp(G[:, -1:, :] - Gref))
         A[sl, :, :m] = _tok(Aqk)
     return dataclasses.replace(ch, W=W, U=U, Qg=Qg, Kd=Kd, A_qk=A)
@@ -120,11 +123,9 @@ def main() -> int:
     print("| case | operands | o rel RMS | hT rel RMS |")
     print("|---|---|---:|---:|")
     for seed in range(a.seeds):
-        case = ref.make_case(lengths, a.H, seed=seed, a_scale=a.a_scale, v_scale=a.v_scale)
-        p = ref.preprocess(case)
-        args = {n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")}
-        o_ref, h_ref = ref.recurrent(**args)
-        ch = ref.chunked(**args)
+        p, (o_ref, h_ref), ch = reference_case(
+            lengths, a.H, seed, a_scale=a.a_scale, v_scale=a.v_scale
+        )
         name = f"H{a.H} {'+'.join(map(str, lengths))} a x{a.a_scale:g} v x{a.v_scale:g} seed {seed}"
         for label, (r_la, r_w) in VARIANTS.items():
             blob = wsl.encode(prepare(p, ch, r_la, r_w), "f16")

@@ -69,6 +69,13 @@ def lengths_of(a: argparse.Namespace) -> list[int]:
     return [int(x) for x in a.lengths.split(",")] if a.lengths else [a.T]
 
 
+def reference_case(lengths: list[int], H: int, seed: int, **kw):
+    """A make_case() case, preprocessed: (p, its float64 token recurrence (o, hT), its chunked form)."""
+    p = ref.preprocess(ref.make_case(lengths, H, seed=seed, **kw))
+    args = {n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")}
+    return p, ref.recurrent(**args), ref.chunked(**args)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     case_args(ap, H=4)
@@ -77,11 +84,7 @@ def main() -> int:
     print("| case | U stored as | o rel RMS | hT rel RMS |")
     print("|---|---|---:|---:|")
     for seed in (0, 1):
-        case = ref.make_case(lengths, a.H, seed=seed, v_scale=a.v_scale)
-        p = ref.preprocess(case)
-        args = {n: p[n] for n in ("q", "k", "v", "g", "beta", "scale", "cu_seqlens", "h0")}
-        o_ref, h_ref = ref.recurrent(**args)
-        ch = ref.chunked(**args)
+        p, (o_ref, h_ref), ch = reference_case(lengths, a.H, seed, v_scale=a.v_scale)
         ws = wsl.encode(ch, "f16")
         K, V = ch.hT.shape[3], ch.hT.shape[2]
         from_v = {
